@@ -1,0 +1,354 @@
+"""A small, faithful simulator of PyTorch's CUDA caching allocator — and a runner for the real one.
+
+The policy (c10/cuda/CUDACachingAllocator.cpp, default settings):
+
+* every request is rounded up to a multiple of 512 B (``kMinBlockSize``);
+* requests ≤ 1 MiB (``kSmallSize``) use the *small pool*, whose segments are 2 MiB
+  (``kSmallBuffer``); larger ones use the *large pool*: a new segment is 20 MiB (``kLargeBuffer``) for
+  requests < 10 MiB (``kMinLargeAlloc``), else the request rounded up to 2 MiB (``kRoundLarge``);
+* a request takes the **best fit**: the smallest cached free block of its pool that is large enough;
+* the block is **split** when the remainder is ≥ 512 B (small pool) or > 1 MiB (large pool); with
+  ``max_split_size_mb`` set, blocks at least that large are "oversize": never split, and a request
+  below the limit never takes one;
+* a freed block **coalesces** with free neighbours of the same segment;
+* when no cached block fits, a new segment is requested from the driver (``cudaMalloc``); if that
+  would exceed the cap (``set_per_process_memory_fraction``) the allocator first releases every
+  *wholly free* segment and retries, then raises OOM;
+* ``empty_cache()`` releases wholly free segments only — a segment with one live block stays.
+
+``expandable_segments:True`` maps physical pages (2 MiB) into one growing virtual segment per pool;
+on pressure, free pages in its holes are unmapped and the segment grows at its end, so holes stop
+costing memory. :class:`CachingAllocatorSim` models it at page granularity (``expandable=True``).
+
+:func:`run_real` replays the same op sequence on a real GPU, in a fresh subprocess so the allocator
+starts empty and ``PYTORCH_CUDA_ALLOC_CONF`` can be set before CUDA initialises.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+KB, MB, GB = 1024, 1024**2, 1024**3
+K_MIN_BLOCK = 512
+K_SMALL_SIZE = 1 * MB
+K_SMALL_BUFFER = 2 * MB
+K_LARGE_BUFFER = 20 * MB
+K_MIN_LARGE_ALLOC = 10 * MB
+K_ROUND_LARGE = 2 * MB
+PAGE = 2 * MB
+
+
+class SimOutOfMemory(RuntimeError):
+    """Raised by the simulator where the real allocator would raise torch.OutOfMemoryError."""
+
+
+def round_size(size: int) -> int:
+    """Request size rounded up to the 512-byte block granularity."""
+    if size < 0:
+        raise ValueError(f"size must be non-negative, got {size}")
+    return K_MIN_BLOCK if size < K_MIN_BLOCK else K_MIN_BLOCK * ((size + K_MIN_BLOCK - 1) // K_MIN_BLOCK)
+
+
+def segment_size(size: int) -> int:
+    """Bytes the allocator asks the driver for when ``size`` (already rounded) fits no cached block."""
+    if size <= K_SMALL_SIZE:
+        return K_SMALL_BUFFER
+    if size < K_MIN_LARGE_ALLOC:
+        return K_LARGE_BUFFER
+    return K_ROUND_LARGE * ((size + K_ROUND_LARGE - 1) // K_ROUND_LARGE)
+
+
+@dataclass
+class Block:
+    offset: int
+    size: int
+    free: bool = True
+    name: str | None = None
+
+
+@dataclass
+class Segment:
+    pool: str                      # "small" | "large"
+    size: int
+    blocks: list = field(default_factory=list)
+    expandable: bool = False
+
+    @property
+    def wholly_free(self) -> bool:
+        return all(b.free for b in self.blocks)
+
+
+class CachingAllocatorSim:
+    """Replays malloc/free/empty_cache with the caching allocator's policy (see module docstring).
+
+    ``cap`` is the per-process limit on *reserved* bytes (None: unlimited);
+    ``max_split_size`` mirrors ``max_split_size_mb`` (bytes; None = unlimited, the default).
+    """
+
+    def __init__(self, cap: int | None = None, expandable: bool = False, max_split_size: int | None = None):
+        self.cap, self.expandable, self.max_split = cap, expandable, max_split_size
+        self.segments: list[Segment] = []
+        self.live: dict[str, tuple[Segment, Block]] = {}
+        self.peak_reserved = 0
+
+    # ---------------------------------------------------------------- accounting
+    @property
+    def allocated(self) -> int:
+        return sum(b.size for s in self.segments for b in s.blocks if not b.free)
+
+    @property
+    def reserved(self) -> int:
+        """Bytes held from the driver: segment sizes, less the unmapped pages of expandable holes."""
+        return sum(s.size - sum(getattr(b, "unmapped", 0) for b in s.blocks if b.free) for s in self.segments)
+
+    # ---------------------------------------------------------------- policy
+    def _pool(self, size: int) -> str:
+        return "small" if size <= K_SMALL_SIZE else "large"
+
+    def _should_split(self, block: Block, size: int, pool: str) -> bool:
+        remaining = block.size - size
+        if pool == "small":
+            return remaining >= K_MIN_BLOCK
+        if self.max_split is not None and block.size >= self.max_split:
+            return False
+        return remaining > K_SMALL_SIZE
+
+    def _best_fit(self, size: int, pool: str):
+        best = None
+        for seg in self.segments:
+            if seg.pool != pool:
+                continue
+            for blk in seg.blocks:
+                if not blk.free or blk.size < size:
+                    continue
+                if self.max_split is not None and pool == "large":
+                    if size < self.max_split <= blk.size:
+                        continue  # oversize blocks serve only oversize requests
+                    if size >= self.max_split and blk.size >= size + K_LARGE_BUFFER:
+                        continue
+                if best is None or blk.size < best[1].size:
+                    best = (seg, blk)
+        return best
+
+    def _take(self, seg: Segment, blk: Block, size: int, name: str, pool: str) -> None:
+        if self._should_split(blk, size, pool):
+            rest = Block(blk.offset + size, blk.size - size, True)
+            blk.size = size
+            seg.blocks.insert(seg.blocks.index(blk) + 1, rest)
+        blk.free, blk.name = False, name
+        self.live[name] = (seg, blk)
+
+    def _new_segment(self, size: int, pool: str) -> Segment | None:
+        want = segment_size(size)
+        if self.cap is not None and self.reserved + want > self.cap:
+            return None
+        seg = Segment(pool, want, [Block(0, want, True)])
+        self.segments.append(seg)
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        return seg
+
+    def malloc(self, size: int, name: str) -> None:
+        """Allocate ``size`` bytes under ``name`` or raise :class:`SimOutOfMemory`."""
+        if name in self.live:
+            raise ValueError(f"name {name!r} is already allocated")
+        size = round_size(size)
+        pool = self._pool(size)
+        if self.expandable and pool == "large":
+            return self._malloc_expandable(size, name)
+        found = self._best_fit(size, pool)
+        if found is None:
+            seg = self._new_segment(size, pool)
+            if seg is None:                      # release wholly free segments, then retry once
+                self.empty_cache()
+                seg = self._new_segment(size, pool)
+            if seg is None:
+                raise SimOutOfMemory(f"cannot allocate {size} B: reserved {self.reserved}, "
+                                     f"allocated {self.allocated}, cap {self.cap}")
+            found = (seg, seg.blocks[0])
+        self._take(*found, size, name, pool)
+
+    def _malloc_expandable(self, size: int, name: str) -> None:
+        """Large pool as one growing segment of 2 MiB pages; holes' pages can be unmapped."""
+        size = PAGE * ((size + PAGE - 1) // PAGE) if size >= K_MIN_LARGE_ALLOC else size
+        seg = next((s for s in self.segments if s.pool == "large" and s.expandable), None)
+        if seg is None:
+            seg = Segment("large", 0, [], expandable=True)
+            self.segments.append(seg)
+        found = self._best_fit(size, "large")
+        if found is None:
+            tail = seg.blocks[-1] if seg.blocks and seg.blocks[-1].free else None
+            grow = size - (tail.size if tail else 0)
+            grow = PAGE * ((grow + PAGE - 1) // PAGE)
+            if self.cap is not None and self.reserved + grow > self.cap:
+                self._unmap_holes(seg)
+            if self.cap is not None and self.reserved + grow > self.cap:
+                raise SimOutOfMemory(f"cannot map {grow} B more: reserved {self.reserved}, cap {self.cap}")
+            if tail is None:
+                tail = Block(seg.size, 0, True)
+                seg.blocks.append(tail)
+            tail.size += grow
+            seg.size += grow
+            self.peak_reserved = max(self.peak_reserved, self.reserved)
+            found = (seg, tail)
+        self._take(*found, size, name, "large")
+
+    def _unmap_holes(self, seg: Segment) -> None:
+        """Unmap whole free pages inside holes: the hole stays in the address space, costs nothing."""
+        for blk in seg.blocks:
+            if blk.free and blk.size:
+                start = PAGE * ((blk.offset + PAGE - 1) // PAGE)
+                end = PAGE * ((blk.offset + blk.size) // PAGE)
+                if end > start:
+                    blk.unmapped = end - start
+
+    def free(self, name: str) -> None:
+        """Free a named allocation; the block coalesces with free neighbours in its segment."""
+        if name not in self.live:
+            raise KeyError(f"{name!r} is not allocated")
+        seg, blk = self.live.pop(name)
+        blk.free, blk.name = True, None
+        i = seg.blocks.index(blk)
+        if i + 1 < len(seg.blocks) and seg.blocks[i + 1].free:
+            nxt = seg.blocks.pop(i + 1)
+            blk.size += nxt.size
+            blk.unmapped = getattr(blk, "unmapped", 0) + getattr(nxt, "unmapped", 0)
+        if i > 0 and seg.blocks[i - 1].free:
+            prev = seg.blocks[i - 1]
+            prev.size += blk.size
+            prev.unmapped = getattr(prev, "unmapped", 0) + getattr(blk, "unmapped", 0)
+            seg.blocks.pop(i)
+
+    def empty_cache(self) -> None:
+        """Release every wholly free segment back to the driver (nothing else)."""
+        keep = []
+        for s in self.segments:
+            if s.wholly_free and not s.expandable:
+                continue
+            if s.expandable and s.blocks:
+                self._unmap_holes(s)
+            keep.append(s)
+        self.segments = keep
+
+    def snapshot(self) -> list[dict]:
+        """Segments and blocks in the shape of ``torch.cuda.memory_snapshot()`` (for the same plot)."""
+        return [{"segment_type": s.pool, "total_size": s.size,
+                 "blocks": [{"size": b.size, "state": "inactive" if b.free else "active_allocated"}
+                            for b in s.blocks]} for s in self.segments]
+
+
+# ------------------------------------------------------------------ op sequences (sim and real)
+def simulate(ops: list, cap: int | None = None, expandable: bool = False) -> dict:
+    """Replay ``ops`` (``["alloc", name, bytes]``, ``["free", name]``, ``["empty_cache"]``) in the
+    simulator; stop at the first OOM. Returns oom, failed op index, allocated, reserved (at the end
+    or at the failure), and the snapshot."""
+    sim = CachingAllocatorSim(cap=cap, expandable=expandable)
+    result = {"oom": False, "failed_at": None}
+    for i, op in enumerate(ops):
+        try:
+            _apply(sim, op)
+        except SimOutOfMemory:
+            result.update(oom=True, failed_at=i)
+            break
+    result.update(allocated=sim.allocated, reserved=sim.reserved, snapshot=sim.snapshot())
+    return result
+
+
+def _apply(sim, op):
+    kind = op[0]
+    if kind == "alloc":
+        sim.malloc(op[2], op[1])
+    elif kind == "free":
+        sim.free(op[1])
+    elif kind == "empty_cache":
+        sim.empty_cache()
+    else:
+        raise ValueError(f"unknown op {op!r}")
+
+
+_REAL_SCRIPT = r"""
+import json, sys, torch
+ops, cap = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+torch.cuda.init()
+total = torch.cuda.get_device_properties(0).total_memory
+if cap:
+    torch.cuda.set_per_process_memory_fraction(cap / total)
+live, res = {}, {"oom": False, "failed_at": None}
+for i, op in enumerate(ops):
+    try:
+        if op[0] == "alloc":
+            live[op[1]] = torch.empty(op[2], dtype=torch.uint8, device="cuda")
+        elif op[0] == "free":
+            del live[op[1]]
+        elif op[0] == "empty_cache":
+            torch.cuda.empty_cache()
+    except torch.OutOfMemoryError:
+        res.update(oom=True, failed_at=i)
+        break
+torch.cuda.synchronize()
+res.update(allocated=torch.cuda.memory_allocated(), reserved=torch.cuda.memory_reserved(),
+           snapshot=[{"segment_type": s["segment_type"], "total_size": s["total_size"],
+                      "blocks": [{"size": b["size"], "state": b["state"]} for b in s["blocks"]]}
+                     for s in torch.cuda.memory_snapshot()])
+print("RESULT" + json.dumps(res))
+"""
+
+
+def run_real(ops: list, cap: int | None = None, expandable: bool = False, timeout: int = 300) -> dict:
+    """Replay ``ops`` on the real GPU in a fresh subprocess (clean allocator, env set before CUDA)."""
+    env = dict(os.environ)
+    conf = [c for c in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if c and "expandable" not in c]
+    if expandable:
+        conf.append("expandable_segments:True")
+    env["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(conf)
+    out = subprocess.run([sys.executable, "-c", _REAL_SCRIPT, json.dumps(ops), json.dumps(cap)],
+                         capture_output=True, text=True, env=env, timeout=timeout)
+    line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT")), None)
+    if line is None:
+        raise RuntimeError(f"real allocator run failed:\n{out.stderr[-2000:]}")
+    return json.loads(line[len("RESULT"):])
+
+
+# ------------------------------------------------------------------ the notebook's sequences
+def seed_snippet(n: int = 20, big: int = 1 * GB, small: int = 256 * MB, request: int = 2 * GB) -> list:
+    """The seed's snippet: n × (big + small), free the bigs, empty_cache, then ask for ``request``."""
+    ops = []
+    for i in range(n):
+        ops += [["alloc", f"big{i}", big], ["alloc", f"small{i}", small]]
+    ops += [["free", f"big{i}"] for i in range(n)]
+    ops += [["empty_cache"], ["alloc", "request", request]]
+    return ops
+
+
+def fragmenting_sequence(block: int = 64 * MB, n: int = 16, request_blocks: int = 2) -> list:
+    """Blocks split inside ONE cached segment, every other one freed, then a larger request.
+
+    1. allocate and free one ``n × block`` tensor → one cached segment of that size;
+    2. allocate ``n`` blocks: best-fit carves all of them out of that segment (splitting);
+    3. free every other block → ``n/2`` holes of ``block`` bytes, none adjacent;
+    4. ask for ``request_blocks × block``: no hole is big enough, and under a cap of
+       ``(n + 1) × block`` a new segment does not fit → OOM, although
+       ``reserved − allocated = n/2 × block`` exceeds the request.
+    """
+    ops = [["alloc", "arena", n * block], ["free", "arena"]]
+    ops += [["alloc", f"b{i}", block] for i in range(n)]
+    ops += [["free", f"b{i}"] for i in range(0, n, 2)]
+    ops += [["alloc", "request", request_blocks * block]]
+    return ops
+
+
+def fragmenting_cap(block: int = 64 * MB, n: int = 16) -> int:
+    """The cap used with :func:`fragmenting_sequence`: the arena plus one block."""
+    return (n + 1) * block
+
+
+def empty_cache_sequence(block: int = 64 * MB, n: int = 8) -> list:
+    """What empty_cache can and cannot release: a wholly free segment goes, a segment with one
+    live block stays whole."""
+    ops = [["alloc", "arena", n * block], ["free", "arena"]]          # segment A, wholly free
+    ops += [["alloc", "other", n * block + 2 * MB]]                    # segment B (won't fit in A)
+    ops += [["alloc", "pin", block]]                                   # carved from A
+    ops += [["free", "other"], ["empty_cache"]]                        # B released, A kept (pinned)
+    return ops

@@ -1,0 +1,217 @@
+"""GPU memory budget of a decoder LLM, from its config alone: weights, KV cache, activations, overhead.
+
+Formulas (b = bytes per element; the notebook 01 derives each one):
+
+* **weights** — ``params × bits_per_weight / 8``. Grouped integer formats add a scale (and a zero
+  point) per group: ``bpw = b + (16 + z)/g`` (see :func:`helpers.quant.bits_per_weight`). As in
+  GPTQ/AWQ checkpoints, only the decoder's linear layers are quantized; embeddings, norms and
+  ``lm_head`` stay in 16 bits.
+* **KV cache** — ``2 · layers · kv_heads · head_dim · seq_len · batch · b_kv`` (K and V for every
+  layer and token). MHA has ``kv_heads = heads``, GQA fewer, MQA one.
+* **activations** — the transient tensors of one decoder block at the widest point of a forward
+  pass over ``positions`` tokens (the prefill): the residual stream, then the larger of the attention
+  and MLP temporaries, plus the logits (``batch × positions × vocab × 4`` when every position is
+  kept, ``batch × vocab × 4`` when only the last is, as ``generate`` does). Eager attention adds the
+  score matrix ``batch · heads · positions² · b`` (twice: scores and softmax); SDPA's fused kernels
+  do not materialise it.
+* **overhead** — CUDA context and allocator slack: measured at run time (``measure.overhead``),
+  never guessed; this module takes it as an argument.
+
+Sources: Kwon et al. 2023 (vLLM/PagedAttention) for the KV formula; Korthikanti et al. 2022 for
+activation accounting; the ``accelerate estimate-memory`` command for weights from a meta model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .quant import bits_per_weight
+
+GiB = 1024**3
+GB = 1e9
+
+# bits per element of each storage format. Grouped formats: (bits, group, symmetric).
+WEIGHT_FORMATS = {
+    "fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8,
+    "int8": (8, None, True),       # per-channel int8 (LLM.int8 / W8A16): per-row scale, negligible
+    "int4": (4, 128, False),       # GPTQ/AWQ default: g128 asymmetric, fp16 scale + 4-bit zero
+    "int4-g64": (4, 64, False),
+    "int3": (3, 128, False),
+    "int3-g64": (3, 64, False),
+}
+KV_FORMATS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
+GPUS_GB = {"T4": 16, "L4": 24, "RTX 4090": 24, "A100-40GB": 40, "A100-80GB": 80, "H100-80GB": 80,
+           "H200": 141}
+
+
+def format_bits(fmt: str) -> float:
+    """Exact bits per weight of a weight format name (see :data:`WEIGHT_FORMATS`)."""
+    if fmt not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format {fmt!r}; use one of {sorted(WEIGHT_FORMATS)}")
+    spec = WEIGHT_FORMATS[fmt]
+    if isinstance(spec, tuple):
+        bits, group, sym = spec
+        return bits_per_weight(bits, group, symmetric=sym)
+    return float(spec)
+
+
+def dtype_bytes(fmt) -> float:
+    """Bytes per element of a KV/activation format name or torch dtype."""
+    if isinstance(fmt, torch.dtype):
+        return torch.empty(0, dtype=fmt).element_size()
+    if fmt in KV_FORMATS:
+        return KV_FORMATS[fmt] / 8
+    raise ValueError(f"unknown dtype {fmt!r}; use one of {sorted(KV_FORMATS)} or a torch.dtype")
+
+
+@dataclass
+class Shape:
+    """The numbers of a config that memory depends on (read from a transformers config)."""
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+    qkv_bias: bool = False
+
+    @classmethod
+    def from_config(cls, config) -> "Shape":
+        need = ["num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"]
+        missing = [k for k in need if getattr(config, k, None) is None]
+        if missing:
+            raise ValueError(f"config lacks {missing}: budget() needs a decoder config "
+                             "(Llama/Qwen2/Mistral style)")
+        heads = config.num_attention_heads
+        kv = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return cls(config.num_hidden_layers, config.hidden_size, config.intermediate_size, heads, kv,
+                   head_dim, config.vocab_size, bool(getattr(config, "tie_word_embeddings", False)),
+                   getattr(config, "model_type", "") == "qwen2")
+
+
+def param_counts(config) -> dict:
+    """Parameters by part (Llama-style decoder): embeddings, decoder linears, norms, lm_head."""
+    s = Shape.from_config(config)
+    attn = s.hidden * s.heads * s.head_dim * 2 + s.hidden * s.kv_heads * s.head_dim * 2
+    if s.qkv_bias:
+        attn += (s.heads + 2 * s.kv_heads) * s.head_dim
+    mlp = 3 * s.hidden * s.intermediate
+    linears = s.layers * (attn + mlp)
+    norms = s.layers * 2 * s.hidden + s.hidden
+    embed = s.vocab * s.hidden
+    head = 0 if s.tied else s.vocab * s.hidden
+    return {"embed": embed, "linears": linears, "norms": norms, "lm_head": head,
+            "total": embed + linears + norms + head}
+
+
+def meta_param_count(config) -> int:
+    """Parameters of the real transformers architecture built on the meta device (no memory)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def weight_bytes(config, fmt: str = "bf16") -> float:
+    """Weights in bytes: decoder linears at ``fmt``, the rest at 16 bits (32 if ``fmt='fp32'``)."""
+    p = param_counts(config)
+    rest_bits = 32 if fmt == "fp32" else 16
+    rest = p["embed"] + p["norms"] + p["lm_head"]
+    return (p["linears"] * format_bits(fmt) + rest * rest_bits) / 8
+
+
+def kv_bytes(config, seq_len: int, batch: int = 1, kv_dtype="bf16") -> float:
+    """KV cache: ``2 · layers · kv_heads · head_dim · seq_len · batch · bytes``."""
+    _check_positive(seq_len=seq_len, batch=batch)
+    s = Shape.from_config(config)
+    return 2 * s.layers * s.kv_heads * s.head_dim * seq_len * batch * dtype_bytes(kv_dtype)
+
+
+def activation_bytes(config, positions: int, batch: int = 1, act_dtype="bf16", attention: str = "sdpa",
+                     keep_all_logits: bool = False) -> dict:
+    """Transient bytes at the widest point of one forward over ``positions`` tokens.
+
+    Per block, with ``n = batch · positions`` tokens and ``b`` bytes per element:
+    residual stream ``2·n·hidden·b`` (the block's input and its output coexist), then the larger of
+    MLP ``n·(3·intermediate + hidden)·b`` (gate/up/product live at once, plus the normed input) and
+    attention ``n·(2·heads + 2·kv_heads)·head_dim·b`` (q, k, v, attention output) — plus, for eager
+    attention, the ``batch·heads·positions²`` scores and their softmax.
+    Logits: ``batch·vocab·(b + 4)`` for the last position (model output + fp32 copy in generate),
+    or ``batch·positions·vocab·(b + 4)`` when all positions are kept (training, perplexity).
+    """
+    _check_positive(positions=positions, batch=batch)
+    if attention not in ("sdpa", "eager"):
+        raise ValueError(f"attention must be 'sdpa' or 'eager', got {attention!r}")
+    s = Shape.from_config(config)
+    b = dtype_bytes(act_dtype)
+    n = batch * positions
+    residual = 2 * n * s.hidden * b
+    mlp = n * (3 * s.intermediate + s.hidden) * b
+    attn = n * (2 * s.heads + 2 * s.kv_heads) * s.head_dim * b
+    scores = 2 * batch * s.heads * positions**2 * b if attention == "eager" else 0
+    logits = batch * (positions if keep_all_logits else 1) * s.vocab * (b + 4)
+    block = residual + max(mlp, attn + scores)
+    return {"residual": residual, "mlp": mlp, "attention": attn + scores, "logits": logits,
+            "peak": max(block, residual + logits)}
+
+
+def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, act_dtype="bf16",
+                    kv_dtype="bf16", cache: str = "dynamic") -> dict:
+    """Predicted peak memory *over the weights* during ``generate`` (prefill, then decode).
+
+    prefill: KV of the prompt + the prefill activations; decode ends with the KV of
+    ``prompt_len + new_tokens`` positions plus one layer's K being re-allocated by ``torch.cat``
+    (dynamic cache) and the last-token logits. A static cache allocates the full length up front.
+    """
+    _check_positive(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch)
+    if cache not in ("dynamic", "static"):
+        raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
+    s = Shape.from_config(config)
+    total = prompt_len + new_tokens
+    kv_full = kv_bytes(config, total, batch, kv_dtype)
+    act = activation_bytes(config, prompt_len, batch, act_dtype)
+    kv_prompt = kv_full if cache == "static" else kv_bytes(config, prompt_len, batch, kv_dtype)
+    prefill = kv_prompt + act["peak"]
+    layer_kv = kv_full / s.layers / 2
+    decode = kv_full + (layer_kv if cache == "dynamic" else 0) + activation_bytes(config, 1, batch, act_dtype)["peak"]
+    return {"prefill": prefill, "decode": decode, "peak": max(prefill, decode), "kv": kv_full}
+
+
+def budget(config, dtype: str = "bf16", seq_len: int = 2048, batch: int = 1, kv_dtype: str | None = None,
+           overhead: float = 0.0, new_tokens: int = 1) -> dict:
+    """The four parts of the budget (bytes): weights, KV cache, activations, overhead, and the total.
+
+    ``seq_len`` counts the prompt; ``new_tokens`` the generated tokens (the KV holds both).
+    ``overhead`` is the measured CUDA context + allocator slack (``helpers.measure.overhead``).
+    """
+    kv_dtype = kv_dtype or ("bf16" if dtype not in KV_FORMATS else dtype)
+    act_dtype = "fp32" if dtype == "fp32" else "bf16"
+    w = weight_bytes(config, dtype)
+    gen = generation_peak(config, seq_len, new_tokens, batch, act_dtype, kv_dtype)
+    act = gen["peak"] - gen["kv"]
+    return {"weights": w, "kv_cache": gen["kv"], "activations": act, "overhead": float(overhead),
+            "total": w + gen["peak"] + overhead}
+
+
+def fits_table(config, seq_len: int, batch: int, formats=("fp16", "int8", "int4"), kv_dtype="fp16",
+               gpus: dict = GPUS_GB, overhead_gb: float = 1.0) -> list[dict]:
+    """For each weight format: total GB and, per GPU, whether it fits (with ``overhead_gb`` reserve)."""
+    rows = []
+    for fmt in formats:
+        b = budget(config, fmt, seq_len, batch, kv_dtype, overhead=overhead_gb * GB)
+        row = {"format": fmt, "weights_GB": b["weights"] / GB, "kv_GB": b["kv_cache"] / GB,
+               "act_GB": b["activations"] / GB, "total_GB": b["total"] / GB}
+        row.update({gpu: ("yes" if b["total"] <= gb * GB else "no") for gpu, gb in gpus.items()})
+        rows.append(row)
+    return rows
+
+
+def _check_positive(**kw):
+    for k, v in kw.items():
+        if not isinstance(v, (int,)) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"{k} must be a positive integer, got {v!r}")

@@ -1,0 +1,136 @@
+"""Which device the course runs on, what it is, and how to make it look smaller.
+
+``get_device()`` picks cuda, then mps, then cpu. ``describe()`` reports the GPU as the learner's
+driver sees it (PyTorch + NVML). ``limit_memory(gib)`` caps this process's share of the GPU through
+``torch.cuda.set_per_process_memory_fraction`` (PyTorch docs, "CUDA semantics → memory management"),
+which is how the course emulates a 16 GB T4 on a big card, or shares one GPU between learners.
+"""
+from __future__ import annotations
+
+import contextlib
+import platform
+
+import torch
+
+GiB = 1024**3
+
+
+def get_device(prefer: str | None = None) -> torch.device:
+    """cuda if available, then mps, then cpu. ``prefer`` ("cpu", "cuda", "mps") forces one, checked."""
+    if prefer is not None:
+        prefer = str(prefer).lower()
+        kind = prefer.split(":")[0]
+        if kind not in ("cpu", "cuda", "mps"):
+            raise ValueError(f"unknown device {prefer!r}; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' was asked for, but torch.cuda.is_available() is False")
+        if kind == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise RuntimeError("device 'mps' was asked for, but this machine has no MPS backend")
+        return torch.device(prefer)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if hasattr(torch.backends, "mps") and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def has_cuda() -> bool:
+    """True when a CUDA device is usable (the GPU-only cells of the notebooks check this)."""
+    return torch.cuda.is_available()
+
+
+def nvml_info(index: int = 0) -> dict | None:
+    """The driver's view through NVML (``nvidia-ml-py``): used/total bytes, driver, MIG mode.
+
+    Returns None where NVML is not installed or finds no GPU (CPU machines, some containers).
+    """
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # NVML library missing (CPU machine) or driver not loaded
+        return None
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+        info = {"nvml_used": int(mem.used), "nvml_total": int(mem.total),
+                "driver": pynvml.nvmlSystemGetDriverVersion()}
+        try:
+            cur, _pending = pynvml.nvmlDeviceGetMigMode(h)
+            info["mig"] = "enabled" if cur == 1 else "disabled"
+        except Exception:
+            info["mig"] = "not supported"
+        return info
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def describe(device: torch.device | None = None, echo: bool = True) -> dict:
+    """Report the device: name, total/free memory, compute capability, driver and MIG mode (NVML)."""
+    device = device or get_device()
+    info = {"device": str(device), "torch": torch.__version__, "python": platform.python_version()}
+    if device.type == "cuda":
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(idx)
+        free, total = torch.cuda.mem_get_info(idx)
+        info.update(name=props.name, total_bytes=int(total), free_bytes=int(free),
+                    compute_capability=f"{props.major}.{props.minor}",
+                    multiprocessors=props.multi_processor_count, cuda=torch.version.cuda)
+        nv = nvml_info(idx)
+        if nv:
+            info.update(driver=nv["driver"], mig=nv["mig"])
+        cap = getattr(torch.cuda, "_course_memory_cap", None)
+        if cap:
+            info["memory_cap_bytes"] = cap
+    elif device.type == "mps":
+        info.update(name="Apple MPS")
+    else:
+        import psutil
+        info.update(name=platform.processor() or platform.machine(), cores=psutil.cpu_count(),
+                    total_bytes=int(psutil.virtual_memory().total))
+    if echo:
+        for k, v in info.items():
+            if k.endswith("_bytes"):
+                v = f"{v / GiB:.2f} GiB"
+            print(f"{k:>20}: {v}")
+    return info
+
+
+def limit_memory(gib: float | None, device: torch.device | int | None = None) -> float | None:
+    """Cap this process's CUDA caching allocator at ``gib`` GiB (None removes the cap).
+
+    Implemented with ``torch.cuda.set_per_process_memory_fraction(gib / total)``: an allocation that
+    would take *reserved* memory past the cap raises ``torch.OutOfMemoryError`` exactly as a card of
+    that size would (the CUDA context itself is not counted, as on a real card it also sits outside).
+    Returns the fraction set, or None on a machine without CUDA (where it does nothing, and says so).
+    """
+    if gib is not None and (not isinstance(gib, (int, float)) or gib <= 0):
+        raise ValueError(f"limit_memory needs a positive number of GiB or None, got {gib!r}")
+    if not torch.cuda.is_available():
+        print("limit_memory: no CUDA device here, nothing to cap")
+        return None
+    idx = torch.device(device).index if isinstance(device, torch.device) else device
+    idx = torch.cuda.current_device() if idx is None else idx
+    total = torch.cuda.get_device_properties(idx).total_memory
+    if gib is None:
+        torch.cuda.set_per_process_memory_fraction(1.0, idx)
+        torch.cuda._course_memory_cap = None
+        return 1.0
+    fraction = min(1.0, gib * GiB / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, idx)
+    torch.cuda._course_memory_cap = int(fraction * total)
+    return fraction
+
+
+@contextlib.contextmanager
+def memory_limit(gib: float | None):
+    """Context manager form of :func:`limit_memory`; restores the full card on exit."""
+    limit_memory(gib)
+    try:
+        yield
+    finally:
+        if torch.cuda.is_available():
+            limit_memory(None)

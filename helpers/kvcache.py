@@ -1,0 +1,216 @@
+"""Quantized KV caches on top of transformers' cache API, and their exact byte counts.
+
+* :class:`FP8Layer` — keys and values stored as FP8 (``float8_e4m3fn`` or ``float8_e5m2``) with one
+  fp32 scale per KV head, fixed at the prefill from the prompt's ``amax × margin`` (a *static*
+  scale, as vLLM's ``k_scale``/``v_scale``; later values beyond the range saturate). transformers
+  ships no FP8 KV cache; this is a ``DynamicLayer`` subclass, so ``generate`` uses it unchanged.
+* :class:`Int4Layer` — transformers' own ``QuantizedLayer`` (the KIVI-style cache behind
+  ``QuantizedCache``: a full-precision residual of recent tokens, the rest quantized) with our own
+  4-bit backend: per-token groups along ``head_dim``, asymmetric, two codes per byte, fp16 scale and
+  fp16 minimum per group (the quanto/HQQ backends need compiled extensions; see notebook 07).
+
+Both return *dequantized* K/V to attention, one layer at a time: storage shrinks, but each layer's
+attention still sees a full-precision copy transiently — the peak saves less than the storage.
+"""
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, QuantizedLayer, StaticCache
+
+from .quant import FP8_FORMATS
+
+KV_KINDS = ("baseline", "fp8-e4m3", "fp8-e5m2", "int4", "int4-hqq")
+
+
+class FP8Layer(DynamicLayer):
+    """One layer's K/V in FP8 with a static per-KV-head scale (see module docstring)."""
+
+    def __init__(self, fmt: str = "e4m3fn", margin: float = 2.0):
+        super().__init__()
+        if fmt not in FP8_FORMATS:
+            raise ValueError(f"unknown FP8 format {fmt!r}; use one of {sorted(FP8_FORMATS)}")
+        self.fp8 = FP8_FORMATS[fmt]
+        self.fmax = torch.finfo(self.fp8).max
+        self.margin = margin
+        self.length = 0
+
+    def lazy_initialization(self, key_states, value_states):
+        self.dtype, self.device = key_states.dtype, key_states.device
+        # scale per (kv head): amax over batch, positions and head_dim, times a margin for later tokens
+        self.k_scale = self._scale(key_states)
+        self.v_scale = self._scale(value_states)
+        empty = (*key_states.shape[:2], 0, key_states.shape[-1])
+        self.k_codes = torch.empty(empty, dtype=torch.uint8, device=self.device)
+        self.v_codes = torch.empty(empty, dtype=torch.uint8, device=self.device)
+        self.keys = self.values = None  # nothing is kept in full precision
+        self.is_initialized = True
+
+    def _scale(self, x):
+        amax = x.detach().abs().amax(dim=(0, 2, 3), keepdim=True).float()
+        return (amax * self.margin / self.fmax).clamp(min=1e-8)
+
+    def _encode(self, x, scale):
+        return (x.float() / scale).clamp(-self.fmax, self.fmax).to(self.fp8).view(torch.uint8)
+
+    def _decode(self, codes, scale):
+        return (codes.view(self.fp8).float() * scale).to(self.dtype)
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.k_codes = torch.cat([self.k_codes, self._encode(key_states, self.k_scale)], dim=-2)
+        self.v_codes = torch.cat([self.v_codes, self._encode(value_states, self.v_scale)], dim=-2)
+        self.length += key_states.shape[-2]
+        return self._decode(self.k_codes, self.k_scale), self._decode(self.v_codes, self.v_scale)
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def stored_tensors(self):
+        return [self.k_codes, self.v_codes, self.k_scale, self.v_scale] if self.is_initialized else []
+
+
+class Int4Layer(QuantizedLayer):
+    """transformers' QuantizedLayer with our own 4-bit backend (see module docstring)."""
+
+    def __init__(self, q_group_size: int = 64, residual_length: int = 32):
+        super().__init__(nbits=4, axis_key=-1, axis_value=-1, q_group_size=q_group_size,
+                         residual_length=residual_length)
+
+    def _quantize(self, tensor, axis):
+        shape = tensor.shape
+        g = self.q_group_size if shape[-1] % self.q_group_size == 0 else shape[-1]
+        x = tensor.float().reshape(*shape[:-1], shape[-1] // g, g)
+        xmin, xmax = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+        scale = ((xmax - xmin) / 15).clamp(min=1e-8)
+        codes = torch.clamp(torch.round((x - xmin) / scale), 0, 15).to(torch.uint8).reshape(*shape[:-1], -1)
+        packed = codes[..., 0::2] | (codes[..., 1::2] << 4)          # two codes per byte
+        return {"packed": packed, "scale": scale.half(), "min": xmin.half(), "shape": shape,
+                "dtype": tensor.dtype, "g": g}
+
+    def _dequantize(self, q):
+        p = q["packed"]
+        codes = torch.stack([p & 0xF, p >> 4], dim=-1).reshape(*q["shape"][:-1], -1)
+        x = codes.reshape(*q["shape"][:-1], q["shape"][-1] // q["g"], q["g"]).float()
+        return (x * q["scale"].float() + q["min"].float()).reshape(q["shape"]).to(q["dtype"])
+
+    def stored_tensors(self):
+        if not self.is_initialized:
+            return []
+        out = [self.keys, self.values]
+        for q in (self._quantized_keys, self._quantized_values):
+            out += [q["packed"], q["scale"], q["min"]]
+        return out
+
+
+def make_cache(kind: str, config, max_cache_len: int | None = None, **kw) -> Cache:
+    """A fresh cache of one of :data:`KV_KINDS` for a model ``config`` (``"static"`` allocates
+    ``max_cache_len`` up front; the others grow)."""
+    n = config.num_hidden_layers
+    if kind == "baseline":  # the model's own dtype, transformers' default DynamicCache
+        return DynamicCache(config=config)
+    if kind == "static":
+        if not max_cache_len:
+            raise ValueError("a static cache needs max_cache_len")
+        return StaticCache(config=config, max_cache_len=max_cache_len)
+    if kind.startswith("fp8-"):
+        fmt = {"fp8-e4m3": "e4m3fn", "fp8-e5m2": "e5m2"}.get(kind)
+        if fmt is None:
+            raise ValueError(f"unknown FP8 cache {kind!r}; use fp8-e4m3 or fp8-e5m2")
+        return Cache(layers=[FP8Layer(fmt, **kw) for _ in range(n)])
+    if kind == "int4":
+        return Cache(layers=[Int4Layer(**kw) for _ in range(n)])
+    if kind == "int4-hqq":  # transformers' QuantizedCache, HQQ backend (pip install hqq==0.2.8.post1)
+        from transformers.cache_utils import QuantizedCache
+
+        kw = {"q_group_size": 64, "residual_length": 32, **kw}
+        return QuantizedCache("hqq", config, nbits=4, axis_key=1, axis_value=1, **kw)
+    raise ValueError(f"unknown KV cache kind {kind!r}; use one of {KV_KINDS} or 'static'")
+
+
+def stored_bytes(cache: Cache) -> int:
+    """Bytes the cache actually stores (codes, scales, residual full-precision tokens), each once."""
+    total, seen = 0, set()
+    for layer in cache.layers:
+        if hasattr(layer, "stored_tensors"):
+            tensors = layer.stored_tensors()
+        else:  # DynamicLayer, StaticLayer, or a library QuantizedLayer (tensors nested in tuples/dicts)
+            tensors = _flatten([layer.keys, layer.values, getattr(layer, "_quantized_keys", None),
+                                getattr(layer, "_quantized_values", None)])
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.numel():
+                key = t.untyped_storage().data_ptr()
+                if key not in seen:
+                    seen.add(key)
+                    total += t.numel() * t.element_size()
+    return total
+
+
+def _flatten(obj) -> list:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in _flatten(o)]
+    return []
+
+
+def fp8_roundtrip_bound(x: torch.Tensor, fmt: str = "e4m3fn", margin: float = 2.0) -> torch.Tensor:
+    """Element-wise error bound of the FP8 layer's round trip: half an ulp of the scaled value,
+    ``|x| · eps/2`` for normal values, plus half the subnormal spacing for tiny ones."""
+    dt = FP8_FORMATS[fmt]
+    fi = torch.finfo(dt)
+    mant = {"e4m3fn": 3, "e5m2": 2, "e4m3fnuz": 3}[fmt]
+    scale = (x.abs().amax(dim=(0, 2, 3), keepdim=True).float() * margin / fi.max).clamp(min=1e-8)
+    sub_step = fi.tiny * 2.0 ** (-mant)
+    return x.abs().float() * 2.0 ** (-mant - 1) + scale * sub_step / 2
+
+
+@torch.no_grad()
+def teacher_forced_logits(model, ids: torch.Tensor, continuation: torch.Tensor, kind: str) -> torch.Tensor:
+    """Prefill ``ids`` into a fresh ``kind`` cache, then feed ``continuation`` one token at a time;
+    returns the next-token logits at every step, ``[batch, len(continuation)+1, vocab]`` (fp32).
+
+    Feeding the *same* tokens to every cache isolates the cache's error from divergence of the
+    generated text (a free-running comparison compounds one different token into many)."""
+    cache = make_cache(kind, model.config, max_cache_len=ids.shape[1] + continuation.shape[1] + 1)
+    out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    logits = [out.logits[:, -1].float()]
+    for t in range(continuation.shape[1]):
+        out = model(continuation[:, t:t + 1], past_key_values=cache, use_cache=True)
+        logits.append(out.logits[:, -1].float())
+    return torch.stack(logits, 1)
+
+
+def compare_logits(base: torch.Tensor, other: torch.Tensor) -> dict:
+    """Top-1 agreement and mean KL(base ‖ other) of two ``[batch, steps, vocab]`` logit tensors."""
+    agree = (base.argmax(-1) == other.argmax(-1)).float().mean().item()
+    lp, lq = base.log_softmax(-1), other.log_softmax(-1)
+    kl = (lp.exp() * (lp - lq)).sum(-1).mean().item()
+    return {"token_agreement": agree, "kl": kl}
+
+
+def kv_ab(model, prompts: torch.Tensor, new_tokens: int, kinds=KV_KINDS, measure_memory: bool = True) -> list[dict]:
+    """The A/B test: same model, prompts, lengths and seed; only the KV-cache format varies.
+
+    For each kind: stored KV bytes, peak memory over the weights and decode tokens/s (from
+    ``measure.measure_generate``), and quality against the baseline cache on the baseline's own greedy
+    continuation (teacher-forced top-1 agreement and KL)."""
+    from .measure import measure_generate
+
+    batch, ctx = prompts.shape
+    base_gen = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    cont = base_gen[:, ctx:]
+    base_logits = teacher_forced_logits(model, prompts, cont[:, :-1], "baseline")
+    rows, baseline_bytes = [], None
+    for kind in kinds:
+        m = measure_generate(model, ctx, batch, new_tokens, cache=kind) if measure_memory else {}
+        q = compare_logits(base_logits, teacher_forced_logits(model, prompts, cont[:, :-1], kind))
+        if kind == "baseline":
+            baseline_bytes = m.get("kv_meas")
+        rows.append({"kv_format": kind, "context": ctx, "batch": batch, "kv_bytes": m.get("kv_meas"),
+                     "baseline_kv_bytes": baseline_bytes, "peak": m.get("peak_meas"),
+                     "tokens_per_s": m.get("tokens_per_s"), **q})
+    return rows

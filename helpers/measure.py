@@ -1,0 +1,331 @@
+"""Measuring memory: the four views, a stage profiler, the biggest tensors, and an OOM diagnosis.
+
+The four views of GPU memory (PyTorch docs, "CUDA semantics → memory management"):
+
+1. ``torch.cuda.memory_allocated()`` — bytes in live tensors (rounded up to the allocator's blocks);
+2. ``torch.cuda.memory_reserved()`` — bytes the caching allocator holds from the driver (allocated +
+   cached free blocks);
+3. ``torch.cuda.mem_get_info()`` — the driver's free/total for the whole device (all processes);
+4. NVML / ``nvidia-smi`` — per-device used bytes, including every process's CUDA context.
+
+``used(driver) − reserved`` is the CUDA context (kernels, cuBLAS workspaces, …) plus other processes.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .device import nvml_info
+
+GiB = 1024**3
+MiB = 1024**2
+
+
+def views(device=None) -> dict:
+    """The four views of memory right now (bytes); on CPU, the process RSS only."""
+    if not torch.cuda.is_available():
+        import psutil
+        return {"rss": psutil.Process().memory_info().rss}
+    free, total = torch.cuda.mem_get_info(device)
+    out = {"allocated": torch.cuda.memory_allocated(device), "reserved": torch.cuda.memory_reserved(device),
+           "driver_used": total - free, "driver_total": total}
+    nv = nvml_info(0)
+    if nv:
+        out["nvml_used"] = nv["nvml_used"]
+    out["context_and_others"] = out["driver_used"] - out["reserved"]
+    return out
+
+
+def overhead(device=None) -> dict:
+    """Framework overhead measured now: CUDA context (+ other processes) and allocator slack."""
+    v = views(device)
+    if "allocated" not in v:
+        return {"context": 0, "slack": 0, "note": "no CUDA device: overhead not measurable here"}
+    return {"context": v["context_and_others"], "slack": v["reserved"] - v["allocated"]}
+
+
+def fmt_bytes(n: float) -> str:
+    """Human-readable bytes (binary units)."""
+    for unit, div in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def reset_peak(device=None) -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def free_memory() -> None:
+    """Drop Python garbage and return cached blocks to the driver (what ``empty_cache`` can do)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+@dataclass
+class StageRecord:
+    name: str
+    seconds: float
+    start_allocated: int
+    end_allocated: int
+    peak_allocated: int
+    reserved: int
+    backend: str
+
+    @property
+    def delta(self) -> int:
+        return self.end_allocated - self.start_allocated
+
+    @property
+    def peak_over_start(self) -> int:
+        return self.peak_allocated - self.start_allocated
+
+
+@dataclass
+class StageProfiler:
+    """Records allocated / peak / reserved per named stage (load, warm-up, prefill, decode …).
+
+    On CUDA: ``memory_allocated`` at entry and exit, ``max_memory_allocated`` within (the peak stats
+    are reset at entry), ``memory_reserved`` at exit. On CPU: process RSS at entry/exit (the peak is
+    the larger of the two — CPU allocations are not tracked by PyTorch), and ``backend='cpu-rss'``.
+    """
+    records: list[StageRecord] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            start = torch.cuda.memory_allocated()
+        else:
+            import psutil
+            proc = psutil.Process()
+            start = proc.memory_info().rss
+        t0 = time.perf_counter()
+        try:
+            yield self
+        finally:
+            if cuda:
+                torch.cuda.synchronize()
+                end, peak = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
+                reserved = torch.cuda.memory_reserved()
+            else:
+                end = proc.memory_info().rss
+                peak, reserved = max(start, end), end
+            self.records.append(StageRecord(name, time.perf_counter() - t0, start, end, peak, reserved,
+                                            "cuda" if cuda else "cpu-rss"))
+
+    def table(self) -> list[dict]:
+        return [{"stage": r.name, "seconds": round(r.seconds, 3), "start": r.start_allocated,
+                 "end": r.end_allocated, "delta": r.delta, "peak": r.peak_allocated,
+                 "peak_over_start": r.peak_over_start, "reserved": r.reserved, "backend": r.backend}
+                for r in self.records]
+
+    def report(self) -> None:
+        if self.records and self.records[0].backend == "cpu-rss":
+            print("(CPU: numbers are process RSS — PyTorch tracks no CPU allocations; peaks are not seen)")
+        print(f"{'stage':<12}{'seconds':>9}{'delta':>12}{'peak':>12}{'peak-start':>12}{'reserved':>12}")
+        for r in self.records:
+            print(f"{r.name:<12}{r.seconds:>9.2f}{fmt_bytes(r.delta):>12}{fmt_bytes(r.peak_allocated):>12}"
+                  f"{fmt_bytes(r.peak_over_start):>12}{fmt_bytes(r.reserved):>12}")
+
+
+_default_profiler = StageProfiler()
+
+
+def stage(name: str, profiler: StageProfiler | None = None):
+    """``with stage("prefill"): ...`` — records into ``profiler`` (or a module-level default)."""
+    return (profiler or _default_profiler).stage(name)
+
+
+def tensor_bytes(obj) -> int:
+    """Bytes held by the tensors in ``obj`` (a tensor, or nested lists/tuples/dicts/objects with
+    ``.layers`` of ``.keys``/``.values`` such as transformers caches), each storage counted once."""
+    seen, total = set(), 0
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, torch.Tensor):
+            st = o.untyped_storage()
+            key = (st.data_ptr(), o.device)
+            if key not in seen and st.nbytes():
+                seen.add(key)
+                total += st.nbytes()
+        elif isinstance(o, dict):
+            stack.extend(o.values())
+        elif isinstance(o, (list, tuple)):
+            stack.extend(o)
+        elif hasattr(o, "layers"):
+            stack.extend(o.layers)
+        elif hasattr(o, "__dict__") and not isinstance(o, torch.nn.Module):
+            stack.extend(v for v in vars(o).values() if isinstance(v, (torch.Tensor, list, tuple, dict)))
+    return total
+
+
+def top_tensors(n: int = 10, device: str | None = None) -> list[dict]:
+    """The ``n`` largest tensors alive (gc walk), one row per *storage* (views deduplicated).
+
+    Each row: bytes, shape, dtype, device, whether it is a parameter (or a buffer-like leaf that
+    requires grad), and how many live tensor objects share that storage.
+    """
+    rows: dict = {}
+    for obj in gc.get_objects():
+        try:
+            if not isinstance(obj, torch.Tensor) or obj.is_meta:
+                continue
+        except Exception:  # objects that break isinstance (weakref proxies etc.)
+            continue
+        if device is not None and obj.device.type != device:
+            continue
+        st = obj.untyped_storage()
+        key = (st.data_ptr(), str(obj.device))
+        r = rows.get(key)
+        if r is None:
+            rows[key] = {"bytes": st.nbytes(), "shape": tuple(obj.shape), "dtype": str(obj.dtype),
+                         "device": str(obj.device), "parameter": isinstance(obj, torch.nn.Parameter),
+                         "views": 1}
+        else:
+            r["views"] += 1
+            r["parameter"] |= isinstance(obj, torch.nn.Parameter)
+            if obj.numel() * obj.element_size() > r["bytes"] / max(1, r["views"]):
+                r["shape"] = tuple(obj.shape)
+    return sorted(rows.values(), key=lambda r: -r["bytes"])[:n]
+
+
+def shm_bytes() -> int | None:
+    """Size of /dev/shm (DataLoader workers and NCCL need it; Docker's default is 64 MB)."""
+    try:
+        return shutil.disk_usage("/dev/shm").total
+    except OSError:
+        return None
+
+
+def diagnose_oom(stats: dict | None = None, request: int | None = None, echo: bool = True) -> dict:
+    """The OOM decision tree with live (or given) numbers; returns the branch taken and why.
+
+    ``stats`` keys (bytes): total, allocated, reserved, driver_used; optional shm, top (list of
+    top_tensors rows). Without ``stats`` the numbers are read from the live device.
+
+    1. Driver memory used far beyond our reserved → another process / context holds it.
+    2. ``reserved − allocated`` ≥ the request → **fragmentation**: cached but split free blocks;
+       try ``expandable_segments:True``, fewer distinct shapes, ``empty_cache`` between phases.
+    3. allocated close to total → **genuinely too big**: smaller batch/sequence, lower precision,
+       quantized KV cache, offload, or a bigger GPU. A parameter-dominated top list means the
+       weights alone are the problem (load-phase OOM); otherwise activations/KV (generation-phase).
+    4. otherwise, a small /dev/shm points to DataLoader / shared-memory failures, not the GPU.
+    """
+    if stats is None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("diagnose_oom() needs a CUDA device, or pass stats={...} explicitly")
+        v = views()
+        stats = {"total": v["driver_total"], "allocated": v["allocated"], "reserved": v["reserved"],
+                 "driver_used": v["driver_used"], "shm": shm_bytes(), "top": top_tensors(5, "cuda")}
+        cap = getattr(torch.cuda, "_course_memory_cap", None)
+        if cap:
+            stats["total"] = cap
+    for k in ("total", "allocated", "reserved", "driver_used"):
+        if k not in stats:
+            raise ValueError(f"diagnose_oom stats need key {k!r}")
+    total, alloc, res, used = (stats[k] for k in ("total", "allocated", "reserved", "driver_used"))
+    gap = res - alloc
+    util = used / total if total else 0.0
+    top = stats.get("top") or []
+    param_share = (sum(t["bytes"] for t in top if t.get("parameter")) / max(1, sum(t["bytes"] for t in top))
+                   if top else None)
+    others = used - res
+    if others > 0.25 * total:
+        branch, why = "other-process", (f"{fmt_bytes(others)} is used on the device outside this process's "
+                                        f"allocator ({util:.0%} of the card in use): another process or "
+                                        "a leaked context. Check nvidia-smi; one model copy per GPU.")
+    elif request is not None and gap >= request:
+        branch, why = "fragmentation", (f"reserved − allocated = {fmt_bytes(gap)} ≥ request {fmt_bytes(request)}: "
+                                        "the memory is cached but split into blocks too small. Set "
+                                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or empty_cache() "
+                                        "between phases, or keep shapes constant.")
+    elif alloc > 0.9 * total or (request is not None and alloc + request > total):
+        kind = ("weights (load phase): quantize weights, device_map='auto' offload, smaller model"
+                if param_share is not None and param_share > 0.5 else
+                "activations / KV cache (generation phase): smaller batch or context, quantized KV cache")
+        branch, why = "too-big", (f"allocated {fmt_bytes(alloc)} of {fmt_bytes(total)}: genuinely out of memory; "
+                                  f"dominated by {kind}.")
+    elif stats.get("shm") is not None and stats["shm"] < 1 * GiB:
+        branch, why = "shm", (f"/dev/shm is only {fmt_bytes(stats['shm'])}: DataLoader workers or NCCL fail with "
+                              "bus errors that look like OOMs. Use --shm-size / --ipc=host or num_workers=0.")
+    else:
+        branch, why = "unclear", (f"allocated {fmt_bytes(alloc)}, reserved {fmt_bytes(res)}, driver {fmt_bytes(used)} "
+                                  f"of {fmt_bytes(total)}: no single cause; record a memory history "
+                                  "(torch.cuda.memory._record_memory_history) around the failing step.")
+    if echo:
+        print(f"[diagnose_oom] {branch}: {why}")
+    return {"branch": branch, "why": why, "gap": gap, "utilisation": util, "param_share": param_share}
+
+
+def oom_guard(fn, *args, **kwargs) -> dict:
+    """Run ``fn``; on ``torch.OutOfMemoryError`` free everything and report instead of crashing.
+
+    Returns ``{"ok": bool, "result"| "error": ..., "allocated_after": bytes}``.
+    """
+    try:
+        return {"ok": True, "result": fn(*args, **kwargs)}
+    except torch.OutOfMemoryError as e:  # noqa: PERF203
+        msg = str(e).split("\n")[0]
+        e = None  # drop the traceback frames that pin tensors
+        free_memory()
+        return {"ok": False, "error": msg,
+                "allocated_after": torch.cuda.memory_allocated() if torch.cuda.is_available() else 0}
+
+
+def measure_weights(arch: str, device="cuda", dtype=torch.bfloat16):
+    """Instantiate architecture ``arch`` on ``device``; return (model, bytes it added to allocated)."""
+    from .models import model_from_config
+
+    free_memory()
+    before = torch.cuda.memory_allocated()
+    model = model_from_config(arch, device=device, dtype=dtype)
+    free_memory()
+    return model, torch.cuda.memory_allocated() - before
+
+
+@torch.no_grad()
+def measure_generate(model, seq_len: int, batch: int, new_tokens: int = 16, cache: str = "baseline",
+                     seed: int = 0) -> dict:
+    """Run ``generate`` on random prompts and measure the KV cache and the peak over the weights.
+
+    Returns kv_meas (bytes the cache object stores), peak_meas (max_memory_allocated during the call
+    minus allocated before it, prompt included), reserved, seconds and tokens/s. ``cache`` is a
+    :data:`helpers.kvcache.KV_KINDS` name or ``"static"``.
+    """
+    from .kvcache import make_cache, stored_bytes
+
+    dev = next(model.parameters()).device
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.randint(3, model.config.vocab_size - 1, (batch, seq_len), generator=g).to(dev)
+    mask = torch.ones_like(ids)
+    kv = make_cache(cache, model.config, max_cache_len=seq_len + new_tokens)
+    free_memory()
+    reset_peak()
+    base = torch.cuda.memory_allocated() if dev.type == "cuda" else 0
+    t0 = time.perf_counter()
+    out = model.generate(ids, attention_mask=mask, past_key_values=kv, max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    secs = time.perf_counter() - t0
+    res = {"kv_meas": stored_bytes(kv), "seconds": secs, "tokens_per_s": batch * new_tokens / secs,
+           "new_tokens": out.shape[1] - seq_len}
+    if dev.type == "cuda":
+        res.update(peak_meas=torch.cuda.max_memory_allocated() - base, reserved=torch.cuda.memory_reserved())
+    del out, kv
+    free_memory()
+    return res

