@@ -22,7 +22,7 @@ GRID = [(512, 1), (2048, 1), (8192, 1), (512, 16), (2048, 8), (4096, 16)]
 NEW_TOKENS = 32
 
 
-def run(archs=ARCHS, grid=GRID, new_tokens=NEW_TOKENS) -> list[dict]:
+def run(archs=ARCHS, grid=GRID, new_tokens=NEW_TOKENS, out: Path | None = None) -> list[dict]:
     rows = []
     for arch in archs:
         cfg = models.architecture_config(arch)
@@ -41,6 +41,8 @@ def run(archs=ARCHS, grid=GRID, new_tokens=NEW_TOKENS) -> list[dict]:
             row.update(static_kv_meas=int(s["kv_meas"]), static_peak_meas=int(s["peak_meas"]),
                        static_peak_pred=int(spred["peak"]))
             rows.append(row)
+            if out:  # written after every point, so a cut-off run keeps what it measured
+                out.write_text(json.dumps(rows, indent=1))
             print(f"{arch:<15}{seq:>6}{batch:>4}  w {100 * (w_pred / w_meas - 1):+.2f}%  "
                   f"kv {row['kv_pred'] - row['kv_meas']:+d} B  peak {100 * (row['peak_pred'] / row['peak_meas'] - 1):+.1f}%  "
                   f"static {100 * (row['static_peak_pred'] / row['static_peak_meas'] - 1):+.1f}%", flush=True)
@@ -55,9 +57,8 @@ def main():
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("budget_accuracy needs a CUDA device (it measures real allocations)")
-    rows = run()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(rows, indent=1))
+    run(out=Path(args.out))
     print("wrote", args.out)
 
 

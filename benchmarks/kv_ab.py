@@ -51,6 +51,8 @@ def main():
             r.update(source=source, new_tokens=args.new_tokens,
                      torch=torch.__version__, gpu=torch.cuda.get_device_name() if cuda else "cpu")
             rows.append(r)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(rows, indent=1))
             print({k: r[k] for k in ("kv_format", "context", "kv_bytes", "peak", "tokens_per_s", "token_agreement", "kl")}, flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=1))

@@ -16,7 +16,8 @@ The policy (c10/cuda/CUDACachingAllocator.cpp, default settings):
   *wholly free* segment and retries, then raises OOM;
 * ``empty_cache()`` releases wholly free segments only — a segment with one live block stays.
 
-``expandable_segments:True`` maps physical pages (2 MiB) into one growing virtual segment per pool;
+``expandable_segments:True`` maps physical pages (20 MiB in the large pool) into one growing
+virtual segment per pool;
 on pressure, free pages in its holes are unmapped and the segment grows at its end, so holes stop
 costing memory. :class:`CachingAllocatorSim` models it at page granularity (``expandable=True``).
 
@@ -38,7 +39,7 @@ K_SMALL_BUFFER = 2 * MB
 K_LARGE_BUFFER = 20 * MB
 K_MIN_LARGE_ALLOC = 10 * MB
 K_ROUND_LARGE = 2 * MB
-PAGE = 2 * MB
+PAGE = 20 * MB          # expandable segments map the large pool in kLargeBuffer-sized pages
 
 
 class SimOutOfMemory(RuntimeError):
@@ -171,8 +172,7 @@ class CachingAllocatorSim:
         self._take(*found, size, name, pool)
 
     def _malloc_expandable(self, size: int, name: str) -> None:
-        """Large pool as one growing segment of 2 MiB pages; holes' pages can be unmapped."""
-        size = PAGE * ((size + PAGE - 1) // PAGE) if size >= K_MIN_LARGE_ALLOC else size
+        """Large pool as one growing segment mapped in pages; free pages inside holes can be unmapped."""
         seg = next((s for s in self.segments if s.pool == "large" and s.expandable), None)
         if seg is None:
             seg = Segment("large", 0, [], expandable=True)

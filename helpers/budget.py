@@ -165,14 +165,15 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     """Predicted peak memory *over the weights* during ``generate`` (prefill, then decode).
 
     prefill: KV of the prompt + the prefill activations; decode ends with the KV of
-    ``prompt_len + new_tokens`` positions plus one layer's K being re-allocated by ``torch.cat``
-    (dynamic cache) and the last-token logits. A static cache allocates the full length up front.
+    ``prompt_len + new_tokens − 1`` positions (the last generated token is never fed back) plus one
+    layer's K being re-allocated by ``torch.cat`` (dynamic cache) and the last-token logits. A static
+    cache allocates ``prompt_len + new_tokens`` positions up front.
     """
     _check_positive(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch)
     if cache not in ("dynamic", "static"):
         raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
     s = Shape.from_config(config)
-    total = prompt_len + new_tokens
+    total = prompt_len + new_tokens - (1 if cache == "dynamic" else 0)
     kv_full = kv_bytes(config, total, batch, kv_dtype)
     act = activation_bytes(config, prompt_len, batch, act_dtype)
     kv_prompt = kv_full if cache == "static" else kv_bytes(config, prompt_len, batch, kv_dtype)

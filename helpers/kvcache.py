@@ -201,7 +201,8 @@ def kv_ab(model, prompts: torch.Tensor, new_tokens: int, kinds=KV_KINDS, measure
 
     batch, ctx = prompts.shape
     base_gen = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
-                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                              disable_compile=True)
     cont = base_gen[:, ctx:]
     base_logits = teacher_forced_logits(model, prompts, cont[:, :-1], "baseline")
     rows, baseline_bytes = [], None

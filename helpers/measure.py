@@ -318,7 +318,7 @@ def measure_generate(model, seq_len: int, batch: int, new_tokens: int = 16, cach
     base = torch.cuda.memory_allocated() if dev.type == "cuda" else 0
     t0 = time.perf_counter()
     out = model.generate(ids, attention_mask=mask, past_key_values=kv, max_new_tokens=new_tokens,
-                         min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+                         min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, disable_compile=True)
     if dev.type == "cuda":
         torch.cuda.synchronize()
     secs = time.perf_counter() - t0
