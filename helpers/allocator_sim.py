@@ -285,7 +285,7 @@ for i, op in enumerate(ops):
         elif op[0] == "empty_cache":
             torch.cuda.empty_cache()
     except torch.OutOfMemoryError:
-        res.update(oom=True, failed_at=i)
+        res.update(oom=True, failed_at=i, summary=torch.cuda.memory_summary(abbreviated=True))
         break
 torch.cuda.synchronize()
 res.update(allocated=torch.cuda.memory_allocated(), reserved=torch.cuda.memory_reserved(),

@@ -117,6 +117,22 @@ def meta_param_count(config) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def weight_allocation(config, dtype=torch.bfloat16) -> int:
+    """Predicted ``memory_allocated`` after instantiating the model on a GPU: every parameter and
+    buffer (from a meta-device model, in creation order) replayed through the caching-allocator
+    simulator, which adds the block rounding the real allocator applies (a block whose remainder
+    would be ≤ 1 MiB is handed out whole)."""
+    from transformers import AutoModelForCausalLM
+
+    from .allocator_sim import simulate
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    ops = [["alloc", name, t.numel() * t.element_size()]
+           for name, t in list(model.named_parameters()) + list(model.named_buffers())]
+    return simulate(ops)["allocated"]
+
+
 def weight_bytes(config, fmt: str = "bf16") -> float:
     """Weights in bytes: decoder linears at ``fmt``, the rest at 16 bits (32 if ``fmt='fp32'``)."""
     p = param_counts(config)
@@ -137,10 +153,13 @@ def activation_bytes(config, positions: int, batch: int = 1, act_dtype="bf16", a
     """Transient bytes at the widest point of one forward over ``positions`` tokens.
 
     Per block, with ``n = batch · positions`` tokens and ``b`` bytes per element:
-    residual stream ``2·n·hidden·b`` (the block's input and its output coexist), then the larger of
+    hidden-size tensors ``3·n·hidden·b`` that stay alive across the block (the embeddings, still
+    referenced by the model's forward; the block's input, held by the caller's loop; the residual
+    sum), the rotary ``cos``/``sin`` ``2·n·head_dim·b`` shared by all layers, then the larger of
     MLP ``n·(3·intermediate + hidden)·b`` (gate/up/product live at once, plus the normed input) and
     attention ``n·(2·heads + 2·kv_heads)·head_dim·b`` (q, k, v, attention output) — plus, for eager
-    attention, the ``batch·heads·positions²`` scores and their softmax.
+    attention, the ``batch·heads·positions²`` scores and their softmax. (Checked against the H200:
+    ``results/h200/budget_accuracy.json``.)
     Logits: ``batch·vocab·(b + 4)`` for the last position (model output + fp32 copy in generate),
     or ``batch·positions·vocab·(b + 4)`` when all positions are kept (training, perplexity).
     """
@@ -150,7 +169,7 @@ def activation_bytes(config, positions: int, batch: int = 1, act_dtype="bf16", a
     s = Shape.from_config(config)
     b = dtype_bytes(act_dtype)
     n = batch * positions
-    residual = 2 * n * s.hidden * b
+    residual = 3 * n * s.hidden * b + 2 * n * s.head_dim * b
     mlp = n * (3 * s.intermediate + s.hidden) * b
     attn = n * (2 * s.heads + 2 * s.kv_heads) * s.head_dim * b
     scores = 2 * batch * s.heads * positions**2 * b if attention == "eager" else 0

@@ -215,3 +215,32 @@ def kv_ab(model, prompts: torch.Tensor, new_tokens: int, kinds=KV_KINDS, measure
                      "baseline_kv_bytes": baseline_bytes, "peak": m.get("peak_meas"),
                      "tokens_per_s": m.get("tokens_per_s"), **q})
     return rows
+
+
+@torch.no_grad()
+def tokens_until_oom(model, kind: str, batch: int, prompt_len: int, max_new: int, seed: int = 0) -> dict:
+    """Prefill a random prompt, then decode one token at a time until ``max_new`` tokens or an OOM.
+
+    Returns ``{"generated": n, "oom": bool, "phase": "prefill"|"decode"|None}``; memory is freed
+    before returning (the OOM is caught)."""
+    from .measure import free_memory
+
+    dev = next(model.parameters()).device
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, model.config.vocab_size - 1, (batch, prompt_len), generator=g).to(dev)
+    cache, n, phase = make_cache(kind, model.config), 0, "prefill"
+    try:
+        out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        phase = "decode"
+        nxt = out.logits[:, -1:].argmax(-1)
+        del out
+        for n in range(1, max_new + 1):
+            out = model(nxt, past_key_values=cache, use_cache=True)
+            nxt = out.logits[:, -1:].argmax(-1)
+            del out
+        result = {"generated": max_new, "oom": False, "phase": None}
+    except torch.OutOfMemoryError:
+        result = {"generated": n - 1 if phase == "decode" else 0, "oom": True, "phase": phase}
+    del cache, ids
+    free_memory()
+    return result

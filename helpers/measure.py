@@ -179,12 +179,14 @@ def top_tensors(n: int = 10, device: str | None = None) -> list[dict]:
     Each row: bytes, shape, dtype, device, whether it is a parameter (or a buffer-like leaf that
     requires grad), and how many live tensor objects share that storage.
     """
+    import warnings
+
     rows: dict = {}
-    for obj in gc.get_objects():
-        try:
-            if not isinstance(obj, torch.Tensor) or obj.is_meta:
-                continue
-        except Exception:  # objects that break isinstance (weakref proxies etc.)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # isinstance() on some module objects warns (deprecations)
+        objs = [o for o in gc.get_objects() if _is_tensor(o)]
+    for obj in objs:
+        if obj.is_meta:
             continue
         if device is not None and obj.device.type != device:
             continue
@@ -201,6 +203,13 @@ def top_tensors(n: int = 10, device: str | None = None) -> list[dict]:
             if obj.numel() * obj.element_size() > r["bytes"] / max(1, r["views"]):
                 r["shape"] = tuple(obj.shape)
     return sorted(rows.values(), key=lambda r: -r["bytes"])[:n]
+
+
+def _is_tensor(o) -> bool:
+    try:
+        return isinstance(o, torch.Tensor)
+    except Exception:  # objects that break isinstance (weakref proxies etc.)
+        return False
 
 
 def shm_bytes() -> int | None:
@@ -290,11 +299,24 @@ def measure_weights(arch: str, device="cuda", dtype=torch.bfloat16):
     """Instantiate architecture ``arch`` on ``device``; return (model, bytes it added to allocated)."""
     from .models import model_from_config
 
+    warmup_cublas()
     free_memory()
     before = torch.cuda.memory_allocated()
     model = model_from_config(arch, device=device, dtype=dtype)
     free_memory()
     return model, torch.cuda.memory_allocated() - before
+
+
+def warmup_cublas() -> int:
+    """Run one matmul so cuBLAS allocates its workspace now (through the caching allocator: 32 MiB
+    on Hopper by default, ``CUBLAS_WORKSPACE_CONFIG``); returns the bytes that first call kept."""
+    if not torch.cuda.is_available():
+        return 0
+    before = torch.cuda.memory_allocated()
+    a = torch.ones(64, 64, device="cuda", dtype=torch.bfloat16)
+    (a @ a).sum().item()
+    del a
+    return torch.cuda.memory_allocated() - before
 
 
 @torch.no_grad()

@@ -235,3 +235,22 @@ def decoder_layers(model) -> torch.nn.ModuleList:
     if layers is None:
         raise TypeError(f"{type(model).__name__} has no model.layers: not a Llama-style decoder")
     return layers
+
+
+def load_for_memory(name: str | None = None, arch: str = "SmolLM2-135M", device=None, dtype=None):
+    """``(model, tokenizer_or_None, real_weights)`` for memory/speed experiments.
+
+    Tries :func:`load_model`; where no weights can be had (no hub, no offline package — e.g. a GPU
+    machine without internet) it instantiates ``arch`` from its config with random weights and says
+    so: memory and speed are the same, quality numbers are then meaningless.
+    """
+    from .device import get_device
+
+    try:
+        model, tok = load_model(name, dtype=dtype, device=device)
+        return model, tok, True
+    except (FileNotFoundError, RuntimeError) as e:
+        dev = get_device(device) if device is not None else get_device()
+        print(f"[model] no weights available ({str(e).splitlines()[0]}) → {arch} architecture with "
+              "RANDOM weights: memory and speed are real, quality numbers are not meaningful.")
+        return model_from_config(arch, device=dev, dtype=parse_dtype(dtype) if dtype else default_dtype(dev)), None, False

@@ -1,0 +1,79 @@
+"""Three classic memory leaks, each measured, each with its fix.
+
+A "leak" in PyTorch is a live Python reference that keeps tensors (and maybe an autograd graph)
+alive. Bytes are measured as the growth of :func:`live_bytes` — ``memory_allocated`` on CUDA, and on
+a CPU the bytes of every live tensor storage found by a gc walk (PyTorch tracks no CPU allocator).
+"""
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from .measure import top_tensors
+
+_GLOBAL_CACHE: list = []
+
+
+def live_bytes(device: torch.device) -> int:
+    """Bytes of live tensors on ``device`` (allocator counter on CUDA, gc walk elsewhere)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        return torch.cuda.memory_allocated(device)
+    return sum(r["bytes"] for r in top_tensors(10**9, device=device.type))
+
+
+def _net(device, width=1024):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                               torch.nn.Linear(4 * width, width)).to(device)
+
+
+def kept_graph(device, steps: int = 8, fix: bool = False, batch: int = 64) -> int:
+    """Summing losses as tensors keeps every step's graph (and its activations) alive.
+    Fix: ``loss.item()`` (or ``torch.no_grad()`` when no gradient is wanted)."""
+    net = _net(device)
+    x = torch.randn(batch, 1024, device=device)
+    before = live_bytes(device)
+    total = 0.0
+    for _ in range(steps):
+        loss = net(x).pow(2).mean()
+        total = total + (loss.item() if fix else loss)
+        del loss
+    grown = live_bytes(device) - before
+    del total
+    return grown
+
+
+def accumulated_list(device, steps: int = 8, fix: bool = False, batch: int = 64) -> int:
+    """Appending outputs to a list keeps them all on the device.
+    Fix: keep what you need, detached and on the CPU (``out.detach().cpu()``) or a scalar."""
+    net = _net(device)
+    x = torch.randn(batch, 1024, device=device)
+    before = live_bytes(device)
+    outs = []
+    with torch.no_grad():
+        for _ in range(steps):
+            y = net(x)
+            outs.append(y.mean().item() if fix else y)
+    del y
+    grown = live_bytes(device) - before
+    del outs
+    return grown
+
+
+def global_reference(device, steps: int = 8, fix: bool = False, batch: int = 64) -> int:
+    """A module-level cache (a "global") outlives the function that filled it.
+    Fix: clear it (``cache.clear()``), scope it to the call, or hold weak references."""
+    net = _net(device)
+    x = torch.randn(batch, 1024, device=device)
+    before = live_bytes(device)
+    with torch.no_grad():
+        for _ in range(steps):
+            _GLOBAL_CACHE.append(net(x))
+    if fix:
+        _GLOBAL_CACHE.clear()
+    grown = live_bytes(device) - before
+    _GLOBAL_CACHE.clear()
+    return grown
