@@ -73,7 +73,7 @@ class FP8Layer(DynamicLayer):
 class Int4Layer(QuantizedLayer):
     """transformers' QuantizedLayer with our own 4-bit backend (see module docstring)."""
 
-    def __init__(self, q_group_size: int = 64, residual_length: int = 32):
+    def __init__(self, q_group_size: int = 64, residual_length: int = 16):
         super().__init__(nbits=4, axis_key=-1, axis_value=-1, q_group_size=q_group_size,
                          residual_length=residual_length)
 
@@ -123,7 +123,7 @@ def make_cache(kind: str, config, max_cache_len: int | None = None, **kw) -> Cac
     if kind == "int4-hqq":  # transformers' QuantizedCache, HQQ backend (pip install hqq==0.2.8.post1)
         from transformers.cache_utils import QuantizedCache
 
-        kw = {"q_group_size": 64, "residual_length": 32, **kw}
+        kw = {"q_group_size": 64, "residual_length": 16, **kw}
         return QuantizedCache("hqq", config, nbits=4, axis_key=1, axis_value=1, **kw)
     raise ValueError(f"unknown KV cache kind {kind!r}; use one of {KV_KINDS} or 'static'")
 

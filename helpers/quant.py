@@ -6,7 +6,8 @@ Integer (uniform affine) quantization, as in Jacob et al. 2018 and every PTQ pap
 
 * symmetric: ``zero = 0``, codes in ``[−2^(b−1), 2^(b−1) − 1]``, ``scale = max|x| / (2^(b−1) − 1)``;
 * asymmetric: codes in ``[0, 2^b − 1]``, ``scale = (max − min) / (2^b − 1)``,
-  ``zero = round(−min / scale)`` (an integer, so 0.0 is exactly representable);
+  ``zero = round(−min / scale)`` (an integer, so 0.0 is exactly representable; like GPTQ, the range
+  is widened to include 0); ``integer_zero=False`` keeps the exact minimum instead (GGUF Q4_1);
 * granularity: one (scale, zero) per tensor, per output channel (row of ``W[out, in]``), or per
   group of ``group_size`` consecutive input channels of each row.
 
@@ -85,12 +86,14 @@ def compute_qparams(xmin: torch.Tensor, xmax: torch.Tensor, bits: int, symmetric
         amax = torch.maximum(xmin.abs(), xmax.abs())
         scale = amax / qmax
         zero = torch.zeros_like(scale)
-    else:
+    elif integer_zero:  # include 0 in the range (as GPTQ does) so the integer zero is a valid code
+        xmin, xmax = torch.clamp(xmin, max=0), torch.clamp(xmax, min=0)
+        scale = (xmax - xmin) / (qmax - qmin)
+        zero = torch.clamp(torch.round(-xmin / torch.where(scale > 0, scale, torch.ones_like(scale))), qmin, qmax)
+    else:               # the grid starts exactly at the group minimum (zero need not be a code)
         scale = (xmax - xmin) / (qmax - qmin)
         zero = -xmin / torch.where(scale > 0, scale, torch.ones_like(scale))
-        zero = torch.round(zero) if integer_zero else zero
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # constant groups: any scale works
-    zero = torch.clamp(zero, qmin, qmax)
     return scale, zero
 
 
@@ -107,9 +110,10 @@ def quantize(x: torch.Tensor, bits: int = 4, symmetric: bool = False, granularit
 
 
 def quantize_with(x, scale, zero, bits: int, symmetric: bool) -> torch.Tensor:
-    """Codes for given (broadcastable) scale and zero: ``clamp(round(x/scale) + zero)``."""
+    """Codes for given (broadcastable) scale and zero: ``clamp(round(x/scale + zero))`` — the same as
+    ``round(x/scale) + zero`` for an integer zero; a float zero (Q4_1-style) must go inside."""
     qmin, qmax = qrange(bits, symmetric)
-    return torch.clamp(torch.round(x / scale) + zero, qmin, qmax)
+    return torch.clamp(torch.round(x / scale + zero), qmin, qmax)
 
 
 def dequantize(q: QTensor) -> torch.Tensor:

@@ -1,0 +1,73 @@
+import pytest
+
+from helpers import allocator_sim as A
+
+MB = A.MB
+
+
+def test_rounding_rules():
+    assert A.round_size(1) == 512 and A.round_size(513) == 1024
+    assert A.segment_size(1000) == 2 * MB and A.segment_size(5 * MB) == 20 * MB
+    assert A.segment_size(11 * MB + 1) == 12 * MB
+    with pytest.raises(ValueError):
+        A.round_size(-1)
+
+
+def test_split_and_coalesce():
+    s = A.CachingAllocatorSim()
+    s.malloc(3 * MB, "a"); s.malloc(3 * MB, "b"); s.malloc(3 * MB, "c")
+    assert len(s.segments) == 1 and [b.size for b in s.segments[0].blocks] == [3 * MB] * 3 + [11 * MB]
+    s.free("a"); s.free("c")                  # c merges with the free tail
+    assert [(b.size, b.free) for b in s.segments[0].blocks] == [(3 * MB, True), (3 * MB, False), (14 * MB, True)]
+    s.free("b")                               # everything coalesces into one block
+    assert [(b.size, b.free) for b in s.segments[0].blocks] == [(20 * MB, True)]
+
+
+def test_no_split_when_remainder_small():
+    s = A.CachingAllocatorSim()
+    s.malloc(11 * MB + 512, "a")              # segment 12 MiB, remainder < 1 MiB: handed out whole
+    assert s.allocated == 12 * MB
+
+
+def test_best_fit():
+    s = A.CachingAllocatorSim()
+    s.malloc(40 * MB, "big"); s.malloc(12 * MB, "mid"); s.free("big"); s.free("mid")
+    s.malloc(12 * MB, "x")
+    assert s.live["x"][0].size == 12 * MB     # the 12 MiB segment, not the 40 MiB one
+
+
+def test_release_only_wholly_free_segments():
+    r = A.simulate(A.empty_cache_sequence())
+    assert r["reserved"] == 8 * 64 * MB and r["allocated"] == 64 * MB
+
+
+def test_fragmentation_oom_and_expandable_fix():
+    ops, cap = A.fragmenting_sequence(), A.fragmenting_cap()
+    r = A.simulate(ops, cap)
+    assert r["oom"] and r["reserved"] - r["allocated"] >= 2 * 64 * MB
+    x = A.simulate(ops, cap, expandable=True)
+    assert not x["oom"] and x["reserved"] == 760 * MB   # as measured on the H200
+
+
+def test_seed_snippet_no_oom():
+    r = A.simulate(A.seed_snippet())
+    assert not r["oom"] and r["reserved"] == 5 * A.GB + 2 * A.GB
+
+
+def test_small_pool_and_errors():
+    s = A.CachingAllocatorSim()
+    s.malloc(1000, "a")
+    assert s.segments[0].pool == "small" and s.reserved == 2 * MB
+    with pytest.raises(ValueError):
+        s.malloc(10, "a")
+    with pytest.raises(KeyError):
+        s.free("zzz")
+    with pytest.raises(ValueError, match="unknown op"):
+        A.simulate([["realloc", "a", 1]])
+
+
+def test_oversize_blocks_not_split():
+    s = A.CachingAllocatorSim(max_split_size=100 * MB)
+    s.malloc(200 * MB, "big"); s.free("big")
+    s.malloc(50 * MB, "small")                # may not take the oversize cached block
+    assert len(s.segments) == 2

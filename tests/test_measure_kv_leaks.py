@@ -1,0 +1,122 @@
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from helpers import envcheck, kvcache, leaks, measure
+from helpers.models import model_from_config
+
+GiB = 2**30
+
+
+def tiny():
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return model_from_config(cfg, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("stats,request_,branch", [
+    (dict(total=16 * GiB, allocated=10 * GiB, reserved=15 * GiB, driver_used=15.5 * GiB), 2 * GiB, "fragmentation"),
+    (dict(total=16 * GiB, allocated=15.5 * GiB, reserved=15.6 * GiB, driver_used=16 * GiB), 2 * GiB, "too-big"),
+    (dict(total=80 * GiB, allocated=10 * GiB, reserved=11 * GiB, driver_used=70 * GiB), 1 * GiB, "other-process"),
+    (dict(total=80 * GiB, allocated=10 * GiB, reserved=10.5 * GiB, driver_used=12 * GiB, shm=64 * 2**20), 1 * GiB, "shm"),
+    (dict(total=80 * GiB, allocated=10 * GiB, reserved=10.5 * GiB, driver_used=12 * GiB, shm=8 * GiB), 1 * GiB, "unclear"),
+])
+def test_diagnose_branches(stats, request_, branch):
+    assert measure.diagnose_oom(stats, request=request_, echo=False)["branch"] == branch
+
+
+def test_diagnose_weights_vs_activations():
+    base = dict(total=16 * GiB, allocated=15.5 * GiB, reserved=15.6 * GiB, driver_used=16 * GiB)
+    w = measure.diagnose_oom({**base, "top": [{"bytes": 10, "parameter": True}]}, echo=False)
+    a = measure.diagnose_oom({**base, "top": [{"bytes": 10, "parameter": False}]}, echo=False)
+    assert "load phase" in w["why"] and "generation phase" in a["why"]
+    with pytest.raises(ValueError, match="need key"):
+        measure.diagnose_oom({"total": 1}, echo=False)
+
+
+def test_top_tensors_dedupes_views():
+    big = torch.zeros(1000, 1000)
+    view = big[:10]  # noqa: F841  (a second tensor object on the same storage)
+    p = torch.nn.Parameter(torch.zeros(900, 1000))
+    rows = measure.top_tensors(50, device="cpu")
+    mine = [r for r in rows if r["bytes"] in (4_000_000, 3_600_000)]
+    assert any(r["bytes"] == 4_000_000 and r["views"] >= 2 and not r["parameter"] for r in mine)
+    assert any(r["bytes"] == 3_600_000 and r["parameter"] for r in mine)
+    del big, view, p
+
+
+def test_stage_profiler_adds_up_cpu():
+    prof = measure.StageProfiler()
+    with prof.stage("a"):
+        x = torch.ones(1000, 1000)
+    r = prof.table()[0]
+    assert r["stage"] == "a" and r["backend"] == "cpu-rss" and r["end"] - r["start"] == r["delta"]
+    assert r["peak"] >= max(r["start"], r["end"])
+    del x
+
+
+def test_tensor_bytes_counts_storage_once():
+    a = torch.zeros(100)
+    assert measure.tensor_bytes([a, a[:10], {"x": a}]) == 400
+
+
+def test_fp8_layer_roundtrip_bound_and_bytes():
+    torch.manual_seed(0)
+    k = torch.randn(2, 3, 17, 16)
+    for fmt in ("e4m3fn", "e5m2"):
+        layer = kvcache.FP8Layer(fmt)
+        k_out, _ = layer.update(k, k.clone())
+        assert ((k_out.float() - k).abs() <= kvcache.fp8_roundtrip_bound(k, fmt) + 1e-7).all()
+        # exact bytes: 1 byte per element for K and V, plus one fp32 scale per KV head each
+        assert kvcache.stored_bytes(kvcache.Cache(layers=[layer])) == 2 * k.numel() + 2 * 3 * 4
+        assert layer.get_seq_length() == 17
+
+
+def test_int4_layer_bytes_and_shapes():
+    layer = kvcache.Int4Layer(q_group_size=16, residual_length=4)
+    k = torch.randn(1, 2, 20, 16)
+    out, _ = layer.update(k, k.clone())
+    assert out.shape == k.shape
+    for _ in range(5):
+        out, _ = layer.update(k[:, :, :1], k[:, :, :1].clone())
+    assert out.shape[2] == 25 and layer.get_seq_length() == 25
+
+
+def test_fp8_cache_generates_with_right_lengths():
+    m = tiny()
+    ids = torch.randint(0, 128, (2, 12))
+    base = m.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)
+    for kind in ("fp8-e4m3", "int4"):
+        cache = kvcache.make_cache(kind, m.config)
+        out = m.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0,
+                         past_key_values=cache)
+        assert out.shape == base.shape and cache.get_seq_length() == 12 + 6 - 1
+        assert torch.equal(out[:, :12], ids)
+    # tiny random model, e4m3 with margin: the greedy continuation is unchanged on this case
+    cache = kvcache.make_cache("fp8-e4m3", m.config)
+    out = m.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0, past_key_values=cache)
+    assert torch.equal(out, base)
+    with pytest.raises(ValueError, match="unknown KV cache"):
+        kvcache.make_cache("int3", m.config)
+
+
+def test_compare_logits():
+    a = torch.randn(1, 5, 10)
+    r = kvcache.compare_logits(a, a)
+    assert r["token_agreement"] == 1.0 and abs(r["kl"]) < 1e-6
+
+
+@pytest.mark.parametrize("fn", [leaks.kept_graph, leaks.accumulated_list, leaks.global_reference])
+def test_leaks_measured_and_fixed(fn):
+    dev = torch.device("cpu")
+    start = leaks.live_bytes(dev)
+    bad, good = fn(dev, steps=4), fn(dev, steps=4, fix=True)
+    assert bad >= 4 * 64 * 1024 * 4 and good < bad / 10
+    assert leaks.live_bytes(dev) == start
+
+
+def test_envcheck_reports_missing(tmp_path):
+    req = tmp_path / "r.txt"
+    req.write_text("torch>=1.0\nsurely-not-installed-pkg==1.0  # comment\n")
+    rows = envcheck.check(req, echo=False)
+    assert rows[0]["ok"] and not rows[1]["ok"] and rows[1]["installed"] is None

@@ -1,0 +1,81 @@
+import pytest
+import torch
+
+from helpers import budget, data, models
+
+
+def test_parse_dtype():
+    assert models.parse_dtype("bf16") is torch.bfloat16 and models.parse_dtype("torch.float16") is torch.float16
+    with pytest.raises(ValueError, match="unknown dtype"):
+        models.parse_dtype("float12")
+
+
+def test_unknown_model_name(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    models.hub_available.cache_clear()
+    with pytest.raises(ValueError, match="unknown model"):
+        models.resolve_model_name("not a model")
+    with pytest.raises(RuntimeError, match="hub cannot be reached"):
+        models.resolve_model_name("org/some-model")
+    models.hub_available.cache_clear()
+
+
+def test_dir_without_config(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        models.resolve_model_name(str(tmp_path))
+
+
+def test_unknown_architecture():
+    with pytest.raises(ValueError, match="unknown architecture"):
+        models.architecture_config("GPT-9")
+
+
+def test_architectures_match_real_parameter_counts():
+    cfg = models.architecture_config("SmolLM2-135M")
+    assert budget.meta_param_count(cfg) == 134_515_008
+
+
+def test_offline_model_and_local_dir_path(offline_model, tmp_path):
+    model, tok = offline_model
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008
+    assert models.is_offline_q4_1(model)
+    # a locally saved transformers directory goes through the same hub-style from_pretrained path
+    small = models.model_from_config(models.architecture_config("SmolLM2-135M"), dtype=torch.float32)
+    small.save_pretrained(tmp_path, safe_serialization=True)
+    tok.save_pretrained(tmp_path)
+    m2, t2 = models.load_model(str(tmp_path), device="cpu", dtype="fp32", echo=False)
+    assert torch.equal(m2.model.embed_tokens.weight, small.model.embed_tokens.weight)
+    ids = t2("Hello world", return_tensors="pt").input_ids
+    assert m2(ids).logits.shape == (1, ids.shape[1], 49152)
+
+
+def test_missing_text_file(monkeypatch, tmp_path):
+    monkeypatch.setenv(data.ENV_VAR, str(tmp_path / "nope.raw"))
+    with pytest.raises(FileNotFoundError, match="COURSE_WIKITEXT"):
+        data.load_text("eval")
+
+
+def test_bad_split(text_available):
+    with pytest.raises(ValueError, match="unknown split"):
+        data.load_text("train")
+
+
+def test_splits_are_disjoint_and_deterministic(text_available):
+    ev, cal, all_ = data.load_text("eval"), data.load_text("calib"), data.load_text("all")
+    assert all_ == ev + "\n" + cal
+    rows = data.text_rows()
+    cut = int(len(rows) * data.EVAL_FRACTION)
+    assert ev == "\n".join(rows[:cut]) and cal == "\n".join(rows[cut:])  # disjoint paragraph ranges
+    assert data.load_text("eval") == ev
+
+
+def test_tokens_cached_and_calibration(text_available, offline_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
+    _, tok = offline_model
+    a = data.tokens(tok, "calib")
+    assert list(tmp_path.joinpath("tokens").glob("calib-*.pt"))
+    assert torch.equal(a, data.tokens(tok, "calib"))
+    b1, b2 = data.calibration_batch(tok, 4, 128, seed=1), data.calibration_batch(tok, 4, 128, seed=1)
+    assert b1.shape == (4, 128) and torch.equal(b1, b2)
+    with pytest.raises(ValueError, match="positive"):
+        data.calibration_batch(tok, 0, 128)
