@@ -45,12 +45,16 @@ def test_top_tensors_dedupes_views():
     del big, view, p
 
 
-def test_stage_profiler_adds_up_cpu():
+def test_stage_profiler_adds_up():
     prof = measure.StageProfiler()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
     with prof.stage("a"):
-        x = torch.ones(1000, 1000)
+        x = torch.ones(1000, 1000, device=dev)
     r = prof.table()[0]
-    assert r["stage"] == "a" and r["backend"] == "cpu-rss" and r["end"] - r["start"] == r["delta"]
+    assert r["stage"] == "a" and r["backend"] == ("cuda" if dev == "cuda" else "cpu-rss")
+    assert r["end"] - r["start"] == r["delta"]
+    if dev == "cuda":
+        assert r["delta"] == 4_000_000 and r["peak_over_start"] == 4_000_000
     assert r["peak"] >= max(r["start"], r["end"])
     del x
 
