@@ -3,7 +3,8 @@
     python benchmarks/budget_accuracy.py [--out results/h200/budget_accuracy.json]
 
 Rows: model, seq_len, batch, weights_pred/meas, kv_pred/meas, peak_pred/meas (bytes; peaks are over
-the weights, during ``generate`` with a dynamic bf16 cache) plus the static-cache peak.
+the weights, during ``generate`` with a dynamic bf16 cache), the same peak split into the prefill
+(first forward) and decode (later forwards) phases, plus the static-cache peak.
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def run(archs=ARCHS, grid=GRID, new_tokens=NEW_TOKENS, out: Path | None = None) 
             m = measure.measure_generate(model, seq, batch, new_tokens, cache="baseline")
             row.update(kv_pred=int(pred["kv"]), kv_meas=int(m["kv_meas"]), peak_pred=int(pred["peak"]),
                        peak_meas=int(m["peak_meas"]), prefill_pred=int(pred["prefill"]),
-                       decode_pred=int(pred["decode"]))
+                       decode_pred=int(pred["decode"]), prefill_meas=int(m["prefill_meas"]),
+                       decode_meas=int(m["decode_meas"]))
             s = measure.measure_generate(model, seq, batch, new_tokens, cache="static")
             spred = budget.generation_peak(cfg, seq, new_tokens, batch, cache="static")
             row.update(static_kv_meas=int(s["kv_meas"]), static_peak_meas=int(s["peak_meas"]),
@@ -48,6 +50,8 @@ def run(archs=ARCHS, grid=GRID, new_tokens=NEW_TOKENS, out: Path | None = None) 
                 out.write_text(json.dumps(rows, indent=1))
             print(f"{arch:<15}{seq:>6}{batch:>4}  w {100 * (w_pred / w_meas - 1):+.2f}%  "
                   f"kv {row['kv_pred'] - row['kv_meas']:+d} B  peak {100 * (row['peak_pred'] / row['peak_meas'] - 1):+.1f}%  "
+                  f"prefill {100 * (row['prefill_pred'] / row['prefill_meas'] - 1):+.1f}%  "
+                  f"decode {100 * (row['decode_pred'] / row['decode_meas'] - 1):+.1f}%  "
                   f"static {100 * (row['static_peak_pred'] / row['static_peak_meas'] - 1):+.1f}%", flush=True)
         del model
         measure.free_memory()

@@ -185,8 +185,9 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
 
     prefill: KV of the prompt + the prefill activations; decode ends with the KV of
     ``prompt_len + new_tokens − 1`` positions (the last generated token is never fed back) plus one
-    layer's K being re-allocated by ``torch.cat`` (dynamic cache) and the last-token logits. A static
-    cache allocates ``prompt_len + new_tokens`` positions up front.
+    layer's K being re-allocated by ``torch.cat`` (dynamic cache), the last-token logits, and the
+    previous step's fp32 logits ``batch·vocab·4`` that generate's loop still holds while the next
+    forward runs. A static cache allocates ``prompt_len + new_tokens`` positions up front.
     """
     _check_positive(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch)
     if cache not in ("dynamic", "static"):
@@ -198,7 +199,9 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     kv_prompt = kv_full if cache == "static" else kv_bytes(config, prompt_len, batch, kv_dtype)
     prefill = kv_prompt + act["peak"]
     layer_kv = kv_full / s.layers / 2
-    decode = kv_full + (layer_kv if cache == "dynamic" else 0) + activation_bytes(config, 1, batch, act_dtype)["peak"]
+    carried = batch * s.vocab * 4  # the previous step's fp32 next-token logits, alive in generate's loop
+    decode = (kv_full + (layer_kv if cache == "dynamic" else 0) + carried
+              + activation_bytes(config, 1, batch, act_dtype)["peak"])
     return {"prefill": prefill, "decode": decode, "peak": max(prefill, decode), "kv": kv_full}
 
 

@@ -308,14 +308,19 @@ def measure_weights(arch: str, device="cuda", dtype=torch.bfloat16):
 
 
 def warmup_cublas() -> int:
-    """Run one matmul so cuBLAS allocates its workspace now (through the caching allocator: 32 MiB
-    on Hopper by default, ``CUBLAS_WORKSPACE_CONFIG``); returns the bytes that first call kept."""
+    """Run small GEMMs (bf16 and fp32, with and without bias, forward and backward) so cuBLAS and
+    cuBLASLt allocate their workspaces now (through the caching allocator: 32 MiB on Hopper by
+    default, ``CUBLAS_WORKSPACE_CONFIG``); returns the bytes those first calls kept."""
     if not torch.cuda.is_available():
         return 0
     before = torch.cuda.memory_allocated()
-    a = torch.ones(64, 64, device="cuda", dtype=torch.bfloat16)
-    (a @ a).sum().item()
-    del a
+    for dtype in (torch.bfloat16, torch.float32):  # plain GEMM, and GEMM + bias (the cuBLASLt path)
+        a = torch.ones(64, 64, device="cuda", dtype=dtype, requires_grad=True)
+        bias = torch.ones(64, device="cuda", dtype=dtype)
+        y = torch.nn.functional.linear(a, a, bias) + a @ a
+        y.sum().backward()
+        del a, bias, y
+    torch.cuda.synchronize()
     return torch.cuda.memory_allocated() - before
 
 
@@ -325,8 +330,9 @@ def measure_generate(model, seq_len: int, batch: int, new_tokens: int = 16, cach
     """Run ``generate`` on random prompts and measure the KV cache and the peak over the weights.
 
     Returns kv_meas (bytes the cache object stores), peak_meas (max_memory_allocated during the call
-    minus allocated before it, prompt included), reserved, seconds and tokens/s. ``cache`` is a
-    :data:`helpers.kvcache.KV_KINDS` name or ``"static"``.
+    minus allocated before it, prompt included), prefill_meas / decode_meas (the same peak restricted
+    to the first forward call and to the later ones, read by hooks on the model), reserved, seconds
+    and tokens/s. ``cache`` is a :data:`helpers.kvcache.KV_KINDS` name or ``"static"``.
     """
     from .kvcache import make_cache, stored_bytes
 
@@ -338,16 +344,35 @@ def measure_generate(model, seq_len: int, batch: int, new_tokens: int = 16, cach
     free_memory()
     reset_peak()
     base = torch.cuda.memory_allocated() if dev.type == "cuda" else 0
+    calls, between = [], [0]  # per-forward peaks; the peak outside forward calls (logits processing)
+
+    def pre(*_):
+        if dev.type == "cuda":
+            between[0] = max(between[0], torch.cuda.max_memory_allocated() - base)
+            torch.cuda.reset_peak_memory_stats()
+
+    def post(*_):
+        if dev.type == "cuda":
+            calls.append(torch.cuda.max_memory_allocated() - base)
+            torch.cuda.reset_peak_memory_stats()
+
+    hooks = [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
     t0 = time.perf_counter()
-    out = model.generate(ids, attention_mask=mask, past_key_values=kv, max_new_tokens=new_tokens,
-                         min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, disable_compile=True)
+    try:
+        out = model.generate(ids, attention_mask=mask, past_key_values=kv, max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, disable_compile=True)
+    finally:
+        for h in hooks:
+            h.remove()
     if dev.type == "cuda":
         torch.cuda.synchronize()
     secs = time.perf_counter() - t0
     res = {"kv_meas": stored_bytes(kv), "seconds": secs, "tokens_per_s": batch * new_tokens / secs,
            "new_tokens": out.shape[1] - seq_len}
     if dev.type == "cuda":
-        res.update(peak_meas=torch.cuda.max_memory_allocated() - base, reserved=torch.cuda.memory_reserved())
+        between[0] = max(between[0], torch.cuda.max_memory_allocated() - base)
+        res.update(prefill_meas=calls[0], decode_meas=max(calls[1:], default=0),
+                   peak_meas=max(calls + between), reserved=torch.cuda.memory_reserved())
     del out, kv
     free_memory()
     return res

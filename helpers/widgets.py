@@ -9,12 +9,14 @@ from .device import has_cuda
 
 
 def budget_point(arch: str, seq_len: int, batch: int, dtype: str = "bf16", kv_dtype: str = "bf16",
-                 new_tokens: int = 16, measure_on_device: bool | None = None, _cache: dict = {}) -> dict:
+                 new_tokens: int = 16, measure_on_device: bool | None = None, run_anyway: bool = False,
+                 _cache: dict = {}) -> dict:
     """Predicted parts for one point and, on CUDA, the measured peak of a real ``generate``.
 
     A point that does not fit is reported, not raised: ``{"oom": "predicted"}`` when the prediction
     exceeds free memory (nothing is run), ``{"oom": "observed", ...}`` when the real run hit
-    ``torch.OutOfMemoryError`` (caught; memory returns to where it was)."""
+    ``torch.OutOfMemoryError`` (caught; memory returns to where it was). ``run_anyway`` skips the
+    prediction check, to watch a real OOM happen and be caught."""
     cfg = models.architecture_config(arch)
     parts = budget.budget(cfg, dtype, seq_len, batch, kv_dtype, new_tokens=new_tokens)
     out = {"parts": parts, "measured_peak": None, "oom": None}
@@ -29,7 +31,7 @@ def budget_point(arch: str, seq_len: int, batch: int, dtype: str = "bf16", kv_dt
     free, _ = torch.cuda.mem_get_info()
     cap = getattr(torch.cuda, "_course_memory_cap", None)
     room = min(free, cap - torch.cuda.memory_reserved()) if cap else free
-    if parts["total"] - parts["weights"] > room:
+    if parts["total"] - parts["weights"] > room and not run_anyway:
         out["oom"] = "predicted"
         return out
     before = torch.cuda.memory_allocated()
