@@ -24,3 +24,25 @@ def text_available():
         else:
             pytest.skip("set COURSE_WIKITEXT to wiki.test.raw")
     return os.environ["COURSE_WIKITEXT"]
+
+
+def make_tiny_llama(layers: int = 2, seed: int = 0, kv_heads: int = 2):
+    """A 2-block Llama (hidden 64, GQA) with random weights: the end-to-end quantizer tests' model."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=kv_heads, vocab_size=128, max_position_embeddings=256)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture
+def tiny_llama():
+    return make_tiny_llama()
+
+
+@pytest.fixture
+def tiny_calib():
+    import torch
+    return torch.randint(0, 128, (4, 32), generator=torch.Generator().manual_seed(1))

@@ -1,0 +1,101 @@
+"""Our GPTQ / AWQ against llm-compressor's, on the same model, calibration tokens and settings.
+
+    python benchmarks/quantizers.py --out results/cpu/quantizers.json             # offline SmolLM2, ppl
+    python benchmarks/quantizers.py --out results/h200/quantizers.json --arch SmolLM2-135M,Qwen2.5-0.5B
+
+CPU: the offline SmolLM2-135M (dequantized Q4_1, fp32) with perplexity on the course's eval text.
+CUDA: architectures from their configs with random weights (bf16) and random calibration tokens:
+time only (quality numbers of random weights mean nothing, so none are reported).
+Settings shared by both implementations: asymmetric int, group size, GPTQ with act-order "static"
+(llm-compressor's default) and dampening 0.01, AWQ with a 20-point grid. Rows are written after every
+measurement: model, method, impl, bits, group_size, calib_tokens, seconds, ppl (CPU).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from helpers import awq, data, evaluate, gptq, llmc, models, quant  # noqa: E402
+
+
+def run_one(model, calib, method, impl, bits, group, duo=False):
+    t0 = time.perf_counter()
+    if method == "rtn":
+        quant.rtn_model(model, bits, group)
+    elif method == "gptq" and impl == "ours":
+        gptq.gptq_model(model, calib, bits, group, actorder=True, static_groups=True, progress=False)
+    elif method == "awq" and impl == "ours":
+        awq.awq_model(model, calib, bits, group, duo_scaling=duo, progress=False)
+    elif impl == "llmcompressor":
+        llmc.quantize(model, calib, method, bits, group)
+    else:
+        raise ValueError((method, impl))
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--arch", default="offline", help="'offline' (CPU, real weights) or architecture names")
+    ap.add_argument("--methods", default="rtn,gptq,awq")
+    ap.add_argument("--impls", default="ours,llmcompressor")
+    ap.add_argument("--bits", default="4,3")
+    ap.add_argument("--group", type=int, default=64)
+    ap.add_argument("--calib-samples", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--eval-tokens", type=int, default=32 * 512)
+    args = ap.parse_args()
+    out, rows = Path(args.out), []
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cuda = torch.cuda.is_available()
+    env = {"device": torch.cuda.get_device_name() if cuda else f"cpu ({platform.processor() or 'x86_64'})",
+           "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    for arch in args.arch.split(","):
+        if arch == "offline":
+            base, tok = models.load_model("offline", dtype=torch.float32, device="cpu", echo=False)
+            calib = data.calibration_batch(tok, args.calib_samples, args.seq_len)
+            ev = data.tokens(tok, "eval")[:args.eval_tokens]
+            name, note = "SmolLM2-135M-Instruct (offline, dequantized Q4_1)", "real weights, fp32"
+        else:
+            base = models.model_from_config(arch, device="cuda" if cuda else "cpu",
+                                            dtype=torch.bfloat16 if cuda else torch.float32)
+            g = torch.Generator().manual_seed(0)
+            calib = torch.randint(3, base.config.vocab_size - 1, (args.calib_samples, args.seq_len), generator=g)
+            ev, name, note = None, arch, "architecture from config, random weights: time only"
+        ppl = lambda m: None if ev is None else round(evaluate.perplexity(m, ev, args.seq_len, progress=False)["ppl"], 4)
+
+        def add(**row):
+            rows.append({"model": name, "group_size": args.group, "calib_tokens": calib.numel(),
+                         "note": note, **env, **row})
+            out.write_text(json.dumps(rows, indent=1))
+            print({k: row[k] for k in row if k in ("method", "impl", "bits", "seconds", "ppl")}, flush=True)
+
+        add(method="baseline", impl="-", bits=16 if ev is None else 32, seconds=0.0, ppl=ppl(base),
+            calib_tokens=0)
+        for bits in [int(b) for b in args.bits.split(",")]:
+            for method in args.methods.split(","):
+                impls = ["ours"] if method == "rtn" else args.impls.split(",")
+                for impl in impls:
+                    m = copy.deepcopy(base)
+                    secs = run_one(m, calib, method, impl, bits, args.group)
+                    add(method=method, impl=impl, bits=bits, seconds=round(secs, 2), ppl=ppl(m),
+                        **({"calib_tokens": 0} if method == "rtn" else {}))
+                    del m
+                    if cuda:
+                        torch.cuda.empty_cache()
+        del base
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""AWQ: activation-aware weight quantization (Lin et al. 2024, arXiv:2306.00978), step by step.
+
+Observation (paper §3.1): a few *input channels* of a linear layer see much larger activations than
+the rest; their weights matter most. Keeping 1 % of them in FP16 recovers most of the loss, but mixed
+precision is awkward; instead AWQ multiplies those weight columns by a scale ``s > 1`` before
+quantization and divides the activation by ``s`` (folded into the previous op), which shrinks their
+relative rounding error (§3.2). Per input channel ``j``:
+
+    s_j = s_x,j ^ α          (s_x,j = mean |x_j| over the calibration tokens)
+
+normalised by ``sqrt(max(s) · min(s))``, with ``α ∈ [0, 1)`` chosen on a 20-point grid to minimise the
+output error of the block part that reads those layers, ``‖f(W, X) − f(Q(W·diag(s)), diag(s)⁻¹·X)‖²``.
+(``duo_scaling`` divides by the weight magnitude too, ``s_j = s_x,j^α / s_w,j^(1−α)``: what AutoAWQ
+later added and llm-compressor does by default.) The scales are folded into the previous RMSNorm or
+linear, so the unquantized network computes the same function. Then ``auto_clip`` shrinks each
+group's max on a grid to minimise the layer's output error (q/k projections are skipped: their error
+is amplified by the softmax, as the reference notes). Mappings for Llama/Qwen2-style blocks (the
+reference's ``awq/models/llama.py``): input_layernorm → q,k,v (inspect self_attn); v_proj → o_proj
+only when their shapes allow (MHA; not GQA); post_attention_layernorm → gate,up (inspect mlp);
+up_proj → down_proj.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from . import calib as C
+from .quant import fake_quantize, quantizable_linears
+
+
+def rtn(w: torch.Tensor, bits: int, group_size: int | None, symmetric: bool = False) -> torch.Tensor:
+    """The quantizer AWQ wraps: round-to-nearest, per group (or per channel), fake-quantized."""
+    return fake_quantize(w, bits=bits, symmetric=symmetric,
+                         granularity="group" if group_size else "channel", group_size=group_size)
+
+
+# ----------------------------------------------------------------- §3.1: salient channels, measured
+@torch.no_grad()
+def activation_stats(model, calib: torch.Tensor, batch_size: int = 8) -> dict[str, torch.Tensor]:
+    """``mean |x_j|`` per input channel ``j`` of every decoder linear, over all calibration tokens."""
+    lins = quantizable_linears(model)
+    sums = {n: torch.zeros(m.in_features, dtype=torch.float64) for n, m in lins.items()}
+    count = [0]
+
+    def make(name):
+        def hook(_m, args, _o):
+            sums[name] += args[0].reshape(-1, args[0].shape[-1]).abs().double().sum(0).cpu()
+        return hook
+
+    hooks = [m.register_forward_hook(make(n)) for n, m in lins.items()]
+    dev = next(model.parameters()).device
+    try:
+        for i in range(0, len(calib), batch_size):
+            model(calib[i:i + batch_size].to(dev), use_cache=False)
+            count[0] += calib[i:i + batch_size].numel()
+    finally:
+        for h in hooks:
+            h.remove()
+    return {n: (s / count[0]).float() for n, s in sums.items()}
+
+
+def salient_channels(stats: torch.Tensor, weight: torch.Tensor, fraction: float = 0.01, by: str = "act",
+                     seed: int = 0) -> torch.Tensor:
+    """Indices of the ``fraction`` most salient input channels: by activation magnitude (AWQ), by
+    weight magnitude (column L2 norm… the paper uses the mean |w|), or at random (Table 1)."""
+    k = max(1, int(round(fraction * weight.shape[1])))
+    if by == "act":
+        return stats.topk(k).indices
+    if by == "weight":
+        return weight.float().abs().mean(0).topk(k).indices
+    if by == "random":
+        return torch.randperm(weight.shape[1], generator=torch.Generator().manual_seed(seed))[:k]
+    raise ValueError(f"by must be 'act', 'weight' or 'random', got {by!r}")
+
+
+@torch.no_grad()
+def rtn_keep_salient(model, stats: dict, bits: int, group_size: int | None, fraction: float = 0.01,
+                     by: str = "act") -> None:
+    """RTN every decoder linear but keep the salient input channels' weights in full precision."""
+    for n, lin in quantizable_linears(model).items():
+        w = lin.weight.data.float()
+        keep = salient_channels(stats[n], w, fraction, by)
+        q = rtn(w, bits, group_size)
+        q[:, keep] = w[:, keep]
+        lin.weight.data.copy_(q.to(lin.weight.dtype))
+
+
+@torch.no_grad()
+def rtn_scale_salient(model, stats: dict, bits: int, group_size: int | None, s: float,
+                      fraction: float = 0.01) -> None:
+    """§3.2's experiment: multiply the salient columns by ``s`` before RTN, divide after
+    (``Q(w·s)·x/s``; the quantizer's group scale barely moves, so their relative error falls by s —
+    until the larger max of the group hurts the other channels)."""
+    for n, lin in quantizable_linears(model).items():
+        w = lin.weight.data.float()
+        scales = torch.ones(w.shape[1])
+        scales[salient_channels(stats[n], w, fraction, "act")] = s
+        lin.weight.data.copy_((rtn(w * scales, bits, group_size) / scales).to(lin.weight.dtype))
+
+
+# ------------------------------------------------------------------------------ §3.2: the search
+def mappings(block) -> list[dict]:
+    """(previous op → linears it feeds, the module whose output is compared) for one block."""
+    a, m = block.self_attn, block.mlp
+    out = [dict(prev=block.input_layernorm, linears=[a.q_proj, a.k_proj, a.v_proj], inspect="attn",
+                input="self_attn.q_proj")]
+    if a.v_proj.weight.shape == a.o_proj.weight.shape:  # MHA only: with GQA v's outputs ≠ o's inputs
+        out.append(dict(prev=a.v_proj, linears=[a.o_proj], inspect="o", input="self_attn.o_proj"))
+    out.append(dict(prev=block.post_attention_layernorm, linears=[m.gate_proj, m.up_proj], inspect="mlp",
+                    input="mlp.gate_proj"))
+    out.append(dict(prev=m.up_proj, linears=[m.down_proj], inspect="down", input="mlp.down_proj"))
+    return out
+
+
+def _inspect_fn(block, kind: str, kwargs: list):
+    """A function ``xs → outputs`` of the block part a mapping's error is measured on."""
+    if kind == "attn":
+        return lambda xs: [block.self_attn(hidden_states=x, **kw)[0] for x, kw in zip(xs, kwargs)]
+    mod = {"o": block.self_attn.o_proj, "mlp": block.mlp, "down": block.mlp.down_proj}[kind]
+    return lambda xs: [mod(x) for x in xs]
+
+
+@torch.no_grad()
+def search_scale(block, mp: dict, xs: list, kwargs: list, bits: int, group_size: int | None,
+                 n_grid: int = 20, duo_scaling: bool = False) -> dict:
+    """Grid search of α (paper eq. 5): returns ``{"alpha", "scales", "errors"}`` (errors per α)."""
+    X = torch.cat([x.reshape(-1, x.shape[-1]) for x in xs]).float()
+    x_mean = X.abs().mean(0)
+    linear_part = mp["inspect"] in ("o", "down")
+    if linear_part:  # the error of a linear is a quadratic form: ‖X Eᵀ‖² = tr(E XᵀX Eᵀ), E = Ŵ − W
+        G, n_out = X.t() @ X, len(X) * mp["linears"][0].out_features
+    else:
+        f = _inspect_fn(block, mp["inspect"], kwargs)
+        ref = f(xs)
+    del X
+    originals = [lin.weight.data.clone() for lin in mp["linears"]]
+    w_mean = None
+    if duo_scaling:  # per-channel mean of |w| normalised within each group, as AutoAWQ/llm-compressor
+        W = torch.cat(originals, 0).float()
+        g = group_size or W.shape[1]
+        Wn = W.abs().reshape(W.shape[0], -1, g)
+        w_mean = (Wn / Wn.amax(-1, keepdim=True).clamp(min=1e-8)).reshape(W.shape).mean(0)
+    errors, best = [], (float("inf"), 0.0, None)
+    for k in range(n_grid):
+        alpha = k / n_grid
+        s = x_mean.pow(alpha) / (w_mean.pow(1 - alpha) if duo_scaling else 1)
+        s = s.clamp(min=1e-4)
+        s = s / (s.max() * s.min()).sqrt()
+        if linear_part:
+            w = originals[0].float()
+            E = rtn(w * s, bits, group_size) / s - w
+            err = ((E @ G) * E).sum().item() / n_out
+        else:
+            for lin, w in zip(mp["linears"], originals):
+                lin.weight.data.copy_((rtn(w.float() * s, bits, group_size) / s).to(w.dtype))
+            out = f(xs)
+            err = sum((o - r).float().pow(2).sum().item() for o, r in zip(out, ref)) / sum(r.numel() for r in ref)
+        errors.append(err)
+        if err < best[0]:
+            best = (err, alpha, s.clone())
+    for lin, w in zip(mp["linears"], originals):
+        lin.weight.data.copy_(w)
+    return {"alpha": best[1], "scales": best[2], "errors": errors}
+
+
+@torch.no_grad()
+def apply_scale(prev, linears: list, s: torch.Tensor) -> None:
+    """Fold ``s``: ``prev``'s output channels ÷ s (norm weight, or linear rows and bias), the
+    linears' input columns × s. The unquantized function is unchanged: ``(x/s)·(W·s)ᵀ = x·Wᵀ``."""
+    s = s.to(prev.weight.device)
+    if isinstance(prev, torch.nn.Linear):
+        prev.weight.data.div_(s[:, None].to(prev.weight.dtype))
+        if prev.bias is not None:
+            prev.bias.data.div_(s.to(prev.bias.dtype))
+    else:  # RMSNorm / LayerNorm: y = norm(x) · weight (+ bias)
+        prev.weight.data.div_(s.to(prev.weight.dtype))
+        if getattr(prev, "bias", None) is not None:
+            prev.bias.data.div_(s.to(prev.bias.dtype))
+    for lin in linears:
+        lin.weight.data.mul_(s[None, :].to(lin.weight.dtype))
+
+
+@torch.no_grad()
+def search_clip(w: torch.Tensor, x: torch.Tensor, bits: int, group_size: int | None, n_grid: int = 20,
+                max_shrink: float = 0.5, n_tokens: int = 512) -> torch.Tensor:
+    """``auto_clip``: per output row and group, the max |w| (shrunk by up to ``max_shrink`` on a grid)
+    whose RTN minimises the error of the group's partial dot products with ``n_tokens`` sampled
+    inputs ``x``. Returns the clip values [rows, n_groups, 1]; the unshrunk max is a grid point, so
+    clipping never increases the measured error. (The reference broadcasts ``x * w`` over
+    [rows, tokens, groups, g]; a batched matmul per group computes the same sums without the
+    giant temporary.)"""
+    g = group_size or w.shape[1]
+    rows, groups = w.shape[0], w.shape[1] // g
+    x = x.reshape(-1, x.shape[-1])
+    x = x[:: max(1, len(x) // n_tokens)][:n_tokens].float()
+    xg = x.reshape(len(x), groups, g).transpose(0, 1)                        # [groups, n, g]
+    wg = w.float().reshape(rows, groups, g)
+    partial = lambda q: torch.bmm(xg, q.reshape(rows, groups, g).permute(1, 2, 0))  # [groups, n, rows]
+    org_out = partial(wg)
+    org_max = wg.abs().amax(-1, keepdim=True)                                # [rows, groups, 1]
+    best, min_err = org_max.clone(), torch.full_like(org_max, float("inf"))
+    for i in range(int(max_shrink * n_grid)):
+        mx = org_max * (1 - i / n_grid)
+        q = rtn(torch.clamp(wg, -mx, mx).reshape(rows, -1), bits, group_size)
+        err = (partial(q) - org_out).pow(2).mean(1).t()[..., None]           # [rows, groups, 1]
+        better = err < min_err
+        min_err[better], best[better] = err[better], mx[better]
+    return best
+
+
+@torch.no_grad()
+def apply_clip(lin: torch.nn.Linear, max_val: torch.Tensor, group_size: int | None) -> None:
+    w = lin.weight.data
+    g = group_size or w.shape[1]
+    wg = w.float().reshape(w.shape[0], -1, g)
+    lin.weight.data.copy_(torch.clamp(wg, -max_val, max_val).reshape(w.shape).to(w.dtype))
+
+
+def awq_block(block, hidden: list, kwargs: list, bits: int = 4, group_size: int | None = 64,
+              n_grid: int = 20, duo_scaling: bool = False, clip: bool = True, quantize: bool = True) -> dict:
+    """AWQ on one block, in place: capture each linear's inputs, search and fold scales mapping by
+    mapping, clip, then RTN every linear of the block. Returns the α chosen per mapping."""
+    names = {id(m): n for n, m in C.linears(block).items()}
+    feats: dict[str, list] = {}
+    hooks = [m.register_forward_hook(lambda m, a, o: feats.setdefault(names[id(m)], []).append(a[0]))
+             for m in C.linears(block).values()]
+    try:
+        C.run_block(block, hidden, kwargs)
+    finally:
+        for h in hooks:
+            h.remove()
+    alphas = {}
+    for mp in mappings(block):
+        r = search_scale(block, mp, feats[mp["input"]], kwargs, bits, group_size, n_grid, duo_scaling)
+        apply_scale(mp["prev"], mp["linears"], r["scales"])
+        for lin in mp["linears"]:  # the captured inputs of the scaled linears are now x / s
+            n = names[id(lin)]
+            feats[n] = [x / r["scales"].to(x.dtype) for x in feats[n]]
+        alphas[mp["inspect"]] = r["alpha"]
+    if clip:
+        for n, lin in C.linears(block).items():
+            if n.endswith(("q_proj", "k_proj")):
+                continue
+            apply_clip(lin, search_clip(lin.weight.data, torch.cat([x.reshape(-1, x.shape[-1]) for x in feats[n]]),
+                                        bits, group_size), group_size)
+    if quantize:
+        for lin in C.linears(block).values():
+            lin.weight.data.copy_(rtn(lin.weight.data.float(), bits, group_size).to(lin.weight.dtype))
+    return alphas
+
+
+def awq_model(model, calib: torch.Tensor, bits: int = 4, group_size: int | None = 64, n_grid: int = 20,
+              duo_scaling: bool = False, clip: bool = True, batch_size: int = 8, progress: bool = True) -> dict:
+    """AWQ over a whole decoder, block by block (inputs of block k from the quantized blocks before
+    it), in place. Returns ``{"seconds", "calib_tokens", "alphas": {layer: {mapping: α}}}``."""
+    t0 = time.perf_counter()
+    recs = C.sequential(model, calib, lambda i, b, h, k: awq_block(b, h, k, bits, group_size, n_grid,
+                                                                   duo_scaling, clip),
+                        desc=f"AWQ w{bits}g{group_size}", batch_size=batch_size, progress=progress)
+    return {"seconds": time.perf_counter() - t0, "calib_tokens": C.tokens_of(calib),
+            "alphas": {f"model.layers.{i}": r for i, r in enumerate(recs)}}

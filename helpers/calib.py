@@ -1,0 +1,81 @@
+"""Sequential, block-by-block calibration: the plumbing GPTQ and AWQ share.
+
+Both algorithms quantize one decoder block at a time (Frantar et al. 2022, §4 "Step 3"; Lin et al.
+2024, §3): the inputs of block k are the outputs of blocks 0…k−1 *after* they were quantized, so each
+block corrects for the error already made before it. Only the block being processed needs to be on
+the device; its inputs for the whole calibration set are kept (on the device they run on).
+"""
+from __future__ import annotations
+
+import torch
+from tqdm.auto import tqdm
+
+from .models import decoder_layers
+
+
+class _Stop(Exception):
+    """Raised by the capture hook to stop the forward once block 0's inputs are seen."""
+
+
+@torch.no_grad()
+def capture_block_inputs(model, calib: torch.Tensor, batch_size: int = 8) -> tuple[list, list]:
+    """Run the embeddings on ``calib`` [n, seq_len] and capture what block 0 receives.
+
+    Returns ``(hidden, kwargs)``: one hidden-state tensor [b, seq_len, hidden] per calibration batch,
+    and the keyword arguments each batch's block call received (attention mask, rotary
+    ``position_embeddings``, position ids), reused unchanged for every later block.
+    """
+    if calib.dim() != 2:
+        raise ValueError(f"calibration ids must be [n_samples, seq_len], got shape {tuple(calib.shape)}")
+    layers = decoder_layers(model)
+    dev = next(model.parameters()).device
+    hidden, kwargs = [], []
+
+    def hook(_mod, args, kw):
+        hidden.append(args[0] if args else kw.pop("hidden_states"))
+        kwargs.append({k: v for k, v in kw.items() if k not in ("past_key_values", "use_cache")})
+        raise _Stop
+
+    h = layers[0].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        for i in range(0, len(calib), batch_size):
+            try:
+                model(calib[i:i + batch_size].to(dev), use_cache=False)
+            except _Stop:
+                pass
+    finally:
+        h.remove()
+    return hidden, kwargs
+
+
+@torch.no_grad()
+def run_block(block, hidden: list, kwargs: list) -> list:
+    """The block's outputs for every calibration batch (transformers ≥ 5 returns a tensor)."""
+    outs = []
+    for x, kw in zip(hidden, kwargs):
+        y = block(x, use_cache=False, **kw)
+        outs.append(y[0] if isinstance(y, tuple) else y)
+    return outs
+
+
+def sequential(model, calib: torch.Tensor, process_block, desc: str = "blocks", batch_size: int = 8,
+               progress: bool = True) -> list:
+    """Calibrate block by block: ``process_block(index, block, hidden, kwargs)`` quantizes the block
+    in place (it may run the block on ``hidden`` as often as it needs) and returns a record; then the
+    quantized block's outputs become the next block's inputs. Returns the records."""
+    hidden, kwargs = capture_block_inputs(model, calib, batch_size)
+    records = []
+    for i, block in enumerate(tqdm(decoder_layers(model), desc=desc, disable=not progress)):
+        records.append(process_block(i, block, hidden, kwargs))
+        hidden = run_block(block, hidden, kwargs)
+    return records
+
+
+def linears(block) -> dict[str, torch.nn.Linear]:
+    """The ``nn.Linear`` modules of one block, by their name inside it."""
+    return {n: m for n, m in block.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+def tokens_of(calib: torch.Tensor) -> int:
+    """Calibration size in tokens (what the results tables report)."""
+    return int(calib.numel())

@@ -1,0 +1,170 @@
+"""GPTQ (Frantar, Ashkboos, Hoefler, Alistarh 2022, arXiv:2210.17323), written as the paper writes it.
+
+Layer-wise problem: for a linear layer with weight ``W`` [rows, columns] and calibration inputs ``X``
+[columns, N], find a quantized ``Ŵ`` minimising ``‖WX − ŴX‖²``. Its Hessian with respect to a row of
+``W`` is ``H = 2/N · Σ XXᵀ`` (the same for every row). GPTQ (Algorithm 1) quantizes the columns in a
+fixed order; after quantizing column i it spreads the error over the not-yet-quantized columns with
+the inverse Hessian:
+
+    err = (w_i − q_i) / Hinv[i, i]            W[:, i:] −= err ⊗ Hinv[i, i:]
+
+where ``Hinv`` is the upper Cholesky factor of ``H⁻¹`` (the "Cholesky trick": all the rows of the
+successive inverses that the OBQ update needs are rows of this one factor). Updates are applied
+lazily in blocks of ``blocksize`` columns: inside a block column by column, to the rest of the
+matrix once per block (``W[:, i2:] −= Err · Hinv[i1:i2, i2:]``), which is what makes it fast.
+Dampening adds ``percdamp · mean(diag H)`` to the diagonal; "dead" inputs (diag H = 0) get weight 0.
+``actorder`` processes columns by decreasing ``diag H``; ``static_groups`` fixes every group's
+(scale, zero) from the original weights before any update (needed with act-order for a simple
+kernel layout), otherwise a group's parameters are found when its first column is reached, from the
+already-updated weights (the reference implementation's behaviour).
+
+The structure follows IST-DASLab/gptq ``gptq.py``; the quantization grid is :mod:`helpers.quant`'s.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from . import calib as C
+from .quant import allowed_group_sizes, check_bits, compute_qparams, quantize_with
+
+
+class GPTQ:
+    """Accumulates ``H`` for one linear layer from its inputs, then quantizes its weight."""
+
+    def __init__(self, layer: torch.nn.Linear):
+        self.layer = layer
+        self.rows, self.columns = layer.weight.shape
+        self.H = torch.zeros(self.columns, self.columns, device=layer.weight.device, dtype=torch.float32)
+        self.nsamples = 0  # tokens seen
+
+    def add_batch(self, inp: torch.Tensor) -> None:
+        """H ← running mean of 2·x xᵀ over all N tokens seen so far (H = 2/N · Σ XXᵀ)."""
+        x = inp.reshape(-1, inp.shape[-1]).float()
+        n = x.shape[0]
+        self.H *= self.nsamples / (self.nsamples + n)
+        self.nsamples += n
+        x = math.sqrt(2 / self.nsamples) * x
+        self.H += x.t() @ x
+
+    @torch.no_grad()
+    def quantize(self, bits: int = 4, group_size: int | None = 64, symmetric: bool = False,
+                 blocksize: int = 128, percdamp: float = 0.01, actorder: bool = False,
+                 static_groups: bool = False) -> dict:
+        """Run Algorithm 1 on the layer's weight in place; returns the loss and the parameters."""
+        if self.nsamples == 0:
+            raise RuntimeError("GPTQ.quantize called before add_batch: no calibration inputs seen")
+        check_bits(bits)
+        W = self.layer.weight.data.clone().float()
+        g = group_size or self.columns
+        if self.columns % g:
+            raise ValueError(f"group_size={group_size} does not divide {self.columns} columns; "
+                             f"allowed group sizes: {allowed_group_sizes(self.columns)}")
+        H = self.H.clone()
+
+        def params(w):  # per-row (scale, zero) of a slice of columns: min/max over the slice
+            return compute_qparams(w.amin(1), w.amax(1), bits, symmetric)
+
+        dead = torch.diag(H) == 0
+        H[dead, dead] = 1
+        W[:, dead] = 0
+        groups = [params(W[:, j:j + g]) for j in range(0, self.columns, g)] if static_groups else None
+        perm = None
+        if actorder:
+            perm = torch.argsort(torch.diag(H), descending=True)
+            W, H = W[:, perm], H[perm][:, perm]
+
+        damp = percdamp * torch.mean(torch.diag(H))
+        H[range(self.columns), range(self.columns)] += damp
+        Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+
+        Q = torch.zeros_like(W)
+        Losses = torch.zeros(self.rows, device=W.device)
+        scale = zero = None
+        for i1 in range(0, self.columns, blocksize):
+            i2 = min(i1 + blocksize, self.columns)
+            W1, Hinv1 = W[:, i1:i2].clone(), Hinv[i1:i2, i1:i2]
+            Err1 = torch.zeros_like(W1)
+            for i in range(i2 - i1):
+                col = i1 + i
+                if static_groups:
+                    scale, zero = groups[(perm[col].item() if perm is not None else col) // g]
+                elif col % g == 0:  # a new group starts: its parameters from the updated weights
+                    scale, zero = params(torch.cat([W1[:, i:], W[:, i2:]], 1)[:, :g])
+                w, d = W1[:, i], Hinv1[i, i]
+                q = (quantize_with(w, scale, zero, bits, symmetric) - zero) * scale
+                Q[:, col] = q
+                Losses += (w - q) ** 2 / d ** 2 / 2
+                err = (w - q) / d
+                W1[:, i:] -= err[:, None] @ Hinv1[i, i:][None, :]
+                Err1[:, i] = err
+            W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]
+
+        if perm is not None:
+            Q = Q[:, torch.argsort(perm)]
+        self.layer.weight.data.copy_(Q.to(self.layer.weight.dtype))
+        return {"loss": Losses.sum().item(), "dead_columns": int(dead.sum()), "damp": damp.item()}
+
+
+def layer_error(W: torch.Tensor, Wq: torch.Tensor, X: torch.Tensor) -> float:
+    """The layer-wise objective ``‖WX − ŴX‖² / ‖WX‖²`` for inputs ``X`` [tokens, columns]."""
+    ref = X.float() @ W.float().t()
+    return ((X.float() @ Wq.float().t() - ref).pow(2).sum() / ref.pow(2).sum()).item()
+
+
+def gptq_block(block, hidden: list, kwargs: list, **quant_kw) -> dict:
+    """Quantize every linear of one decoder block with GPTQ: one calibration pass collects ``H`` of
+    each linear (linears reading the same input — q/k/v, gate/up — share one ``H``), then each is
+    quantized. Returns ``{linear name: loss}``."""
+    lins = C.linears(block)
+    gptq = {n: GPTQ(m) for n, m in lins.items()}
+    shared: dict = {}  # id(input) → (input, the GPTQ that accumulated it); holding it keeps ids unique
+
+    def make_hook(name):
+        def hook(_m, args, _out):
+            x = args[0]
+            seen = shared.get(id(x))
+            if seen is None or seen[0] is not x:
+                shared[id(x)] = (x, gptq[name])
+                gptq[name].add_batch(x)
+            else:  # the same input tensor as a sibling linear: share its H
+                gptq[name].twin = seen[1]
+        return hook
+
+    hooks = [m.register_forward_hook(make_hook(n)) for n, m in lins.items()]
+    try:
+        for x, kw in zip(hidden, kwargs):
+            shared.clear()
+            block(x, use_cache=False, **kw)
+    finally:
+        for h in hooks:
+            h.remove()
+    shared.clear()
+    for q in gptq.values():
+        twin = getattr(q, "twin", None)
+        if twin is not None:
+            q.H, q.nsamples = twin.H, twin.nsamples
+    out = {n: q.quantize(**quant_kw)["loss"] for n, q in gptq.items()}
+    for q in gptq.values():
+        q.H = None
+    return out
+
+
+def gptq_model(model, calib: torch.Tensor, bits: int = 4, group_size: int | None = 64,
+               symmetric: bool = False, blocksize: int = 128, percdamp: float = 0.01,
+               actorder: bool = False, static_groups: bool = False, batch_size: int = 8,
+               progress: bool = True) -> dict:
+    """GPTQ over a whole decoder, block by block (see :mod:`helpers.calib`), in place.
+
+    ``calib`` is [n_samples, seq_len] token ids from the calibration split. Embeddings and lm_head
+    are kept, as in the paper. Returns ``{"seconds", "calib_tokens", "losses": {layer: loss}}``.
+    """
+    kw = dict(bits=bits, group_size=group_size, symmetric=symmetric, blocksize=blocksize,
+              percdamp=percdamp, actorder=actorder, static_groups=static_groups)
+    t0 = time.perf_counter()
+    recs = C.sequential(model, calib, lambda i, b, h, k: gptq_block(b, h, k, **kw),
+                        desc=f"GPTQ w{bits}g{group_size}", batch_size=batch_size, progress=progress)
+    losses = {f"model.layers.{i}.{n}": v for i, r in enumerate(recs) for n, v in r.items()}
+    return {"seconds": time.perf_counter() - t0, "calib_tokens": C.tokens_of(calib), "losses": losses}

@@ -1,0 +1,141 @@
+"""The maintained library: llm-compressor (vLLM project) GPTQ and AWQ, on the course's calibration data.
+
+llm-compressor is the successor of AutoGPTQ/AutoAWQ; its checkpoints (compressed-tensors format)
+load in vLLM and in transformers. Docs: https://docs.vllm.ai/projects/llm-compressor/.
+Everything the course needs from it is in this module: one scheme builder, one ``oneshot`` call,
+saving a compressed checkpoint and reading it back.
+
+Upstream bug isolated here: llm-compressor 0.14's AWQ pins its cached activations
+(``IntermediatesCache.pin_memory``) for faster host→GPU copies; pinning needs an accelerator, so on a
+machine without one it fails. :func:`cpu_pin_memory_workaround` turns pinning into a no-op when no
+accelerator is present (on a GPU nothing is changed).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import torch
+
+from . import calib as C
+
+# AutoGPTQ / AutoAWQ (archived) next to their maintained equivalents — taught as history.
+API_MAP = [
+    ("AutoGPTQ", "BaseQuantizeConfig(bits=4, group_size=128, desc_act=False)",
+     "GPTQModifier(scheme=W4A16-like QuantizationScheme, group_size=…, actorder=None)"),
+    ("AutoGPTQ", "AutoGPTQForCausalLM.from_pretrained(name, quantize_config)", "AutoModelForCausalLM.from_pretrained(name)"),
+    ("AutoGPTQ", "model.quantize(examples)", "oneshot(model=…, dataset=…, recipe=GPTQModifier(...))"),
+    ("AutoGPTQ", "model.save_quantized(dir)", "model.save_pretrained(dir, save_compressed=True)"),
+    ("AutoGPTQ", "AutoGPTQForCausalLM.from_quantized(dir)", "AutoModelForCausalLM.from_pretrained(dir) / vllm.LLM(dir)"),
+    ("AutoAWQ", "AutoAWQForCausalLM.from_pretrained(name)", "AutoModelForCausalLM.from_pretrained(name)"),
+    ("AutoAWQ", "model.quantize(tok, quant_config={'w_bit': 4, 'q_group_size': 128, 'zero_point': True})",
+     "oneshot(model=…, dataset=…, recipe=AWQModifier(scheme=…, n_grid=20))"),
+    ("AutoAWQ", "model.save_quantized(dir)", "model.save_pretrained(dir, save_compressed=True)"),
+    ("AutoAWQ", "AutoAWQForCausalLM.from_quantized(dir, fuse_layers=True)", "AutoModelForCausalLM.from_pretrained(dir) / vllm.LLM(dir)"),
+]
+
+
+@contextlib.contextmanager
+def cpu_pin_memory_workaround():
+    """Make ``IntermediatesCache.pin_memory`` a no-op while no accelerator is available (see module
+    docstring); restores the original method on exit."""
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    original = IntermediatesCache.pin_memory
+    if not torch.accelerator.is_available():
+        IntermediatesCache.pin_memory = lambda self, *a, **k: None
+    try:
+        yield
+    finally:
+        IntermediatesCache.pin_memory = original
+
+
+def scheme(bits: int = 4, group_size: int | None = 64, symmetric: bool = False):
+    """A compressed-tensors weight-only scheme: ``bits``-bit int, per-group (or per-channel)."""
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    args = QuantizationArgs(num_bits=bits, type="int", symmetric=symmetric,
+                            strategy="group" if group_size else "channel", group_size=group_size)
+    return QuantizationScheme(targets=["Linear"], weights=args)
+
+
+def _dataset(calib: torch.Tensor):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"input_ids": calib.tolist(), "attention_mask": torch.ones_like(calib).tolist()})
+
+
+def quantize(model, calib: torch.Tensor, method: str = "gptq", bits: int = 4, group_size: int | None = 64,
+             symmetric: bool = False, n_grid: int = 20, duo_scaling: bool = True, percdamp: float = 0.01,
+             blocksize: int = 128, tokenizer=None) -> dict:
+    """Quantize ``model`` in place with llm-compressor's ``oneshot`` (sequential pipeline), same
+    calibration tokens as ours. ``method``: ``"gptq"`` or ``"awq"`` (AWQ scaling + RTN, as the
+    library does it). Returns ``{"seconds", "calib_tokens"}``. The calibration set is already
+    tokenized, so no tokenizer is needed; ``oneshot`` insists on a processor object, and without
+    one it tries to load one from the model's path, so a placeholder stands in."""
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+    from llmcompressor.modifiers.transform import AWQModifier
+
+    groups = {"group_0": scheme(bits, group_size, symmetric)}
+    if method == "gptq":
+        recipe = [GPTQModifier(config_groups=groups, ignore=["lm_head"], block_size=blocksize,
+                               dampening_frac=percdamp)]
+    elif method == "awq":
+        recipe = [AWQModifier(n_grid=n_grid, duo_scaling=duo_scaling),
+                  QuantizationModifier(config_groups=groups, ignore=["lm_head"])]
+    else:
+        raise ValueError(f"method must be 'gptq' or 'awq', got {method!r}")
+    t0 = time.perf_counter()
+    with cpu_pin_memory_workaround():
+        oneshot(model=model, dataset=_dataset(calib), recipe=recipe, max_seq_length=calib.shape[1],
+                processor=tokenizer if tokenizer is not None else _PreTokenized(),
+                num_calibration_samples=len(calib), shuffle_calibration_samples=False,
+                pipeline="sequential")
+    secs = time.perf_counter() - t0
+    bake(model)
+    return {"seconds": secs, "calib_tokens": C.tokens_of(calib)}
+
+
+@torch.no_grad()
+def bake(model) -> int:
+    """Write each quantized linear's effective weight, ``fake_quantize(W, weight_scale,
+    weight_zero_point)``, into ``W``. After ``oneshot`` GPTQ has already written quantized values,
+    but AWQ + QuantizationModifier keep the (scaled) float weights and quantize them on the fly in
+    ``forward``; baking makes the weights what the model computes with (idempotent on a grid).
+    Returns the number of linears baked."""
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+
+    n = 0
+    for mod in model.modules():
+        args = getattr(getattr(mod, "quantization_scheme", None), "weights", None)
+        if isinstance(mod, torch.nn.Linear) and args is not None and hasattr(mod, "weight_scale"):
+            zp = getattr(mod, "weight_zero_point", None)
+            mod.weight.data.copy_(fake_quantize(mod.weight, mod.weight_scale, zp, args))
+            n += 1
+    return n
+
+
+class _PreTokenized:
+    """Stands in for a tokenizer: the course passes token ids, never text."""
+
+
+def save_compressed(model, tokenizer, out_dir) -> dict:
+    """Write a real compressed-tensors checkpoint (packed int weights) and report its bytes."""
+    out = Path(out_dir)
+    model.save_pretrained(out, save_compressed=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    files = {p.name: p.stat().st_size for p in out.glob("*.safetensors")}
+    return {"dir": str(out), "safetensors_bytes": sum(files.values()), "files": files}
+
+
+def load_compressed(path, device="cpu", dtype=torch.float32):
+    """Reload a compressed-tensors checkpoint with plain transformers (decompressed on load)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False,
+                                                use_safetensors=True).to(device).eval()
+
+

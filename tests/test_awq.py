@@ -1,0 +1,83 @@
+import pytest
+import torch
+
+from helpers import awq as A
+from helpers import calib as C
+from helpers.models import decoder_layers
+
+
+def test_scale_folding_keeps_outputs(tiny_llama, tiny_calib):
+    with torch.no_grad():
+        ref = tiny_llama(tiny_calib).logits
+    g = torch.Generator().manual_seed(0)
+    for blk in decoder_layers(tiny_llama):
+        for mp in A.mappings(blk):
+            A.apply_scale(mp["prev"], mp["linears"], torch.rand(mp["linears"][0].in_features, generator=g) * 3 + 0.2)
+    with torch.no_grad():
+        out = tiny_llama(tiny_calib).logits
+    assert torch.allclose(out, ref, atol=1e-4)
+
+
+def test_gqa_has_no_v_to_o_mapping_but_mha_does(tiny_llama):
+    from conftest import make_tiny_llama
+
+    assert [m["inspect"] for m in A.mappings(decoder_layers(tiny_llama)[0])] == ["attn", "mlp", "down"]
+    mha = make_tiny_llama(kv_heads=4)
+    assert [m["inspect"] for m in A.mappings(decoder_layers(mha)[0])] == ["attn", "o", "mlp", "down"]
+
+
+def test_uniform_activations_give_alpha_zero(tiny_llama, tiny_calib):
+    blk = decoder_layers(tiny_llama)[0]
+    mp = A.mappings(blk)[-1]                                   # up_proj → down_proj
+    xs = [torch.ones(2, 8, 128) * torch.where(torch.rand(2, 8, 128) > 0.5, 1.0, -1.0)]  # |x| uniform
+    r = A.search_scale(blk, mp, xs, [{}], bits=4, group_size=32)
+    assert r["alpha"] == 0.0 and torch.allclose(r["scales"], torch.ones(128))
+    assert max(r["errors"]) - min(r["errors"]) < 1e-12
+
+
+def test_search_prefers_scaling_salient_channels(tiny_llama):
+    blk = decoder_layers(tiny_llama)[0]
+    mp = A.mappings(blk)[-1]
+    x = torch.randn(4, 16, 128)
+    x[..., :4] *= 50                                           # four salient input channels
+    r = A.search_scale(blk, mp, [x], [{}], bits=3, group_size=32)
+    assert r["alpha"] > 0 and r["errors"][0] > min(r["errors"])
+
+
+def test_clip_never_increases_error():
+    torch.manual_seed(0)
+    w, x = torch.randn(32, 64), torch.randn(300, 64)
+    w[:, 5] *= 8                                               # an outlier column: clipping can help
+    mx = A.search_clip(w, x, bits=3, group_size=32)
+    lin = torch.nn.Linear(64, 32, bias=False); lin.weight.data.copy_(w)
+    A.apply_clip(lin, mx, 32)
+    err = lambda q: ((x @ q.t()) - (x @ w.t())).pow(2).mean().item()
+    assert err(A.rtn(lin.weight.data, 3, 32)) <= err(A.rtn(w, 3, 32)) + 1e-9
+    assert (mx <= w.reshape(32, 2, 32).abs().amax(-1, keepdim=True) + 1e-7).all()
+
+
+def test_salient_selection_and_errors():
+    stats, w = torch.arange(100.0), torch.randn(4, 100)
+    assert set(A.salient_channels(stats, w, 0.02).tolist()) == {98, 99}
+    assert len(A.salient_channels(stats, w, 0.02, by="random")) == 2
+    with pytest.raises(ValueError, match="by must be"):
+        A.salient_channels(stats, w, by="size")
+
+
+def test_two_block_model_end_to_end(tiny_llama, tiny_calib):
+    x = tiny_calib[:2]
+    with torch.no_grad():
+        ref = tiny_llama(x).logits
+    info = A.awq_model(tiny_llama, tiny_calib, bits=4, group_size=32, n_grid=5, batch_size=2, progress=False)
+    assert set(info["alphas"]) == {"model.layers.0", "model.layers.1"}
+    for blk in decoder_layers(tiny_llama):
+        for lin in C.linears(blk).values():
+            assert all(len(torch.unique(r)) <= 16 for r in lin.weight.data.reshape(-1, 32))
+    with torch.no_grad():
+        out = tiny_llama(x).logits
+    assert (out - ref).abs().max() < 0.5 * ref.abs().max()
+
+
+def test_activation_stats_shapes(tiny_llama, tiny_calib):
+    s = A.activation_stats(tiny_llama, tiny_calib, batch_size=2)
+    assert s["model.layers.1.mlp.down_proj"].shape == (128,) and (s["model.layers.0.self_attn.q_proj"] > 0).all()

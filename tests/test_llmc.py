@@ -1,0 +1,45 @@
+import pytest
+import torch
+
+pytest.importorskip("llmcompressor")
+
+from helpers import llmc  # noqa: E402
+
+
+def test_pin_memory_workaround_is_scoped():
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    original = IntermediatesCache.pin_memory
+    with llmc.cpu_pin_memory_workaround():
+        if not torch.accelerator.is_available():
+            assert IntermediatesCache.pin_memory is not original
+    assert IntermediatesCache.pin_memory is original
+
+
+def test_scheme_and_bad_method(tiny_llama, tiny_calib):
+    s = llmc.scheme(3, 32)
+    assert s.weights.num_bits == 3 and s.weights.group_size == 32 and not s.weights.symmetric
+    assert llmc.scheme(8, None).weights.strategy == "channel"
+    with pytest.raises(ValueError, match="method must be"):
+        llmc.quantize(tiny_llama, tiny_calib, "squeezellm")
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_quantize_save_reload_tiny(method, tiny_llama, tiny_calib, tmp_path):
+    # llm-compressor re-reads the config from the model's path: give the tiny model one
+    from transformers import AutoModelForCausalLM
+
+    tiny_llama.save_pretrained(tmp_path / "base")
+    tiny_llama = AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32).eval()
+    r = llmc.quantize(tiny_llama, tiny_calib, method, bits=4, group_size=32)
+    assert r["calib_tokens"] == tiny_calib.numel() and r["seconds"] > 0
+    w = tiny_llama.model.layers[0].mlp.down_proj.weight.data
+    assert all(len(torch.unique(row)) <= 16 for row in w.reshape(-1, 32))
+    with torch.no_grad():
+        ref = tiny_llama(tiny_calib).logits
+    info = llmc.save_compressed(tiny_llama, None, tmp_path / "ckpt")
+    assert info["safetensors_bytes"] > 0
+    back = llmc.load_compressed(tmp_path / "ckpt")
+    with torch.no_grad():
+        out = back(tiny_calib).logits
+    assert torch.allclose(out, ref, atol=1e-3)
