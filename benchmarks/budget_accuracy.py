@@ -1,6 +1,7 @@
 """Predicted vs measured GPU memory for real architectures (random weights), on the live CUDA device.
 
     python benchmarks/budget_accuracy.py [--out results/h200/budget_accuracy.json]
+    python benchmarks/budget_accuracy.py --repredict      # after a formula change: predictions only
 
 Rows: model, seq_len, batch, weights_pred/meas, kv_pred/meas, peak_pred/meas (bytes; peaks are over
 the weights, during ``generate`` with a dynamic bf16 cache), the same peak split into the prefill
@@ -58,10 +59,31 @@ def run(archs=ARCHS, grid=GRID, new_tokens=NEW_TOKENS, out: Path | None = None) 
     return rows
 
 
+def repredict(path: Path) -> list[dict]:
+    """Recompute every ``*_pred`` field of a recorded file from the current formulas (CPU only; the
+    measured fields are left as they were measured). Keeps a file honest after a formula changes."""
+    rows = json.loads(path.read_text())
+    for r in rows:
+        cfg = models.architecture_config(r["model"])
+        pred = budget.generation_peak(cfg, r["seq_len"], r["new_tokens"], r["batch"])
+        spred = budget.generation_peak(cfg, r["seq_len"], r["new_tokens"], r["batch"], cache="static")
+        r.update(weights_pred=int(budget.weight_allocation(cfg)), weights_formula=int(budget.weight_bytes(cfg, "bf16")),
+                 kv_pred=int(pred["kv"]), peak_pred=int(pred["peak"]), prefill_pred=int(pred["prefill"]),
+                 decode_pred=int(pred["decode"]), static_peak_pred=int(spred["peak"]))
+    path.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results/h200/budget_accuracy.json")
+    ap.add_argument("--repredict", action="store_true", help="only recompute the predictions in --out")
     args = ap.parse_args()
+    if args.repredict:
+        for r in repredict(Path(args.out)):
+            print(r["model"], r["seq_len"], r["batch"], f"peak {100 * (r['peak_pred'] / r['peak_meas'] - 1):+.2f}%",
+                  f"decode {100 * (r['decode_pred'] / r['decode_meas'] - 1):+.2f}%")
+        return
     if not torch.cuda.is_available():
         sys.exit("budget_accuracy needs a CUDA device (it measures real allocations)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

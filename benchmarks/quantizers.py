@@ -23,24 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import awq, data, evaluate, gptq, llmc, models, quant  # noqa: E402
-
-
-def run_one(model, calib, method, impl, bits, group, duo=False):
-    t0 = time.perf_counter()
-    if method == "rtn":
-        quant.rtn_model(model, bits, group)
-    elif method == "gptq" and impl == "ours":
-        gptq.gptq_model(model, calib, bits, group, actorder=True, static_groups=True, progress=False)
-    elif method == "awq" and impl == "ours":
-        awq.awq_model(model, calib, bits, group, duo_scaling=duo, progress=False)
-    elif impl == "llmcompressor":
-        llmc.quantize(model, calib, method, bits, group)
-    else:
-        raise ValueError((method, impl))
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter() - t0
+from helpers import data, evaluate, models, workbench  # noqa: E402
 
 
 def main():
@@ -87,7 +70,7 @@ def main():
                 impls = ["ours"] if method == "rtn" else args.impls.split(",")
                 for impl in impls:
                     m = copy.deepcopy(base)
-                    secs = run_one(m, calib, method, impl, bits, args.group)
+                    secs = workbench.quantize(m, calib, method, impl, bits, args.group)["seconds"]
                     add(method=method, impl=impl, bits=bits, seconds=round(secs, 2), ppl=ppl(m),
                         **({"calib_tokens": 0} if method == "rtn" else {}))
                     del m

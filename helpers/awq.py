@@ -94,7 +94,7 @@ def rtn_scale_salient(model, stats: dict, bits: int, group_size: int | None, s: 
     until the larger max of the group hurts the other channels)."""
     for n, lin in quantizable_linears(model).items():
         w = lin.weight.data.float()
-        scales = torch.ones(w.shape[1])
+        scales = torch.ones(w.shape[1], device=w.device)
         scales[salient_channels(stats[n], w, fraction, "act")] = s
         lin.weight.data.copy_((rtn(w * scales, bits, group_size) / scales).to(lin.weight.dtype))
 

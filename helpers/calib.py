@@ -79,3 +79,17 @@ def linears(block) -> dict[str, torch.nn.Linear]:
 def tokens_of(calib: torch.Tensor) -> int:
     """Calibration size in tokens (what the results tables report)."""
     return int(calib.numel())
+
+
+@torch.no_grad()
+def capture_inputs(model, module: torch.nn.Module, ids: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
+    """The inputs ``module`` receives when ``model`` reads ``ids`` [n, seq_len], as [tokens, features]."""
+    seen = []
+    h = module.register_forward_hook(lambda _m, a, _o: seen.append(a[0].reshape(-1, a[0].shape[-1]).detach()))
+    dev = next(model.parameters()).device
+    try:
+        for i in range(0, len(ids), batch_size):
+            model(ids[i:i + batch_size].to(dev), use_cache=False)
+    finally:
+        h.remove()
+    return torch.cat(seen)

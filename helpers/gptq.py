@@ -93,18 +93,19 @@ class GPTQ:
                     scale, zero = groups[(perm[col].item() if perm is not None else col) // g]
                 elif col % g == 0:  # a new group starts: its parameters from the updated weights
                     scale, zero = params(torch.cat([W1[:, i:], W[:, i2:]], 1)[:, :g])
-                w, d = W1[:, i], Hinv1[i, i]
+                w = W1[:, i]
                 q = (quantize_with(w, scale, zero, bits, symmetric) - zero) * scale
                 Q[:, col] = q
-                Losses += (w - q) ** 2 / d ** 2 / 2
-                err = (w - q) / d
+                err = (w - q) / Hinv1[i, i]
                 W1[:, i:] -= err[:, None] @ Hinv1[i, i:][None, :]
                 Err1[:, i] = err
+            Losses += Err1.pow(2).sum(1) / 2          # Σ (w − q)² / Hinv[i,i]² / 2, per row
             W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]
 
         if perm is not None:
             Q = Q[:, torch.argsort(perm)]
         self.layer.weight.data.copy_(Q.to(self.layer.weight.dtype))
+        self.row_losses = Losses
         return {"loss": Losses.sum().item(), "dead_columns": int(dead.sum()), "damp": damp.item()}
 
 
@@ -142,13 +143,27 @@ def gptq_block(block, hidden: list, kwargs: list, **quant_kw) -> dict:
         for h in hooks:
             h.remove()
     shared.clear()
-    for q in gptq.values():
-        twin = getattr(q, "twin", None)
-        if twin is not None:
-            q.H, q.nsamples = twin.H, twin.nsamples
-    out = {n: q.quantize(**quant_kw)["loss"] for n, q in gptq.items()}
-    for q in gptq.values():
-        q.H = None
+    # Linears that read the same input share H, and GPTQ treats rows independently: stacking their
+    # rows (q|k|v, gate|up) into one matrix gives the same result in one column loop instead of three.
+    groups: dict = {}
+    for n, q in gptq.items():
+        groups.setdefault(id(getattr(q, "twin", q)), []).append(n)
+    out = {}
+    for names in groups.values():
+        owner = gptq[names[0]]
+        weights = [lins[n].weight for n in names]
+        stacked = torch.nn.Linear(owner.columns, sum(w.shape[0] for w in weights), bias=False,
+                                  device=weights[0].device, dtype=weights[0].dtype)
+        stacked.weight.data.copy_(torch.cat([w.data for w in weights]))
+        joint = GPTQ(stacked)
+        joint.H, joint.nsamples = owner.H, owner.nsamples
+        joint.quantize(**quant_kw)
+        r0 = 0
+        for n, w in zip(names, weights):
+            w.data.copy_(stacked.weight.data[r0:r0 + w.shape[0]])
+            out[n] = joint.row_losses[r0:r0 + w.shape[0]].sum().item()
+            r0 += w.shape[0]
+        owner.H = None
     return out
 
 

@@ -87,6 +87,7 @@ def quantize(model, calib: torch.Tensor, method: str = "gptq", bits: int = 4, gr
                   QuantizationModifier(config_groups=groups, ignore=["lm_head"])]
     else:
         raise ValueError(f"method must be 'gptq' or 'awq', got {method!r}")
+    _give_path(model)
     t0 = time.perf_counter()
     with cpu_pin_memory_workaround():
         oneshot(model=model, dataset=_dataset(calib), recipe=recipe, max_seq_length=calib.shape[1],
@@ -115,6 +116,18 @@ def bake(model) -> int:
             mod.weight.data.copy_(fake_quantize(mod.weight, mod.weight_scale, zp, args))
             n += 1
     return n
+
+
+def _give_path(model) -> None:
+    """llm-compressor re-reads the model's config from ``config._name_or_path``; a model built from a
+    config in memory has none, so write its config to a temporary directory and point there."""
+    import tempfile
+
+    path = str(getattr(model.config, "_name_or_path", "") or "")
+    if not path or not Path(path).is_dir():
+        tmp = tempfile.mkdtemp(prefix="course-config-")
+        model.config.save_pretrained(tmp)
+        model.config._name_or_path = tmp
 
 
 class _PreTokenized:

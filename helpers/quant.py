@@ -268,3 +268,54 @@ def rtn_model(model, bits: int = 4, group_size: int | None = 64, symmetric: bool
         changed[name] = (tuple(w.shape), (wq - w.float()).pow(2).mean().item())
         lin.weight.data.copy_(wq.to(w.dtype))
     return changed
+
+
+# ------------------------------------------------------------------- activations and SmoothQuant
+def quantize_activations_int8(x: torch.Tensor, per_token: bool = True) -> torch.Tensor:
+    """Dynamic symmetric INT8 fake-quantization of activations [tokens, channels]: one scale per
+    token (row) or one for the whole tensor, ``scale = max|x| / 127``."""
+    amax = x.abs().amax(-1, keepdim=True) if per_token else x.abs().max()
+    scale = torch.clamp(amax, min=1e-8) / 127
+    return torch.clamp(torch.round(x / scale), -127, 127) * scale
+
+
+def smoothquant_scales(act_absmax: torch.Tensor, w_absmax: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:
+    """SmoothQuant (Xiao et al. 2023, eq. 4): ``s_j = max|X_j|^α / max|W_j|^(1−α)`` per input channel.
+    ``Y = (X·diag(s)⁻¹)·(diag(s)·W)`` is unchanged; α moves the quantization difficulty from the
+    activations (α → 1) to the weights."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    return (act_absmax.clamp(min=1e-5).pow(alpha) / w_absmax.clamp(min=1e-5).pow(1 - alpha)).clamp(min=1e-5)
+
+
+def w8a8_error(x: torch.Tensor, W: torch.Tensor, s: torch.Tensor | None = None, per_token: bool = False) -> float:
+    """Relative output error ``‖Ŷ − Y‖ / ‖Y‖`` of a W8A8 linear (weights INT8 per output channel,
+    activations dynamic INT8 per tensor or per token), optionally smoothed by ``s``."""
+    x, W = x.float(), W.float()
+    ref = x @ W.t()
+    if s is not None:
+        x, W = x / s, W * s
+    y = quantize_activations_int8(x, per_token) @ fake_quantize(W, bits=8, symmetric=True, granularity="channel").t()
+    return ((y - ref).norm() / ref.norm()).item()
+
+
+def quantized_model_bytes(model, bits: int | None, group_size: int | None = 64, param_bytes: int = 2) -> dict:
+    """Real bytes of a model stored with its decoder linears quantized (packed codes + fp16 scales +
+    packed integer zeros, as GPTQ/AWQ checkpoints store them) and everything else in 16-bit.
+    ``bits=None`` gives the all-16-bit size. Computed from shapes (no tensors are quantized)."""
+    lins = quantizable_linears(model)
+    lin_ids = {id(m.weight) for m in lins.values()}
+    rest = sum(p.numel() for p in model.parameters() if id(p) not in lin_ids) * param_bytes
+    if bits is None:
+        return {"linears": sum(m.weight.numel() for m in lins.values()) * param_bytes, "rest": rest,
+                "total": rest + sum(m.weight.numel() for m in lins.values()) * param_bytes}
+    check_bits(bits)
+    lin_bytes = 0
+    for m in lins.values():
+        rows, cols = m.weight.shape
+        g = group_size or cols
+        if cols % g:
+            raise ValueError(f"group_size={g} does not divide {cols}; allowed: {allowed_group_sizes(cols)}")
+        n_groups = rows * cols // g
+        lin_bytes += -(-rows * cols * bits // 8) + n_groups * param_bytes + -(-n_groups * bits // 8)
+    return {"linears": lin_bytes, "rest": rest, "total": lin_bytes + rest}

@@ -81,3 +81,8 @@ def test_two_block_model_end_to_end(tiny_llama, tiny_calib):
 def test_activation_stats_shapes(tiny_llama, tiny_calib):
     s = A.activation_stats(tiny_llama, tiny_calib, batch_size=2)
     assert s["model.layers.1.mlp.down_proj"].shape == (128,) and (s["model.layers.0.self_attn.q_proj"] > 0).all()
+
+
+def test_capture_inputs(tiny_llama, tiny_calib):
+    x = C.capture_inputs(tiny_llama, decoder_layers(tiny_llama)[1].mlp.down_proj, tiny_calib, batch_size=3)
+    assert x.shape == (tiny_calib.numel(), 128)

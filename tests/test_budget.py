@@ -80,3 +80,15 @@ def test_fits_table_has_every_gpu():
     rows = B.fits_table(models.architecture_config("Llama-2-70B"), 4096, 16)
     assert [r["format"] for r in rows] == ["fp16", "int8", "int4"]
     assert rows[0]["H200"] == "no" and rows[2]["A100-80GB"] == "yes" and rows[2]["T4"] == "no"
+
+
+def test_decode_counts_generates_carried_fp32_logits():
+    from helpers import budget as B
+    from helpers.models import architecture_config
+
+    cfg = architecture_config("Qwen2.5-0.5B")
+    g = B.generation_peak(cfg, 512, 32, 16)
+    s = B.Shape.from_config(cfg)
+    kv_full = B.kv_bytes(cfg, 512 + 32 - 1, 16)
+    rest = g["decode"] - kv_full - kv_full / s.layers / 2 - B.activation_bytes(cfg, 1, 16)["peak"]
+    assert rest == 16 * cfg.vocab_size * 4

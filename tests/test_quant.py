@@ -99,3 +99,32 @@ def test_rtn_model_changes_only_decoder_linears():
     assert len(changed) == 2 * 7 and torch.equal(emb, m.model.embed_tokens.weight)
     w = m.model.layers[0].mlp.down_proj.weight
     assert torch.allclose(Q.fake_quantize(w, bits=4, group_size=32), w, atol=1e-6)  # idempotent on its grid
+
+
+def test_smoothquant_keeps_product_and_helps_outliers():
+    torch.manual_seed(0)
+    x, W = torch.randn(256, 64), torch.randn(32, 64) * 0.1
+    x[:, 3] *= 60                                             # one outlier channel
+    s = Q.smoothquant_scales(x.abs().amax(0), W.abs().amax(0), 0.5)
+    assert torch.allclose((x / s) @ (W * s).t(), x @ W.t(), atol=1e-3)
+    assert Q.w8a8_error(x, W, s) < 0.5 * Q.w8a8_error(x, W)
+    with pytest.raises(ValueError, match="alpha"):
+        Q.smoothquant_scales(x.abs().amax(0), W.abs().amax(0), 1.5)
+
+
+def test_int8_activation_quant_bounds():
+    x = torch.tensor([[1.0, -0.5, 0.25], [100.0, 1.0, -2.0]])
+    per_tok = Q.quantize_activations_int8(x, per_token=True)
+    assert (per_tok - x).abs().max(1).values.tolist() <= (x.abs().amax(1) / 254 + 1e-6).tolist()
+    assert torch.equal(Q.quantize_activations_int8(torch.zeros(2, 3)), torch.zeros(2, 3))
+
+
+def test_quantized_model_bytes_matches_storage_bytes(tiny_llama):
+    r = Q.quantized_model_bytes(tiny_llama, 4, 32)
+    measured = sum(Q.storage_bytes(Q.quantize(m.weight.data, bits=4, group_size=32))["total"]
+                   for m in Q.quantizable_linears(tiny_llama).values())
+    assert r["linears"] == measured
+    full = Q.quantized_model_bytes(tiny_llama, None)
+    assert full["total"] == 2 * sum(p.numel() for p in tiny_llama.parameters())
+    with pytest.raises(ValueError, match="allowed"):
+        Q.quantized_model_bytes(tiny_llama, 4, 48)
