@@ -80,6 +80,8 @@ class GPTQ:
         H[range(self.columns), range(self.columns)] += damp
         Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
 
+        # the group of each (possibly permuted) column, on the host: no device sync inside the loop
+        col_group = [c // g for c in (perm.tolist() if perm is not None else range(self.columns))]
         Q = torch.zeros_like(W)
         Losses = torch.zeros(self.rows, device=W.device)
         scale = zero = None
@@ -90,7 +92,7 @@ class GPTQ:
             for i in range(i2 - i1):
                 col = i1 + i
                 if static_groups:
-                    scale, zero = groups[(perm[col].item() if perm is not None else col) // g]
+                    scale, zero = groups[col_group[col]]
                 elif col % g == 0:  # a new group starts: its parameters from the updated weights
                     scale, zero = params(torch.cat([W1[:, i:], W[:, i2:]], 1)[:, :g])
                 w = W1[:, i]
