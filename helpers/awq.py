@@ -222,14 +222,7 @@ def awq_block(block, hidden: list, kwargs: list, bits: int = 4, group_size: int 
     """AWQ on one block, in place: capture each linear's inputs, search and fold scales mapping by
     mapping, clip, then RTN every linear of the block. Returns the α chosen per mapping."""
     names = {id(m): n for n, m in C.linears(block).items()}
-    feats: dict[str, list] = {}
-    hooks = [m.register_forward_hook(lambda m, a, o: feats.setdefault(names[id(m)], []).append(a[0]))
-             for m in C.linears(block).values()]
-    try:
-        C.run_block(block, hidden, kwargs)
-    finally:
-        for h in hooks:
-            h.remove()
+    feats = C.linear_inputs(block, hidden, kwargs)
     alphas = {}
     for mp in mappings(block):
         r = search_scale(block, mp, feats[mp["input"]], kwargs, bits, group_size, n_grid, duo_scaling)

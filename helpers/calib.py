@@ -93,3 +93,18 @@ def capture_inputs(model, module: torch.nn.Module, ids: torch.Tensor, batch_size
     finally:
         h.remove()
     return torch.cat(seen)
+
+
+@torch.no_grad()
+def linear_inputs(block, hidden: list, kwargs: list) -> dict[str, list]:
+    """Run ``block`` on every calibration batch and return what each of its linears received:
+    ``{linear name: [input per batch]}``."""
+    feats: dict[str, list] = {}
+    hooks = [m.register_forward_hook(lambda _m, a, _o, n=n: feats.setdefault(n, []).append(a[0]))
+             for n, m in linears(block).items()]
+    try:
+        run_block(block, hidden, kwargs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return feats

@@ -86,3 +86,10 @@ def test_activation_stats_shapes(tiny_llama, tiny_calib):
 def test_capture_inputs(tiny_llama, tiny_calib):
     x = C.capture_inputs(tiny_llama, decoder_layers(tiny_llama)[1].mlp.down_proj, tiny_calib, batch_size=3)
     assert x.shape == (tiny_calib.numel(), 128)
+
+
+def test_linear_inputs(tiny_llama, tiny_calib):
+    hidden, kw = C.capture_block_inputs(tiny_llama, tiny_calib, batch_size=2)
+    feats = C.linear_inputs(decoder_layers(tiny_llama)[0], hidden, kw)
+    assert len(feats["mlp.down_proj"]) == 2 and feats["mlp.down_proj"][0].shape == (2, 32, 128)
+    assert feats["self_attn.q_proj"][0] is feats["self_attn.k_proj"][0]   # one input, shared
