@@ -1,4 +1,5 @@
-"""Execute every notebook headless into build/ (executed copies + a JSON of wall times).
+"""Execute every notebook headless into build/: executed copies, run_all.json (wall time and status
+per notebook, device, versions) and key_numbers.json (the main tables each notebook measured).
 
     python scripts/run_all.py [--out build] [--profile full|ci] [notebooks...]
 """
@@ -26,6 +27,8 @@ def main():
     args = ap.parse_args()
     os.environ["COURSE_PROFILE"] = args.profile
     out = Path(args.out); out.mkdir(parents=True, exist_ok=True)
+    os.environ["COURSE_REPORT"] = str((out / "key_numbers.json").resolve())  # helpers.report writes here
+    (out / "key_numbers.json").unlink(missing_ok=True)
     nbs = [Path(n) for n in args.notebooks] or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     rows = []
     for nb_path in nbs:

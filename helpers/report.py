@@ -1,0 +1,41 @@
+"""Key numbers of a headless run: notebooks call :func:`key_numbers`, ``scripts/run_all.py`` collects.
+
+``scripts/run_all.py`` sets ``COURSE_REPORT`` to ``<out>/key_numbers.json`` before it starts the
+kernels; each notebook records its main tables there under its own name. In an interactive session
+(no ``COURSE_REPORT``) the calls do nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+ENV_VAR = "COURSE_REPORT"
+
+
+def _plain(value):
+    """DataFrames → list of row dicts; tensors/numpy scalars → Python numbers; recursively."""
+    if hasattr(value, "to_dict") and hasattr(value, "columns"):
+        return [_plain(r) for r in value.to_dict(orient="records")]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+        return value.item()
+    if isinstance(value, float) and value != value:  # NaN → null (valid JSON)
+        return None
+    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+
+
+def key_numbers(notebook: str, **numbers) -> Path | None:
+    """Merge ``numbers`` into ``{notebook: {...}}`` in the file named by ``COURSE_REPORT``."""
+    path = os.environ.get(ENV_VAR)
+    if not path:
+        return None
+    p = Path(path)
+    data = json.loads(p.read_text()) if p.exists() else {}
+    data.setdefault(notebook, {}).update({k: _plain(v) for k, v in numbers.items()})
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(data, indent=1, default=str))
+    return p
