@@ -165,6 +165,8 @@ def variant(model, key: str, make, rebuild: bool = False) -> dict:
     meta = dict(make(model) or {})
     meta.setdefault("seconds", time.perf_counter() - t0)
     save_variant(model, key, meta)
+    if key in results_table():  # a rebuilt variant's old scores no longer apply
+        record(key, ppl=None)
     return {**meta, "cached": False}
 
 
