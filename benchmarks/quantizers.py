@@ -37,6 +37,8 @@ def main():
     ap.add_argument("--calib-samples", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--eval-tokens", type=int, default=32 * 512)
+    ap.add_argument("--awq-search-dtype", default="auto",
+                    help="our AWQ's α-search dtype: auto (helpers.awq.default_search_dtype), float32, bfloat16")
     args = ap.parse_args()
     out, rows = Path(args.out), []
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -70,9 +72,12 @@ def main():
                 impls = ["ours"] if method == "rtn" else args.impls.split(",")
                 for impl in impls:
                     m = copy.deepcopy(base)
-                    secs = workbench.quantize(m, calib, method, impl, bits, args.group)["seconds"]
-                    add(method=method, impl=impl, bits=bits, seconds=round(secs, 2), ppl=ppl(m),
-                        **({"calib_tokens": 0} if method == "rtn" else {}))
+                    kw = ({"search_dtype": getattr(torch, args.awq_search_dtype)}
+                          if (method, impl) == ("awq", "ours") and args.awq_search_dtype != "auto" else {})
+                    info = workbench.quantize(m, calib, method, impl, bits, args.group, **kw)
+                    add(method=method, impl=impl, bits=bits, seconds=round(info["seconds"], 2), ppl=ppl(m),
+                        **({"calib_tokens": 0} if method == "rtn" else {}),
+                        **({"search_dtype": info["search_dtype"]} if "search_dtype" in info else {}))
                     del m
                     if cuda:
                         torch.cuda.empty_cache()

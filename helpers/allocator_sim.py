@@ -297,7 +297,13 @@ print("RESULT" + json.dumps(res))
 
 
 def run_real(ops: list, cap: int | None = None, expandable: bool = False, timeout: int = 300) -> dict:
-    """Replay ``ops`` on the real GPU in a fresh subprocess (clean allocator, env set before CUDA)."""
+    """Replay ``ops`` on the real GPU in a fresh subprocess (clean allocator, env set before CUDA).
+    ``cap`` (bytes) emulates a smaller card; under ``COURSE_GPU_GIB`` it is at most that card."""
+    from .device import GiB, card_gib
+
+    card = card_gib()
+    if card is not None:
+        cap = int(card * GiB) if cap is None else min(cap, int(card * GiB))
     env = dict(os.environ)
     conf = [c for c in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if c and "expandable" not in c]
     if expandable:

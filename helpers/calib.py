@@ -108,3 +108,15 @@ def linear_inputs(block, hidden: list, kwargs: list) -> dict[str, list]:
         for h in hooks:
             h.remove()
     return feats
+
+
+def cast_floats(v, dtype: torch.dtype):
+    """Floating tensors to ``dtype``, also inside dicts and tuples (a block's kwargs: rotary
+    ``(cos, sin)``, float attention masks); everything else as is."""
+    if isinstance(v, torch.Tensor):
+        return v.to(dtype) if v.is_floating_point() else v
+    if isinstance(v, tuple):
+        return tuple(cast_floats(t, dtype) for t in v)
+    if isinstance(v, dict):
+        return {k: cast_floats(t, dtype) for k, t in v.items()}
+    return v

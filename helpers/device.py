@@ -4,15 +4,33 @@
 driver sees it (PyTorch + NVML). ``limit_memory(gib)`` caps this process's share of the GPU through
 ``torch.cuda.set_per_process_memory_fraction`` (PyTorch docs, "CUDA semantics → memory management"),
 which is how the course emulates a 16 GB T4 on a big card, or shares one GPU between learners.
+Setting ``COURSE_GPU_GIB`` (e.g. ``15`` for a T4's usable memory) makes the whole course run as on a
+card of that size: the cap is set when this module is imported and every later cap stays under it.
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 
 import torch
 
 GiB = 1024**3
+CARD_ENV = "COURSE_GPU_GIB"
+
+
+def card_gib() -> float | None:
+    """The card size the course runs as (``COURSE_GPU_GIB``, in GiB), or None for the real card."""
+    raw = os.environ.get(CARD_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        gib = float(raw)
+    except ValueError:
+        raise ValueError(f"{CARD_ENV} must be a number of GiB (e.g. 15), got {raw!r}") from None
+    if gib <= 0:
+        raise ValueError(f"{CARD_ENV} must be positive, got {raw!r}")
+    return gib
 
 
 def get_device(prefer: str | None = None) -> torch.device:
@@ -100,7 +118,8 @@ def describe(device: torch.device | None = None, echo: bool = True) -> dict:
 
 
 def limit_memory(gib: float | None, device: torch.device | int | None = None) -> float | None:
-    """Cap this process's CUDA caching allocator at ``gib`` GiB (None removes the cap).
+    """Cap this process's CUDA caching allocator at ``gib`` GiB (None removes the cap: back to the
+    whole card, or to the emulated card of ``COURSE_GPU_GIB``, which no cap can exceed).
 
     Implemented with ``torch.cuda.set_per_process_memory_fraction(gib / total)``: an allocation that
     would take *reserved* memory past the cap raises ``torch.OutOfMemoryError`` exactly as a card of
@@ -115,6 +134,9 @@ def limit_memory(gib: float | None, device: torch.device | int | None = None) ->
     idx = torch.device(device).index if isinstance(device, torch.device) else device
     idx = torch.cuda.current_device() if idx is None else idx
     total = torch.cuda.get_device_properties(idx).total_memory
+    card = card_gib()
+    if card is not None:
+        gib = card if gib is None else min(gib, card)
     if gib is None:
         torch.cuda.set_per_process_memory_fraction(1.0, idx)
         torch.cuda._course_memory_cap = None
@@ -127,10 +149,22 @@ def limit_memory(gib: float | None, device: torch.device | int | None = None) ->
 
 @contextlib.contextmanager
 def memory_limit(gib: float | None):
-    """Context manager form of :func:`limit_memory`; restores the full card on exit."""
+    """Context manager form of :func:`limit_memory`; restores the full (or emulated) card on exit."""
     limit_memory(gib)
     try:
         yield
     finally:
         if torch.cuda.is_available():
             limit_memory(None)
+
+
+def free_bytes() -> int:
+    """Bytes this process can still take on the CUDA device: the driver's free memory, or less
+    under a cap (the cap minus what the caching allocator already reserved)."""
+    free, _ = torch.cuda.mem_get_info()
+    cap = getattr(torch.cuda, "_course_memory_cap", None)
+    return int(min(free, cap - torch.cuda.memory_reserved())) if cap else int(free)
+
+
+if card_gib() is not None and torch.cuda.is_available():
+    limit_memory(None)  # run the whole course as on the emulated card

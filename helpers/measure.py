@@ -64,6 +64,16 @@ def reset_peak(device=None) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def requested_bytes() -> int:
+    """Bytes the live CUDA tensors asked for (``requested_bytes.all.current`` of
+    ``torch.cuda.memory_stats``). ``memory_allocated`` counts the allocator's *blocks* instead, and a
+    block from the large pool (> 1 MiB) is not split when less than 1 MiB would remain (PyTorch
+    ``CUDACachingAllocator``), so it can exceed the request by up to 1 MiB per tensor."""
+    if not torch.cuda.is_available():
+        return 0
+    return int(torch.cuda.memory_stats().get("requested_bytes.all.current", 0))
+
+
 def free_memory() -> None:
     """Drop Python garbage and return cached blocks to the driver (what ``empty_cache`` can do)."""
     gc.collect()

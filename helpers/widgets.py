@@ -4,7 +4,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import torch
 
-from . import budget, measure, models, plots
+from . import budget, device, measure, models, plots
 from .device import has_cuda
 
 
@@ -28,9 +28,7 @@ def budget_point(arch: str, seq_len: int, batch: int, dtype: str = "bf16", kv_dt
         measure.free_memory()
         _cache["model"], _cache["weights"] = measure.measure_weights(arch)
         _cache["arch"] = arch
-    free, _ = torch.cuda.mem_get_info()
-    cap = getattr(torch.cuda, "_course_memory_cap", None)
-    room = min(free, cap - torch.cuda.memory_reserved()) if cap else free
+    room = device.free_bytes()
     if parts["total"] - parts["weights"] > room and not run_anyway:
         out["oom"] = "predicted"
         return out

@@ -118,7 +118,7 @@ def quantize(model, calib, method: str, impl: str = "ours", bits: int = 4, group
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return {"seconds": time.perf_counter() - t0, "calib_tokens": 0 if calib is None else int(calib.numel()),
-            **{k: v for k, v in info.items() if k in ("alphas",)}}
+            **{k: v for k, v in info.items() if k in ("alphas", "search_dtype")}}
 
 
 def variant(bench: Bench, method: str, impl: str = "ours", bits: int = 4, group_size: int | None = 64,

@@ -1,14 +1,19 @@
 """Execute every notebook headless into build/: executed copies, run_all.json (wall time and status
-per notebook, device, versions) and key_numbers.json (the main tables each notebook measured).
+per notebook, device, versions; rewritten after each notebook), key_numbers.json (the main tables
+each notebook measured) and plots/ (every figure the notebooks drew, as PNG).
 
     python scripts/run_all.py [--out build] [--profile full|ci] [notebooks...]
+    COURSE_GPU_GIB=15 python scripts/run_all.py --out build-t4     # as on a 16 GB T4 (15 GiB usable)
 """
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -30,9 +35,16 @@ def main():
     os.environ["COURSE_REPORT"] = str((out / "key_numbers.json").resolve())  # helpers.report writes here
     (out / "key_numbers.json").unlink(missing_ok=True)
     nbs = [Path(n) for n in args.notebooks] or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    rows = []
+    # versions and device from a child process: no CUDA context in this one while notebooks measure memory
+    probe = ("import json, torch, transformers; print(json.dumps({'device': torch.cuda.get_device_name() "
+             "if torch.cuda.is_available() else 'cpu', 'torch': torch.__version__, 'transformers': transformers.__version__}))")
+    env = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout)
+    report = {"profile": args.profile, **env, "card_gib": os.environ.get("COURSE_GPU_GIB") or None,
+              "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"), "notebooks": []}
+    rows = report["notebooks"]
     for nb_path in nbs:
         nb = nbformat.read(nb_path, as_version=4)
+        peak = GpuPeak()
         t0, ok, err = time.perf_counter(), True, None
         try:
             NotebookClient(nb, timeout=args.timeout, kernel_name="python3",
@@ -40,15 +52,51 @@ def main():
         except Exception as e:  # keep going: the report says which notebook failed and why
             ok, err = False, str(e).splitlines()[-1][:300] if str(e) else type(e).__name__
         secs = time.perf_counter() - t0
+        peak_mib = peak.stop()
         nbformat.write(nb, out / nb_path.name)
-        rows.append({"name": nb_path.name, "seconds": round(secs, 1), "ok": ok, "error": err})
+        save_plots(nb, out / "plots", nb_path.stem)
+        rows.append({"name": nb_path.name, "seconds": round(secs, 1), "ok": ok, "error": err, "peak_gpu_mib": peak_mib})
+        (out / "run_all.json").write_text(json.dumps(report, indent=1))
         print(f"{nb_path.name:<36} {'ok ' if ok else 'FAIL'} {secs:7.1f} s", flush=True)
-    import torch
-    report = {"profile": args.profile, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              "torch": torch.__version__, "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
-              "notebooks": rows}
-    (out / "run_all.json").write_text(json.dumps(report, indent=1))
     raise SystemExit(0 if all(r["ok"] for r in rows) else 1)
+
+
+class GpuPeak:
+    """The driver's peak used memory (MiB) of this run's GPU while a notebook runs, by polling
+    ``nvidia-smi`` (it counts CUDA contexts too, as a card's limit does); None without a GPU."""
+
+    def __init__(self, interval: float = 0.2):
+        import shutil
+        import threading
+
+        gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+        self.cmd = ["nvidia-smi", "-i", gpu, "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
+        self.peak, self.done = None, threading.Event()
+        self.thread = threading.Thread(target=self._poll, args=(interval,), daemon=True)
+        if shutil.which("nvidia-smi"):
+            self.thread.start()
+
+    def _poll(self, interval):
+        while not self.done.is_set():
+            r = subprocess.run(self.cmd, capture_output=True, text=True)
+            if r.returncode == 0 and r.stdout.strip().isdigit():
+                self.peak = max(self.peak or 0, int(r.stdout.strip()))
+            self.done.wait(interval)
+
+    def stop(self):
+        self.done.set()
+        if self.thread.is_alive():
+            self.thread.join()
+        return self.peak
+
+
+def save_plots(nb, folder: Path, stem: str) -> None:
+    """Every PNG output of an executed notebook as ``<stem>_cell<k>[_<j>].png``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for k, cell in enumerate(nb.cells):
+        pngs = [o["data"]["image/png"] for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
+        for j, png in enumerate(pngs):
+            (folder / f"{stem}_cell{k}{f'_{j}' if len(pngs) > 1 else ''}.png").write_bytes(base64.b64decode(png))
 
 
 if __name__ == "__main__":

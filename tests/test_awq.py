@@ -93,3 +93,37 @@ def test_linear_inputs(tiny_llama, tiny_calib):
     feats = C.linear_inputs(decoder_layers(tiny_llama)[0], hidden, kw)
     assert len(feats["mlp.down_proj"]) == 2 and feats["mlp.down_proj"][0].shape == (2, 32, 128)
     assert feats["self_attn.q_proj"][0] is feats["self_attn.k_proj"][0]   # one input, shared
+
+
+@pytest.mark.parametrize("inspect", ["attn", "mlp"])
+def test_bf16_search_scores_a_copy_and_ranks_like_fp32(tiny_llama, tiny_calib, inspect):
+    """The search in bf16 runs on a copy (the fp32 block is untouched) and its error curve follows
+    the fp32 one closely enough to pick a neighbouring α."""
+    blk = decoder_layers(tiny_llama)[0]
+    hidden, kwargs = C.capture_block_inputs(tiny_llama, tiny_calib)
+    feats = C.linear_inputs(blk, hidden, kwargs)
+    mp = next(m for m in A.mappings(blk) if m["inspect"] == inspect)
+    before = {n: p.clone() for n, p in blk.state_dict().items()}
+    r32 = A.search_scale(blk, mp, feats[mp["input"]], kwargs, 4, 32, n_grid=10, search_dtype=torch.float32)
+    r16 = A.search_scale(blk, mp, feats[mp["input"]], kwargs, 4, 32, n_grid=10, search_dtype=torch.bfloat16)
+    assert all(torch.equal(p, before[n]) for n, p in blk.state_dict().items())
+    assert blk.mlp.up_proj.weight.dtype == torch.float32
+    e32, e16 = torch.tensor(r32["errors"]), torch.tensor(r16["errors"])
+    assert torch.allclose(e16, e32, rtol=0.1)
+    assert abs(r16["alpha"] - r32["alpha"]) <= 0.2
+
+
+def test_default_search_dtype(monkeypatch):
+    assert A.default_search_dtype(torch.zeros(1, dtype=torch.bfloat16)) == torch.bfloat16
+    monkeypatch.setattr(A, "cpu_has_bf16", lambda: False)
+    assert A.default_search_dtype(torch.zeros(1)) == torch.float32
+    monkeypatch.setattr(A, "cpu_has_bf16", lambda: True)
+    assert A.default_search_dtype(torch.zeros(1)) == torch.bfloat16
+
+
+def test_cast_floats_reaches_nested_tensors_only():
+    kw = {"position_embeddings": (torch.ones(2), torch.zeros(2)), "position_ids": torch.arange(3),
+          "attention_mask": None, "flag": True}
+    out = C.cast_floats(kw, torch.bfloat16)
+    assert all(t.dtype == torch.bfloat16 for t in out["position_embeddings"])
+    assert out["position_ids"].dtype == torch.int64 and out["attention_mask"] is None and out["flag"] is True

@@ -42,3 +42,35 @@ def test_limit_memory_validates():
         device.limit_memory(-1)
     if not torch.cuda.is_available():
         assert device.limit_memory(15) is None
+
+
+def test_card_gib_reads_the_emulated_card_size(monkeypatch):
+    from helpers import device
+
+    monkeypatch.delenv(device.CARD_ENV, raising=False)
+    assert device.card_gib() is None
+    monkeypatch.setenv(device.CARD_ENV, "15")
+    assert device.card_gib() == 15.0
+    for bad in ("fifteen", "0", "-3"):
+        monkeypatch.setenv(device.CARD_ENV, bad)
+        with pytest.raises(ValueError, match=device.CARD_ENV):
+            device.card_gib()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_emulated_card_bounds_every_cap(monkeypatch):
+    from helpers import device
+
+    monkeypatch.setenv(device.CARD_ENV, "2")
+    try:
+        device.limit_memory(None)
+        assert torch.cuda._course_memory_cap == 2 * device.GiB
+        device.limit_memory(50)
+        assert torch.cuda._course_memory_cap == 2 * device.GiB
+        with device.memory_limit(1):
+            assert torch.cuda._course_memory_cap == 1 * device.GiB
+        assert torch.cuda._course_memory_cap == 2 * device.GiB
+        assert device.free_bytes() <= 2 * device.GiB
+    finally:
+        monkeypatch.delenv(device.CARD_ENV)
+        device.limit_memory(None)
