@@ -18,6 +18,9 @@ Dampening adds ``percdamp · mean(diag H)`` to the diagonal; "dead" inputs (diag
 kernel layout), otherwise a group's parameters are found when its first column is reached, from the
 already-updated weights (the reference implementation's behaviour).
 
+On CUDA, with static groups, each block's column loop is captured once as a CUDA graph and
+replayed (:func:`_graphed`): the loop is launch-bound on a GPU, the graph makes it one launch.
+
 The structure follows IST-DASLab/gptq ``gptq.py``; the quantization grid is :mod:`helpers.quant`'s.
 """
 from __future__ import annotations
