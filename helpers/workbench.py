@@ -132,10 +132,15 @@ def variant(bench: Bench, method: str, impl: str = "ours", bits: int = 4, group_
 
     calib = None if method == "rtn" else bench.calib()
     key = evaluate.variant_key(bench.name, method, impl, bits, group_size, 0 if calib is None else calib.numel(),
-                               profile=profile(), real=bench.quality_meaningful, **kw)
+                               profile=profile(), real=bench.quality_meaningful, version=CACHE_VERSION, **kw)
     model = copy.deepcopy(bench.model)
     meta = evaluate.variant(model, key, lambda m: quantize(m, calib, method, impl, bits, group_size, **kw), rebuild)
     return model, meta, key
+
+
+# Bump when one of our quantizers changes the weights it produces, so cached variants are rebuilt
+# (2: AWQ scores α in bf16 on CPUs with bf16 units and clips with one bmm).
+CACHE_VERSION = 2
 
 
 FLOW = [("int8 per-channel (RTN)", "rtn", 8, None), ("int4 g64 (GPTQ)", "gptq", 4, 64), ("int3 g64 (GPTQ)", "gptq", 3, 64)]
