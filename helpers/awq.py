@@ -27,6 +27,7 @@ import time
 import torch
 
 from . import calib as C
+from .device import cpu_has_bf16
 from .quant import fake_quantize, quantizable_linears
 
 
@@ -129,16 +130,6 @@ def default_search_dtype(weight: torch.Tensor) -> torch.dtype:
     if weight.dtype == torch.float32 and weight.device.type == "cpu" and cpu_has_bf16():
         return torch.bfloat16
     return weight.dtype
-
-
-def cpu_has_bf16() -> bool:
-    """True when this (Linux) CPU advertises bf16 matrix instructions in /proc/cpuinfo."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 @torch.no_grad()

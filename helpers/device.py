@@ -52,6 +52,16 @@ def get_device(prefer: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+def cpu_has_bf16() -> bool:
+    """True when this (Linux) CPU advertises bf16 matrix instructions in /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def has_cuda() -> bool:
     """True when a CUDA device is usable (the GPU-only cells of the notebooks check this)."""
     return torch.cuda.is_available()

@@ -152,3 +152,19 @@ def load_compressed(path, device="cpu", dtype=torch.float32):
                                                 use_safetensors=True).to(device).eval()
 
 
+
+
+@torch.no_grad()
+def roundtrip(model, tokenizer, out_dir, probe: torch.Tensor) -> dict:
+    """Save ``model`` as a compressed checkpoint, reload it with plain transformers and compare the
+    two on ``probe`` token ids [batch, tokens]: ``save_compressed``'s report plus
+    ``max_abs_logit_diff`` and ``agreement`` (share of positions with the same greedy next token)."""
+    p = next(model.parameters())
+    probe = probe.to(p.device)
+    before = model(probe).logits.float()
+    info = save_compressed(model, tokenizer, out_dir)
+    back = load_compressed(info["dir"], device=p.device, dtype=p.dtype)
+    after = back(probe).logits.float()
+    del back
+    return {**info, "max_abs_logit_diff": (after - before).abs().max().item(),
+            "agreement": (after.argmax(-1) == before.argmax(-1)).float().mean().item()}

@@ -74,3 +74,7 @@ def test_emulated_card_bounds_every_cap(monkeypatch):
     finally:
         monkeypatch.delenv(device.CARD_ENV)
         device.limit_memory(None)
+
+
+def test_cpu_has_bf16_is_a_bool():
+    assert device.cpu_has_bf16() in (True, False)

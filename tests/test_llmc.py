@@ -38,3 +38,9 @@ def test_quantize_save_reload_tiny(method, tiny_llama, tiny_calib, tmp_path):
     with torch.no_grad():
         out = back(tiny_calib).logits
     assert torch.allclose(out, ref, atol=1e-3)
+
+
+def test_roundtrip_reports_bytes_and_agreement(tiny_llama, tiny_calib, tmp_path):
+    llmc.quantize(tiny_llama, tiny_calib, "gptq", bits=4, group_size=32)
+    r = llmc.roundtrip(tiny_llama, None, tmp_path / "ckpt", tiny_calib[:1])
+    assert r["safetensors_bytes"] > 0 and r["agreement"] == 1.0 and r["max_abs_logit_diff"] < 1e-3
