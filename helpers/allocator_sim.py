@@ -27,6 +27,7 @@ starts empty and ``PYTORCH_CUDA_ALLOC_CONF`` can be set before CUDA initialises.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import os
 import subprocess
 import sys
@@ -270,12 +271,18 @@ def _apply(sim, op):
 
 _REAL_SCRIPT = r"""
 import json, sys, torch
-ops, cap = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+ops, cap, card = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
 torch.cuda.init()
 total = torch.cuda.get_device_properties(0).total_memory
+if card:  # emulated card: what the driver already uses (contexts, the notebook's kernel) comes off it
+    sys.path.insert(0, sys.argv[4])
+    from helpers.device import card_share
+    free, total_now = torch.cuda.mem_get_info()
+    share = card_share(card, total_now, free)
+    cap = share if cap is None else min(cap, share)
 if cap:
     torch.cuda.set_per_process_memory_fraction(cap / total)
-live, res = {}, {"oom": False, "failed_at": None}
+live, res = {}, {"oom": False, "failed_at": None, "cap": cap}
 for i, op in enumerate(ops):
     try:
         if op[0] == "alloc":
@@ -298,18 +305,17 @@ print("RESULT" + json.dumps(res))
 
 def run_real(ops: list, cap: int | None = None, expandable: bool = False, timeout: int = 300) -> dict:
     """Replay ``ops`` on the real GPU in a fresh subprocess (clean allocator, env set before CUDA).
-    ``cap`` (bytes) emulates a smaller card; under ``COURSE_GPU_GIB`` it is at most that card."""
-    from .device import GiB, card_gib
+    ``cap`` (bytes) caps its allocator; under ``COURSE_GPU_GIB`` it is at most the subprocess's
+    :func:`~helpers.device.card_share` of that card (the notebook's own process holds part of it)."""
+    from .device import card_gib
 
-    card = card_gib()
-    if card is not None:
-        cap = int(card * GiB) if cap is None else min(cap, int(card * GiB))
     env = dict(os.environ)
     conf = [c for c in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if c and "expandable" not in c]
     if expandable:
         conf.append("expandable_segments:True")
     env["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(conf)
-    out = subprocess.run([sys.executable, "-c", _REAL_SCRIPT, json.dumps(ops), json.dumps(cap)],
+    out = subprocess.run([sys.executable, "-c", _REAL_SCRIPT, json.dumps(ops), json.dumps(cap),
+                          json.dumps(card_gib()), str(Path(__file__).resolve().parent.parent)],
                          capture_output=True, text=True, env=env, timeout=timeout)
     line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT")), None)
     if line is None:

@@ -6,6 +6,8 @@ driver sees it (PyTorch + NVML). ``limit_memory(gib)`` caps this process's share
 which is how the course emulates a 16 GB T4 on a big card, or shares one GPU between learners.
 Setting ``COURSE_GPU_GIB`` (e.g. ``15`` for a T4's usable memory) makes the whole course run as on a
 card of that size: the cap is set when this module is imported and every later cap stays under it.
+As on a real card, memory the driver already uses outside this process's allocator at that moment
+(its CUDA context, other processes) comes out of the emulated card (:func:`card_share`).
 """
 from __future__ import annotations
 
@@ -31,6 +33,24 @@ def card_gib() -> float | None:
     if gib <= 0:
         raise ValueError(f"{CARD_ENV} must be positive, got {raw!r}")
     return gib
+
+
+def card_share(card: float, total: int, free: int, reserved: int = 0) -> int:
+    """Bytes this process's caching allocator may reserve on an emulated card of ``card`` GiB:
+    ``card·GiB − (total − free − reserved)``, where ``total − free`` is what the driver reports in use
+    (``torch.cuda.mem_get_info``) and ``reserved`` is this process's allocator share of it; the rest
+    (CUDA contexts, other processes) takes memory from a real card of that size too."""
+    outside = int(total) - int(free) - int(reserved)
+    if outside < 0 or free > total:
+        raise ValueError(f"inconsistent device memory: total {total}, free {free}, reserved {reserved}")
+    share = int(card * GiB) - outside
+    if share <= 0:
+        raise ValueError(f"an emulated card of {card} GiB leaves nothing for this process: "
+                         f"{outside / GiB:.2f} GiB are already used on the device outside its allocator")
+    return share
+
+
+_CARD_SHARE: dict[tuple, int] = {}  # (device, card GiB) → share, measured when the card is first applied
 
 
 def get_device(prefer: str | None = None) -> torch.device:
@@ -133,7 +153,8 @@ def limit_memory(gib: float | None, device: torch.device | int | None = None) ->
 
     Implemented with ``torch.cuda.set_per_process_memory_fraction(gib / total)``: an allocation that
     would take *reserved* memory past the cap raises ``torch.OutOfMemoryError`` exactly as a card of
-    that size would (the CUDA context itself is not counted, as on a real card it also sits outside).
+    that size would. An explicit cap counts the allocator's memory only; under ``COURSE_GPU_GIB`` the
+    card's cap is :func:`card_share` (the card minus what already sits outside this allocator).
     Returns the fraction set, or None on a machine without CUDA (where it does nothing, and says so).
     """
     if gib is not None and (not isinstance(gib, (int, float)) or gib <= 0):
@@ -145,13 +166,18 @@ def limit_memory(gib: float | None, device: torch.device | int | None = None) ->
     idx = torch.cuda.current_device() if idx is None else idx
     total = torch.cuda.get_device_properties(idx).total_memory
     card = card_gib()
+    if card is not None and (idx, card) not in _CARD_SHARE:
+        free, total_now = torch.cuda.mem_get_info(idx)
+        _CARD_SHARE[idx, card] = card_share(card, total_now, free, torch.cuda.memory_reserved(idx))
+    cap = None if gib is None else int(gib * GiB)
     if card is not None:
-        gib = card if gib is None else min(gib, card)
-    if gib is None:
+        share = _CARD_SHARE[idx, card]
+        cap = share if cap is None else min(cap, share)
+    if cap is None:
         torch.cuda.set_per_process_memory_fraction(1.0, idx)
         torch.cuda._course_memory_cap = None
         return 1.0
-    fraction = min(1.0, gib * GiB / total)
+    fraction = min(1.0, cap / total)
     torch.cuda.set_per_process_memory_fraction(fraction, idx)
     torch.cuda._course_memory_cap = int(fraction * total)
     return fraction

@@ -57,20 +57,37 @@ def test_card_gib_reads_the_emulated_card_size(monkeypatch):
             device.card_gib()
 
 
+def test_card_share_takes_what_sits_outside_the_allocator_from_the_card():
+    GiB = device.GiB
+    # 80 GiB card, 1 GiB used in total of which 0.25 GiB is this allocator's: 0.75 GiB sits outside
+    assert device.card_share(15, 80 * GiB, 79 * GiB, GiB // 4) == 15 * GiB - 3 * GiB // 4
+    assert device.card_share(15, 80 * GiB, 80 * GiB) == 15 * GiB
+    with pytest.raises(ValueError, match="leaves nothing"):
+        device.card_share(1, 80 * GiB, 78 * GiB)
+    with pytest.raises(ValueError, match="inconsistent"):
+        device.card_share(15, 80 * GiB, 81 * GiB)
+    with pytest.raises(ValueError, match="inconsistent"):
+        device.card_share(15, 80 * GiB, 79 * GiB, 2 * GiB)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_emulated_card_bounds_every_cap(monkeypatch):
     from helpers import device
 
+    GiB = device.GiB
     monkeypatch.setenv(device.CARD_ENV, "2")
     try:
         device.limit_memory(None)
-        assert torch.cuda._course_memory_cap == 2 * device.GiB
+        share = torch.cuda._course_memory_cap
+        free, total = torch.cuda.mem_get_info()
+        outside = total - free - torch.cuda.memory_reserved()
+        assert 0 < share < 2 * GiB and abs(share - (2 * GiB - outside)) < 256 * 2**20
         device.limit_memory(50)
-        assert torch.cuda._course_memory_cap == 2 * device.GiB
-        with device.memory_limit(1):
-            assert torch.cuda._course_memory_cap == 1 * device.GiB
-        assert torch.cuda._course_memory_cap == 2 * device.GiB
-        assert device.free_bytes() <= 2 * device.GiB
+        assert torch.cuda._course_memory_cap == share
+        with device.memory_limit(share / GiB / 2):
+            assert abs(torch.cuda._course_memory_cap - share // 2) <= 1
+        assert torch.cuda._course_memory_cap == share
+        assert device.free_bytes() <= share
     finally:
         monkeypatch.delenv(device.CARD_ENV)
         device.limit_memory(None)
