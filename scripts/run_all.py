@@ -1,9 +1,16 @@
-"""Execute every notebook headless into build/: executed copies, run_all.json (wall time and status
-per notebook, device, versions; rewritten after each notebook), key_numbers.json (the main tables
-each notebook measured) and plots/ (every figure the notebooks drew, as PNG).
+"""Execute every notebook headless into build/: executed copies, run_all.json (wall time, status and
+sampled peak GPU memory per notebook, device, versions, and the key numbers: the main tables each
+notebook measured; rewritten after each notebook), key_numbers.json and plots/ (every figure, as PNG).
 
     python scripts/run_all.py [--out build] [--profile full|ci] [notebooks...]
     COURSE_GPU_GIB=15 python scripts/run_all.py --out build-t4     # as on a 16 GB T4 (15 GiB usable)
+
+Several GPUs: run a share of the notebooks on each (``CUDA_VISIBLE_DEVICES=k``, its own ``--out``),
+then merge the parts into one report (same profile, device, versions and card required):
+
+    python scripts/run_all.py --merge build-all build-gpu0 build-gpu1 [--note key=text ...]
+        [--supersede]              # a notebook in several parts: the last part's run counts
+        [--attach t4_sized=DIR]    # embed another (merged) report, e.g. the T4-sized run
 """
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ import base64
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -28,8 +36,18 @@ def main():
     ap.add_argument("--out", default=str(ROOT / "build"))
     ap.add_argument("--profile", default=os.environ.get("COURSE_PROFILE", "full"))
     ap.add_argument("--timeout", type=int, default=3600)
+    ap.add_argument("--merge", action="store_true", help="merge the run folders given as arguments into --out")
+    ap.add_argument("--note", action="append", default=[], help="key=text added to the merged report")
+    ap.add_argument("--supersede", action="store_true", help="merge: a later part's run of a notebook replaces an earlier one")
+    ap.add_argument("--attach", action="append", default=[], help="merge: name=DIR embeds DIR/run_all.json under name")
     ap.add_argument("notebooks", nargs="*")
     args = ap.parse_args()
+    if args.merge:
+        notes = dict(n.split("=", 1) for n in args.note)
+        for name, folder in (a.split("=", 1) for a in args.attach):
+            notes[name] = json.loads((Path(folder) / "run_all.json").read_text())
+        merge([Path(p) for p in args.notebooks], Path(args.out), notes, supersede=args.supersede)
+        return
     os.environ["COURSE_PROFILE"] = args.profile
     out = Path(args.out); out.mkdir(parents=True, exist_ok=True)
     os.environ["COURSE_REPORT"] = str((out / "key_numbers.json").resolve())  # helpers.report writes here
@@ -56,9 +74,64 @@ def main():
         nbformat.write(nb, out / nb_path.name)
         save_plots(nb, out / "plots", nb_path.stem)
         rows.append({"name": nb_path.name, "seconds": round(secs, 1), "ok": ok, "error": err, "peak_gpu_mib": peak_mib})
+        kn = out / "key_numbers.json"
+        report["key_numbers"] = json.loads(kn.read_text()) if kn.exists() else {}
         (out / "run_all.json").write_text(json.dumps(report, indent=1))
         print(f"{nb_path.name:<36} {'ok ' if ok else 'FAIL'} {secs:7.1f} s", flush=True)
     raise SystemExit(0 if all(r["ok"] for r in rows) else 1)
+
+
+SAME = ("profile", "device", "torch", "transformers", "card_gib")  # what parts of one report must share
+
+
+def merge(parts: list[Path], out: Path, notes: dict | None = None, supersede: bool = False) -> dict:
+    """One report from run folders that ran different notebooks (e.g. one per GPU): notebook rows
+    sorted by name, each tagged with its part; key numbers, executed copies and plots gathered.
+    Refuses parts that differ in profile, device, versions or emulated card. A notebook run in two
+    parts is refused too, unless ``supersede``: then the later part's run counts and the earlier
+    row is kept under the new row's ``earlier``."""
+    if not parts:
+        raise ValueError("merge needs at least one run folder")
+    runs = []
+    for p in parts:
+        f = Path(p) / "run_all.json"
+        if not f.exists():
+            raise FileNotFoundError(f"{f} not found: not a run_all.py output folder")
+        runs.append(json.loads(f.read_text()))
+    for key in SAME:
+        values = {json.dumps(r.get(key)) for r in runs}
+        if len(values) > 1:
+            raise ValueError(f"cannot merge runs with different {key!r}: {sorted(values)}")
+    merged = {k: v for k, v in runs[0].items() if k not in ("notebooks", "key_numbers", "date")}
+    merged["dates"] = sorted({r.get("date") for r in runs})
+    merged["parts"] = [Path(p).name for p in parts]
+    merged.update(notes or {})
+    rows, numbers = [], {}
+    for p, r in zip(parts, runs):
+        for row in r["notebooks"]:
+            row = {**row, "part": Path(p).name}
+            old = next((x for x in rows if x["name"] == row["name"]), None)
+            if old is not None:
+                if not supersede:
+                    raise ValueError(f"{row['name']} appears in more than one part; keep one run of each "
+                                     "notebook, or pass supersede to let the later part's run count")
+                rows.remove(old)
+                row["earlier"] = old.pop("earlier", []) + [old]
+            rows.append(row)
+        kn = r.get("key_numbers")
+        if kn is None and (Path(p) / "key_numbers.json").exists():
+            kn = json.loads((Path(p) / "key_numbers.json").read_text())
+        numbers.update(kn or {})
+    merged["notebooks"] = sorted(rows, key=lambda x: x["name"])
+    merged["key_numbers"] = dict(sorted(numbers.items()))
+    out.mkdir(parents=True, exist_ok=True)
+    for p in parts:
+        for f in Path(p).glob("*.ipynb"):  # a later part's copy replaces an earlier one (supersede)
+            shutil.copy2(f, out / f.name)
+        if (Path(p) / "plots").is_dir():
+            shutil.copytree(Path(p) / "plots", out / "plots", dirs_exist_ok=True)
+    (out / "run_all.json").write_text(json.dumps(merged, indent=1))
+    return merged
 
 
 class GpuPeak:

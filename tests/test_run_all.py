@@ -1,4 +1,6 @@
-"""scripts/run_all.py's small parts: plots extracted from an executed notebook, the GPU peak sampler."""
+"""scripts/run_all.py's small parts: plots extracted from an executed notebook, the GPU peak sampler,
+merging the runs of several GPUs into one report."""
+import json
 import base64
 import importlib.util
 import shutil
@@ -30,3 +32,55 @@ def test_save_plots_writes_every_png(tmp_path):
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi")
 def test_gpu_peak_is_none_without_nvidia_smi():
     assert run_all.GpuPeak().stop() is None
+
+
+def _part(folder, names, **meta):
+    folder.mkdir()
+    run = {"profile": "full", "device": "GPU X", "torch": "2", "transformers": "5", "card_gib": None,
+           "date": "2026-11-30", **meta,
+           "notebooks": [{"name": n, "seconds": 1.0, "ok": True} for n in names],
+           "key_numbers": {n.removesuffix(".ipynb"): {"x": i} for i, n in enumerate(names)}}
+    (folder / "run_all.json").write_text(json.dumps(run))
+    for n in names:
+        (folder / n).write_text("{}")
+    return folder
+
+
+def test_merge_sorts_rows_tags_parts_and_gathers_numbers(tmp_path):
+    a = _part(tmp_path / "gpu0", ["05_b.ipynb", "06_c.ipynb"])
+    b = _part(tmp_path / "gpu1", ["00_a.ipynb"])
+    m = run_all.merge([a, b], tmp_path / "all", {"note": "random weights"})
+    assert [r["name"] for r in m["notebooks"]] == ["00_a.ipynb", "05_b.ipynb", "06_c.ipynb"]
+    assert [r["part"] for r in m["notebooks"]] == ["gpu1", "gpu0", "gpu0"]
+    assert m["key_numbers"] == {"00_a": {"x": 0}, "05_b": {"x": 0}, "06_c": {"x": 1}}
+    assert m["note"] == "random weights" and m["parts"] == ["gpu0", "gpu1"]
+    assert json.loads((tmp_path / "all" / "run_all.json").read_text()) == m
+    assert sorted(p.name for p in (tmp_path / "all").glob("*.ipynb")) == ["00_a.ipynb", "05_b.ipynb", "06_c.ipynb"]
+
+
+def test_merge_refuses_mixed_runs_and_repeats(tmp_path):
+    a = _part(tmp_path / "h200", ["00_a.ipynb"])
+    t4 = _part(tmp_path / "t4", ["01_b.ipynb"], card_gib="15")
+    with pytest.raises(ValueError, match="card_gib"):
+        run_all.merge([a, t4], tmp_path / "out")
+    again = _part(tmp_path / "again", ["00_a.ipynb"])
+    with pytest.raises(ValueError, match="more than one part"):
+        run_all.merge([a, again], tmp_path / "out")
+    with pytest.raises(FileNotFoundError, match="run_all.json"):
+        run_all.merge([tmp_path / "missing"], tmp_path / "out")
+    with pytest.raises(ValueError, match="at least one"):
+        run_all.merge([], tmp_path / "out")
+
+
+def test_merge_supersede_keeps_the_later_run_and_records_the_earlier(tmp_path):
+    first = _part(tmp_path / "first", ["02_x.ipynb", "03_y.ipynb"])
+    rerun = _part(tmp_path / "rerun", ["02_x.ipynb"])
+    json_rows = json.loads((rerun / "run_all.json").read_text())
+    json_rows["notebooks"][0]["seconds"] = 9.0
+    json_rows["key_numbers"] = {"02_x": {"x": "new"}}
+    (rerun / "run_all.json").write_text(json.dumps(json_rows))
+    m = run_all.merge([first, rerun], tmp_path / "out", supersede=True)
+    row = next(r for r in m["notebooks"] if r["name"] == "02_x.ipynb")
+    assert row["seconds"] == 9.0 and row["part"] == "rerun"
+    assert [e["part"] for e in row["earlier"]] == ["first"]
+    assert m["key_numbers"]["02_x"] == {"x": "new"} and len(m["notebooks"]) == 2
