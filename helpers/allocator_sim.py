@@ -27,10 +27,10 @@ starts empty and ``PYTORCH_CUDA_ALLOC_CONF`` can be set before CUDA initialises.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import os
 import subprocess
 import sys
+from pathlib import Path
 from dataclasses import dataclass, field
 
 KB, MB, GB = 1024, 1024**2, 1024**3

@@ -8,7 +8,7 @@ notebook measured; rewritten after each notebook), key_numbers.json and plots/ (
 Several GPUs: run a share of the notebooks on each (``CUDA_VISIBLE_DEVICES=k``, its own ``--out``),
 then merge the parts into one report (same profile, device, versions and card required):
 
-    python scripts/run_all.py --merge build-all build-gpu0 build-gpu1 [--note key=text ...]
+    python scripts/run_all.py --merge --out build-all build-gpu0 build-gpu1 [--note key=text ...]
         [--supersede]              # a notebook in several parts: the last part's run counts
         [--attach t4_sized=DIR]    # embed another (merged) report, e.g. the T4-sized run
 """
