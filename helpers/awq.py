@@ -43,7 +43,6 @@ def activation_stats(model, calib: torch.Tensor, batch_size: int = 8) -> dict[st
     """``mean |x_j|`` per input channel ``j`` of every decoder linear, over all calibration tokens."""
     lins = quantizable_linears(model)
     sums = {n: torch.zeros(m.in_features, dtype=torch.float64) for n, m in lins.items()}
-    count = [0]
 
     def make(name):
         def hook(_m, args, _o):
@@ -51,15 +50,12 @@ def activation_stats(model, calib: torch.Tensor, batch_size: int = 8) -> dict[st
         return hook
 
     hooks = [m.register_forward_hook(make(n)) for n, m in lins.items()]
-    dev = next(model.parameters()).device
     try:
-        for i in range(0, len(calib), batch_size):
-            model(calib[i:i + batch_size].to(dev), use_cache=False)
-            count[0] += calib[i:i + batch_size].numel()
+        C.forward_batches(model, calib, batch_size)
     finally:
         for h in hooks:
             h.remove()
-    return {n: (s / count[0]).float() for n, s in sums.items()}
+    return {n: (s / calib.numel()).float() for n, s in sums.items()}
 
 
 def salient_channels(stats: torch.Tensor, weight: torch.Tensor, fraction: float = 0.01, by: str = "act",

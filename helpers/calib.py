@@ -28,7 +28,6 @@ def capture_block_inputs(model, calib: torch.Tensor, batch_size: int = 8) -> tup
     if calib.dim() != 2:
         raise ValueError(f"calibration ids must be [n_samples, seq_len], got shape {tuple(calib.shape)}")
     layers = decoder_layers(model)
-    dev = next(model.parameters()).device
     hidden, kwargs = [], []
 
     def hook(_mod, args, kw):
@@ -38,14 +37,22 @@ def capture_block_inputs(model, calib: torch.Tensor, batch_size: int = 8) -> tup
 
     h = layers[0].register_forward_pre_hook(hook, with_kwargs=True)
     try:
-        for i in range(0, len(calib), batch_size):
-            try:
-                model(calib[i:i + batch_size].to(dev), use_cache=False)
-            except _Stop:
-                pass
+        forward_batches(model, calib, batch_size)
     finally:
         h.remove()
     return hidden, kwargs
+
+
+@torch.no_grad()
+def forward_batches(model, ids: torch.Tensor, batch_size: int = 8) -> None:
+    """Run ``model`` over ``ids`` [n, seq_len] in batches, without a KV cache, for the hooks that watch
+    it (a hook may end a batch early by raising ``_Stop``)."""
+    dev = next(model.parameters()).device
+    for i in range(0, len(ids), batch_size):
+        try:
+            model(ids[i:i + batch_size].to(dev), use_cache=False)
+        except _Stop:
+            pass
 
 
 @torch.no_grad()
@@ -86,10 +93,8 @@ def capture_inputs(model, module: torch.nn.Module, ids: torch.Tensor, batch_size
     """The inputs ``module`` receives when ``model`` reads ``ids`` [n, seq_len], as [tokens, features]."""
     seen = []
     h = module.register_forward_hook(lambda _m, a, _o: seen.append(a[0].reshape(-1, a[0].shape[-1]).detach()))
-    dev = next(model.parameters()).device
     try:
-        for i in range(0, len(ids), batch_size):
-            model(ids[i:i + batch_size].to(dev), use_cache=False)
+        forward_batches(model, ids, batch_size)
     finally:
         h.remove()
     return torch.cat(seen)
