@@ -28,13 +28,8 @@ import torch
 
 from . import calib as C
 from .device import cpu_has_bf16
-from .quant import fake_quantize, quantizable_linears
-
-
-def rtn(w: torch.Tensor, bits: int, group_size: int | None, symmetric: bool = False) -> torch.Tensor:
-    """The quantizer AWQ wraps: round-to-nearest, per group (or per channel), fake-quantized."""
-    return fake_quantize(w, bits=bits, symmetric=symmetric,
-                         granularity="group" if group_size else "channel", group_size=group_size)
+from .qspec import QuantSpec, positive_int
+from .quant import check_finite, quantizable_linears, rtn
 
 
 # ----------------------------------------------------------------- §3.1: salient channels, measured
@@ -62,6 +57,7 @@ def salient_channels(stats: torch.Tensor, weight: torch.Tensor, fraction: float 
                      seed: int = 0) -> torch.Tensor:
     """Indices of the ``fraction`` most salient input channels: by activation magnitude (AWQ), by
     weight magnitude (column L2 norm… the paper uses the mean |w|), or at random (Table 1)."""
+    _check_fraction(fraction)
     k = max(1, int(round(fraction * weight.shape[1])))
     if by == "act":
         return stats.topk(k).indices
@@ -73,28 +69,35 @@ def salient_channels(stats: torch.Tensor, weight: torch.Tensor, fraction: float 
 
 
 @torch.no_grad()
-def rtn_keep_salient(model, stats: dict, bits: int, group_size: int | None, fraction: float = 0.01,
-                     by: str = "act") -> None:
+def rtn_keep_salient(model, stats: dict, spec: QuantSpec, fraction: float = 0.01, by: str = "act") -> None:
     """RTN every decoder linear but keep the salient input channels' weights in full precision."""
+    _check_fraction(fraction)
     for n, lin in quantizable_linears(model).items():
         w = lin.weight.data.float()
         keep = salient_channels(stats[n], w, fraction, by)
-        q = rtn(w, bits, group_size)
+        q = rtn(w, spec)
         q[:, keep] = w[:, keep]
         lin.weight.data.copy_(q.to(lin.weight.dtype))
 
 
 @torch.no_grad()
-def rtn_scale_salient(model, stats: dict, bits: int, group_size: int | None, s: float,
-                      fraction: float = 0.01) -> None:
+def rtn_scale_salient(model, stats: dict, spec: QuantSpec, s: float, fraction: float = 0.01) -> None:
     """§3.2's experiment: multiply the salient columns by ``s`` before RTN, divide after
     (``Q(w·s)·x/s``; the quantizer's group scale barely moves, so their relative error falls by s —
     until the larger max of the group hurts the other channels)."""
+    _check_fraction(fraction)
+    if not s > 0:
+        raise ValueError(f"the scale s must be positive, got {s}")
     for n, lin in quantizable_linears(model).items():
         w = lin.weight.data.float()
         scales = torch.ones(w.shape[1], device=w.device)
         scales[salient_channels(stats[n], w, fraction, "act")] = s
-        lin.weight.data.copy_((rtn(w * scales, bits, group_size) / scales).to(lin.weight.dtype))
+        lin.weight.data.copy_((rtn(w * scales, spec) / scales).to(lin.weight.dtype))
+
+
+def _check_fraction(fraction: float) -> None:
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction of salient channels must be in (0, 1], got {fraction}")
 
 
 # ------------------------------------------------------------------------------ §3.2: the search
@@ -129,12 +132,12 @@ def default_search_dtype(weight: torch.Tensor) -> torch.dtype:
 
 
 @torch.no_grad()
-def search_scale(block, mp: dict, xs: list, kwargs: list, bits: int, group_size: int | None,
-                 n_grid: int = 20, duo_scaling: bool = False, search_dtype: torch.dtype | None = None) -> dict:
+def search_scale(block, mp: dict, xs: list, kwargs: list, spec: QuantSpec, n_grid: int = 20, duo_scaling: bool = False, search_dtype: torch.dtype | None = None) -> dict:
     """Grid search of α (paper eq. 5): returns ``{"alpha", "scales", "errors"}`` (errors per α).
 
     ``search_dtype`` (default :func:`default_search_dtype`) is the dtype of the forward passes that
     score each α on the attention or MLP part; they run on a copy of that part in this dtype."""
+    n_grid = positive_int(n_grid, "n_grid")
     X = torch.cat([x.reshape(-1, x.shape[-1]) for x in xs]).float()
     x_mean = X.abs().mean(0)
     linear_part = mp["inspect"] in ("o", "down")
@@ -155,7 +158,7 @@ def search_scale(block, mp: dict, xs: list, kwargs: list, bits: int, group_size:
     w_mean = None
     if duo_scaling:  # per-channel mean of |w| normalised within each group, as AutoAWQ/llm-compressor
         W = torch.cat(originals, 0).float()
-        g = group_size or W.shape[1]
+        g = spec.group_for(W.shape[1])
         Wn = W.abs().reshape(W.shape[0], -1, g)
         w_mean = (Wn / Wn.amax(-1, keepdim=True).clamp(min=1e-8)).reshape(W.shape).mean(0)
     errors, best = [], (float("inf"), 0.0, None)
@@ -166,11 +169,11 @@ def search_scale(block, mp: dict, xs: list, kwargs: list, bits: int, group_size:
         s = s / (s.max() * s.min()).sqrt()
         if linear_part:
             w = originals[0].float()
-            E = rtn(w * s, bits, group_size) / s - w
+            E = rtn(w * s, spec) / s - w
             err = ((E @ G) * E).sum().item() / n_out
         else:
             for lin, w in zip(targets, originals):
-                lin.weight.data.copy_((rtn(w.float() * s, bits, group_size) / s).to(lin.weight.dtype))
+                lin.weight.data.copy_((rtn(w.float() * s, spec) / s).to(lin.weight.dtype))
             out = f(xs)
             err = sum((o - r).float().pow(2).sum().item() for o, r in zip(out, ref)) / sum(r.numel() for r in ref)
         errors.append(err)
@@ -199,7 +202,7 @@ def apply_scale(prev, linears: list, s: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def search_clip(w: torch.Tensor, x: torch.Tensor, bits: int, group_size: int | None, n_grid: int = 20,
+def search_clip(w: torch.Tensor, x: torch.Tensor, spec: QuantSpec, n_grid: int = 20,
                 max_shrink: float = 0.5, n_tokens: int = 512) -> torch.Tensor:
     """``auto_clip``: per output row and group, the max |w| (shrunk by up to ``max_shrink`` on a grid)
     whose RTN minimises the error of the group's partial dot products with ``n_tokens`` sampled
@@ -207,7 +210,9 @@ def search_clip(w: torch.Tensor, x: torch.Tensor, bits: int, group_size: int | N
     clipping never increases the measured error. (The reference broadcasts ``x * w`` over
     [rows, tokens, groups, g]; a batched matmul per group computes the same sums without the
     giant temporary.)"""
-    g = group_size or w.shape[1]
+    g = spec.group_for(w.shape[1])
+    if not 0 <= max_shrink < 1:
+        raise ValueError(f"max_shrink must be in [0, 1), got {max_shrink}")
     rows, groups = w.shape[0], w.shape[1] // g
     x = x.reshape(-1, x.shape[-1])
     x = x[:: max(1, len(x) // n_tokens)][:n_tokens].float()
@@ -217,7 +222,7 @@ def search_clip(w: torch.Tensor, x: torch.Tensor, bits: int, group_size: int | N
     best, min_err = org_max.clone(), torch.full_like(org_max, float("inf"))
     for i in range(int(max_shrink * n_grid)):
         mx = org_max * (1 - i / n_grid)
-        q = rtn(torch.clamp(wg, -mx, mx).reshape(rows, -1), bits, group_size).reshape(rows, groups, g)
+        q = rtn(torch.clamp(wg, -mx, mx).reshape(rows, -1), spec).reshape(rows, groups, g)
         # the partial sums are linear in the weights: x·q − x·w = x·(q − w)   → [groups, n, rows]
         err = torch.bmm(xg, (q - wg).permute(1, 2, 0)).pow_(2).mean(1).t()[..., None]
         better = err < min_err
@@ -226,15 +231,15 @@ def search_clip(w: torch.Tensor, x: torch.Tensor, bits: int, group_size: int | N
 
 
 @torch.no_grad()
-def apply_clip(lin: torch.nn.Linear, max_val: torch.Tensor, group_size: int | None) -> None:
+def apply_clip(lin: torch.nn.Linear, max_val: torch.Tensor, spec: QuantSpec) -> None:
+    """Clamp each group of ``lin``'s weight to ``±max_val`` (the clip values of :func:`search_clip`)."""
     w = lin.weight.data
-    g = group_size or w.shape[1]
+    g = spec.group_for(w.shape[1])
     wg = w.float().reshape(w.shape[0], -1, g)
     lin.weight.data.copy_(torch.clamp(wg, -max_val, max_val).reshape(w.shape).to(w.dtype))
 
 
-def awq_block(block, hidden: list, kwargs: list, bits: int = 4, group_size: int | None = 64,
-              n_grid: int = 20, duo_scaling: bool = False, clip: bool = True, quantize: bool = True,
+def awq_block(block, hidden: list, kwargs: list, spec: QuantSpec, n_grid: int = 20, duo_scaling: bool = False, clip: bool = True, quantize: bool = True,
               search_dtype: torch.dtype | None = None) -> dict:
     """AWQ on one block, in place: capture each linear's inputs, search and fold scales mapping by
     mapping, clip, then RTN every linear of the block. Returns the α chosen per mapping."""
@@ -242,7 +247,7 @@ def awq_block(block, hidden: list, kwargs: list, bits: int = 4, group_size: int 
     feats = C.linear_inputs(block, hidden, kwargs)
     alphas = {}
     for mp in mappings(block):
-        r = search_scale(block, mp, feats[mp["input"]], kwargs, bits, group_size, n_grid, duo_scaling, search_dtype)
+        r = search_scale(block, mp, feats[mp["input"]], kwargs, spec, n_grid, duo_scaling, search_dtype)
         apply_scale(mp["prev"], mp["linears"], r["scales"])
         for lin in mp["linears"]:  # the captured inputs of the scaled linears are now x / s
             n = names[id(lin)]
@@ -252,23 +257,28 @@ def awq_block(block, hidden: list, kwargs: list, bits: int = 4, group_size: int 
         for n, lin in C.linears(block).items():
             if n.endswith(("q_proj", "k_proj")):
                 continue
-            apply_clip(lin, search_clip(lin.weight.data, torch.cat([x.reshape(-1, x.shape[-1]) for x in feats[n]]),
-                                        bits, group_size), group_size)
+            x = torch.cat([x.reshape(-1, x.shape[-1]) for x in feats[n]])
+            apply_clip(lin, search_clip(lin.weight.data, x, spec), spec)
     if quantize:
         for lin in C.linears(block).values():
-            lin.weight.data.copy_(rtn(lin.weight.data.float(), bits, group_size).to(lin.weight.dtype))
+            lin.weight.data.copy_(rtn(lin.weight.data.float(), spec).to(lin.weight.dtype))
     return alphas
 
 
-def awq_model(model, calib: torch.Tensor, bits: int = 4, group_size: int | None = 64, n_grid: int = 20,
+def awq_model(model, calib: torch.Tensor, spec: QuantSpec | None = None, n_grid: int = 20,
               duo_scaling: bool = False, clip: bool = True, batch_size: int = 8, progress: bool = True,
-              search_dtype: torch.dtype | None = None) -> dict:
+              search_dtype: torch.dtype | None = None, **spec_kw) -> dict:
     """AWQ over a whole decoder, block by block (inputs of block k from the quantized blocks before
-    it), in place. Returns ``{"seconds", "calib_tokens", "search_dtype", "alphas": {layer: {mapping: α}}}``."""
+    it), in place. ``spec`` (or ``bits=``, ``group_size=``, ``symmetric=``) is the grid.
+    Returns ``{"seconds", "calib_tokens", "search_dtype", "alphas": {layer: {mapping: α}}}``."""
+    spec = QuantSpec.of(spec, **spec_kw)
+    C.check_calib(model, calib)
+    for name, lin in quantizable_linears(model).items():
+        check_finite(lin.weight.data, f"{name}.weight")
     dtype = search_dtype or default_search_dtype(next(model.parameters()))
     t0 = time.perf_counter()
-    recs = C.sequential(model, calib, lambda i, b, h, k: awq_block(b, h, k, bits, group_size, n_grid,
-                                                                   duo_scaling, clip, search_dtype=dtype),
-                        desc=f"AWQ w{bits}g{group_size}", batch_size=batch_size, progress=progress)
+    recs = C.sequential(model, calib, lambda i, b, h, k: awq_block(b, h, k, spec, n_grid, duo_scaling, clip,
+                                                                   search_dtype=dtype),
+                        desc=f"AWQ {spec.label}", batch_size=batch_size, progress=progress)
     return {"seconds": time.perf_counter() - t0, "calib_tokens": C.tokens_of(calib),
             "search_dtype": str(dtype).replace("torch.", ""), "alphas": {f"model.layers.{i}": r for i, r in enumerate(recs)}}

@@ -141,11 +141,36 @@ def weight_bytes(config, fmt: str = "bf16") -> float:
     return (p["linears"] * format_bits(fmt) + rest * rest_bits) / 8
 
 
-def kv_bytes(config, seq_len: int, batch: int = 1, kv_dtype="bf16") -> float:
-    """KV cache: ``2 · layers · kv_heads · head_dim · seq_len · batch · bytes``."""
+def kv_bytes(config, seq_len: int, batch: int = 1, kv_dtype="bf16", group_size: int = 64,
+             residual_tokens: int = 0, residual_dtype="bf16") -> float:
+    """KV cache bytes, as the course's caches really store them (:mod:`helpers.kvcache`).
+
+    * plain formats: ``2 · layers · kv_heads · head_dim · seq_len · batch · b``;
+    * ``"fp8"``: 1-byte codes plus one fp32 scale per layer, KV head and K/V
+      (``+ 2 · layers · kv_heads · 4``);
+    * ``"int4"``: two codes per byte plus an fp16 scale and an fp16 minimum per ``group_size`` values
+      of each token's head (``head_dim/2 + 4·head_dim/g`` bytes per token and head), except the
+      ``residual_tokens`` most recent tokens, kept in ``residual_dtype`` (the KIVI-style residual of
+      transformers' ``QuantizedLayer``; :func:`int4_residual_tokens` says how many)."""
     _check_positive(seq_len=seq_len, batch=batch)
     s = Shape.from_config(config)
-    return 2 * s.layers * s.kv_heads * s.head_dim * seq_len * batch * dtype_bytes(kv_dtype)
+    heads = 2 * s.layers * s.kv_heads
+    if kv_dtype == "int4":
+        if not isinstance(residual_tokens, int) or not 0 <= residual_tokens <= seq_len:
+            raise ValueError(f"residual_tokens must be an int in [0, seq_len={seq_len}], got {residual_tokens!r}")
+        g = group_size if s.head_dim % group_size == 0 else s.head_dim
+        per_token = s.head_dim / 2 + (s.head_dim // g) * 4
+        quantized = seq_len - residual_tokens
+        return heads * batch * (quantized * per_token + residual_tokens * s.head_dim * dtype_bytes(residual_dtype))
+    plain = heads * s.head_dim * seq_len * batch * dtype_bytes(kv_dtype)
+    return plain + (heads * 4 if kv_dtype == "fp8" else 0)
+
+
+def int4_residual_tokens(decode_steps: int, residual_length: int = 16) -> int:
+    """Tokens in full precision in transformers' ``QuantizedLayer`` after a prefill and
+    ``decode_steps`` single-token steps: the residual is re-quantized whenever it would reach
+    ``residual_length`` tokens, so it holds ``decode_steps mod residual_length``."""
+    return decode_steps % residual_length
 
 
 def activation_bytes(config, positions: int, batch: int = 1, act_dtype="bf16", attention: str = "sdpa",
@@ -210,10 +235,16 @@ def budget(config, dtype: str = "bf16", seq_len: int = 2048, batch: int = 1, kv_
     """The four parts of the budget (bytes): weights, KV cache, activations, overhead, and the total.
 
     ``seq_len`` counts the prompt; ``new_tokens`` the generated tokens (the KV holds both).
+    ``dtype`` is the weight format; weight-only formats (int4, int8, …) keep a 16-bit KV cache and
+    16-bit activations unless ``kv_dtype`` asks for a KV format (fp32 weights: fp32 KV).
     ``overhead`` is the measured CUDA context + allocator slack (``helpers.measure.overhead``).
     """
-    kv_dtype = kv_dtype or ("bf16" if dtype not in KV_FORMATS else dtype)
+    format_bits(dtype)
     act_dtype = "fp32" if dtype == "fp32" else "bf16"
+    kv_dtype = kv_dtype or act_dtype
+    dtype_bytes(kv_dtype)
+    if not overhead >= 0:
+        raise ValueError(f"overhead must be ≥ 0 bytes (measured by helpers.measure.overhead), got {overhead}")
     w = weight_bytes(config, dtype)
     gen = generation_peak(config, seq_len, new_tokens, batch, act_dtype, kv_dtype)
     act = gen["peak"] - gen["kv"]

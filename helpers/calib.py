@@ -11,6 +11,24 @@ import torch
 from tqdm.auto import tqdm
 
 from .models import decoder_layers
+from .qspec import positive_int
+
+
+def check_calib(model, calib) -> None:
+    """Calibration ids must be an integer tensor [n_samples, seq_len] of valid token ids: checked at
+    the door, so a bad set fails here with its shape and range, not deep in an embedding lookup."""
+    if not isinstance(calib, torch.Tensor):
+        raise TypeError(f"calib must be a torch.Tensor of token ids [n_samples, seq_len], got {type(calib).__name__}")
+    if calib.dim() != 2 or calib.numel() == 0:
+        raise ValueError(f"calib must be token ids [n_samples, seq_len] with n_samples, seq_len ≥ 1, "
+                         f"got shape {tuple(calib.shape)}")
+    if calib.is_floating_point() or calib.dtype == torch.bool:
+        raise TypeError(f"calib must hold integer token ids, got {calib.dtype}")
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    lo, hi = int(calib.min()), int(calib.max())
+    if lo < 0 or (vocab is not None and hi >= vocab):
+        raise ValueError(f"calib holds token ids in [{lo}, {hi}], outside the model's vocabulary "
+                         f"[0, {vocab}): was it tokenized with another model's tokenizer?")
 
 
 class _Stop(Exception):
@@ -25,8 +43,7 @@ def capture_block_inputs(model, calib: torch.Tensor, batch_size: int = 8) -> tup
     and the keyword arguments each batch's block call received (attention mask, rotary
     ``position_embeddings``, position ids), reused unchanged for every later block.
     """
-    if calib.dim() != 2:
-        raise ValueError(f"calibration ids must be [n_samples, seq_len], got shape {tuple(calib.shape)}")
+    check_calib(model, calib)
     layers = decoder_layers(model)
     hidden, kwargs = [], []
 
@@ -47,6 +64,7 @@ def capture_block_inputs(model, calib: torch.Tensor, batch_size: int = 8) -> tup
 def forward_batches(model, ids: torch.Tensor, batch_size: int = 8) -> None:
     """Run ``model`` over ``ids`` [n, seq_len] in batches, without a KV cache, for the hooks that watch
     it (a hook may end a batch early by raising ``_Stop``)."""
+    batch_size = positive_int(batch_size, "batch_size")
     dev = next(model.parameters()).device
     for i in range(0, len(ids), batch_size):
         try:

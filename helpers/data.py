@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from .config import cache_dir
+from .qspec import positive_int
 
 ENV_VAR = "COURSE_WIKITEXT"
 EVAL_FRACTION = 0.8
@@ -33,7 +34,11 @@ def _rows_from_file(path: Path) -> list[str]:
         raise FileNotFoundError(f"{ENV_VAR}={path} does not name a file. Point it at wiki.test.raw, e.g. "
                                 f"export {ENV_VAR}=../shared/data/wikitext-2-raw/wiki.test.raw")
     with open(path, encoding="utf-8") as f:  # text mode: CRLF → LF
-        return [r.strip("\n") for r in f.read().split("\n") if r.strip()]
+        rows = [r.strip("\n") for r in f.read().split("\n") if r.strip()]
+    if len(rows) < 2:
+        raise ValueError(f"{ENV_VAR}={path} holds {len(rows)} non-empty paragraph(s): it must be WikiText-2 "
+                         "raw's wiki.test.raw (about 4,300 paragraphs). Is the file empty or truncated?")
+    return rows
 
 
 def _rows_from_hub() -> list[str]:
@@ -73,9 +78,19 @@ def tokens(tokenizer, split: str = "eval") -> torch.Tensor:
     text_key = hashlib.sha256(text.encode()).hexdigest()[:10]
     path = cache_dir("tokens") / f"{split}-{text_key}-{vocab_key}-{len(tokenizer)}.pt"
     if path.exists():
-        return torch.load(path, weights_only=True)
+        try:
+            ids = torch.load(path, weights_only=True)
+            if isinstance(ids, torch.Tensor) and ids.dim() == 1 and ids.dtype == torch.long and len(ids) > 1:
+                return ids
+            problem = f"it holds {type(ids).__name__} {getattr(ids, 'shape', '')}, not a 1-D token stream"
+        except Exception as e:  # truncated or foreign file
+            problem = f"it cannot be read ({type(e).__name__})"
+        print(f"[data] token cache {path} is unusable: {problem}; re-tokenizing.")
+        path.unlink()
     ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
-    torch.save(ids, path)
+    tmp = path.with_suffix(".tmp")
+    torch.save(ids, tmp)
+    tmp.replace(path)  # atomic: an interrupted write never leaves a half file under the real name
     return ids
 
 
@@ -85,8 +100,7 @@ def calibration_batch(tokenizer, n_samples: int, seq_len: int, seed: int = 0) ->
     Windows start at seeded random positions (as GPTQ's ``get_wikitext2`` does); the calibration
     split never overlaps the evaluation split.
     """
-    if n_samples <= 0 or seq_len <= 0:
-        raise ValueError(f"n_samples and seq_len must be positive, got {n_samples}, {seq_len}")
+    n_samples, seq_len = positive_int(n_samples, "n_samples"), positive_int(seq_len, "seq_len")
     ids = tokens(tokenizer, "calib")
     if len(ids) <= seq_len:
         raise ValueError(f"calibration split has {len(ids)} tokens, fewer than seq_len={seq_len}")

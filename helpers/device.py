@@ -12,6 +12,8 @@ As on a real card, memory the driver already uses outside this process's allocat
 from __future__ import annotations
 
 import contextlib
+import functools
+import numbers
 import os
 import platform
 
@@ -44,13 +46,36 @@ def card_share(card: float, total: int, free: int, reserved: int = 0) -> int:
     if outside < 0 or free > total:
         raise ValueError(f"inconsistent device memory: total {total}, free {free}, reserved {reserved}")
     share = int(card * GiB) - outside
+    if card <= 0:
+        raise ValueError(f"card must be a positive number of GiB, got {card}")
     if share <= 0:
         raise ValueError(f"an emulated card of {card} GiB leaves nothing for this process: "
                          f"{outside / GiB:.2f} GiB are already used on the device outside its allocator")
     return share
 
 
-_CARD_SHARE: dict[tuple, int] = {}  # (device, card GiB) → share, measured when the card is first applied
+@functools.lru_cache(maxsize=None)
+def _card_share_at_first_use(idx: int, card: float) -> int:
+    """:func:`card_share` measured once per (device, card size), when the emulated card is first
+    applied: later calls must not count the course's own allocations as "outside" memory. A memo of
+    a measurement (the same answer for the life of the process), not a setting that changes."""
+    free, total = torch.cuda.mem_get_info(idx)
+    if card * GiB > total:
+        raise ValueError(f"{CARD_ENV}={card} asks for a card larger than this device "
+                         f"({total / GiB:.1f} GiB): an emulated card must fit on the real one")
+    return card_share(card, total, free, torch.cuda.memory_reserved(idx))
+
+
+def memory_cap(device: int | None = None) -> int | None:
+    """The allocator cap in force on the CUDA device (bytes), read back from PyTorch
+    (``torch.cuda.get_per_process_memory_fraction × total``); None without CUDA or without a cap."""
+    if not torch.cuda.is_available():
+        return None
+    idx = torch.cuda.current_device() if device is None else device
+    fraction = torch.cuda.get_per_process_memory_fraction(idx)
+    if fraction >= 1.0:
+        return None
+    return int(fraction * torch.cuda.get_device_properties(idx).total_memory)
 
 
 def get_device(prefer: str | None = None) -> torch.device:
@@ -130,7 +155,7 @@ def describe(device: torch.device | None = None, echo: bool = True) -> dict:
         nv = nvml_info(idx)
         if nv:
             info.update(driver=nv["driver"], mig=nv["mig"])
-        cap = getattr(torch.cuda, "_course_memory_cap", None)
+        cap = memory_cap(idx)
         if cap:
             info["memory_cap_bytes"] = cap
     elif device.type == "mps":
@@ -157,8 +182,9 @@ def limit_memory(gib: float | None, device: torch.device | int | None = None) ->
     card's cap is :func:`card_share` (the card minus what already sits outside this allocator).
     Returns the fraction set, or None on a machine without CUDA (where it does nothing, and says so).
     """
-    if gib is not None and (not isinstance(gib, (int, float)) or gib <= 0):
-        raise ValueError(f"limit_memory needs a positive number of GiB or None, got {gib!r}")
+    if gib is not None and (isinstance(gib, bool) or not isinstance(gib, numbers.Real) or not gib > 0
+                            or gib == float("inf")):
+        raise ValueError(f"limit_memory needs a positive, finite number of GiB or None, got {gib!r}")
     if not torch.cuda.is_available():
         print("limit_memory: no CUDA device here, nothing to cap")
         return None
@@ -166,20 +192,15 @@ def limit_memory(gib: float | None, device: torch.device | int | None = None) ->
     idx = torch.cuda.current_device() if idx is None else idx
     total = torch.cuda.get_device_properties(idx).total_memory
     card = card_gib()
-    if card is not None and (idx, card) not in _CARD_SHARE:
-        free, total_now = torch.cuda.mem_get_info(idx)
-        _CARD_SHARE[idx, card] = card_share(card, total_now, free, torch.cuda.memory_reserved(idx))
     cap = None if gib is None else int(gib * GiB)
+    if cap is not None and cap > total:
+        print(f"limit_memory: {gib} GiB is more than this device has ({total / GiB:.1f} GiB); "
+              "the cap is the whole device")
     if card is not None:
-        share = _CARD_SHARE[idx, card]
+        share = _card_share_at_first_use(idx, card)
         cap = share if cap is None else min(cap, share)
-    if cap is None:
-        torch.cuda.set_per_process_memory_fraction(1.0, idx)
-        torch.cuda._course_memory_cap = None
-        return 1.0
-    fraction = min(1.0, cap / total)
+    fraction = 1.0 if cap is None else min(1.0, cap / total)
     torch.cuda.set_per_process_memory_fraction(fraction, idx)
-    torch.cuda._course_memory_cap = int(fraction * total)
     return fraction
 
 
@@ -198,7 +219,7 @@ def free_bytes() -> int:
     """Bytes this process can still take on the CUDA device: the driver's free memory, or less
     under a cap (the cap minus what the caching allocator already reserved)."""
     free, _ = torch.cuda.mem_get_info()
-    cap = getattr(torch.cuda, "_course_memory_cap", None)
+    cap = memory_cap()
     return int(min(free, cap - torch.cuda.memory_reserved())) if cap else int(free)
 
 

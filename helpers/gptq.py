@@ -15,84 +15,70 @@ matrix once per block (``W[:, i2:] −= Err · Hinv[i1:i2, i2:]``), which is wha
 Dampening adds ``percdamp · mean(diag H)`` to the diagonal; "dead" inputs (diag H = 0) get weight 0.
 ``actorder`` processes columns by decreasing ``diag H``; ``static_groups`` fixes every group's
 (scale, zero) from the original weights before any update (needed with act-order for a simple
-kernel layout), otherwise a group's parameters are found when its first column is reached, from the
-already-updated weights (the reference implementation's behaviour).
+kernel layout; llm-compressor always does this).
 
-On CUDA, with static groups, each block's column loop is captured once as a CUDA graph and
-replayed (:func:`_graphed`): the loop is launch-bound on a GPU, the graph makes it one launch.
+**Where a group's (scale, zero) come from without static groups.** Ours: when the loop reaches the
+first column of a group, from the weights *as they are then*, including the updates that earlier
+columns of the same block made (``W1``). The reference (IST-DASLab ``gptq.py``,
+``find_params(W[:, i1+i : i1+i+groupsize])``) reads them from ``W``, whose columns inside the current
+block have not yet received those in-block updates (they reach ``W`` only at the end of the block).
+The two agree when every group starts a block (``group_size`` a multiple of ``blocksize``) and differ
+otherwise, e.g. g64 with blocks of 128 (``tests/test_gptq.py`` shows both).
 
+One loop, :func:`quantize_block`, is the paper's inner loop; on CUDA with static groups the same
+function is replayed as a CUDA graph by the speed layer :class:`helpers.cuda_graphs.GraphedCalls`.
 The structure follows IST-DASLab/gptq ``gptq.py``; the quantization grid is :mod:`helpers.quant`'s.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import time
 
 import torch
 
 from . import calib as C
-from .quant import allowed_group_sizes, check_bits, compute_qparams, quantize_with
+from .cuda_graphs import GraphedCalls
+from .qspec import QuantSpec, positive_int
+from .quant import check_finite, compute_qparams, quantize_with
 
 
-def column_step(W1, Hinv1, i: int, scale, zero, bits: int, symmetric: bool):
+def find_params(w: torch.Tensor, spec: QuantSpec):
+    """Per-row (scale, zero) of a slice of columns ``w`` [rows, cols]: min/max over the slice."""
+    return compute_qparams(w.amin(1), w.amax(1), spec.bits, spec.symmetric)
+
+
+def column_step(W1, Hinv1, i: int, scale, zero, spec: QuantSpec):
     """One column of Algorithm 1 inside a block: quantize ``w = W1[:, i]`` with (scale, zero), then
     spread its error over the block's later columns, ``W1[:, i:] −= err ⊗ Hinv1[i, i:]`` with
     ``err = (w − q) / Hinv1[i, i]``. Returns ``(q, err)``."""
     w = W1[:, i]
-    q = (quantize_with(w, scale, zero, bits, symmetric) - zero) * scale
+    q = (quantize_with(w, scale, zero, spec.bits, spec.symmetric) - zero) * scale
     err = (w - q) / Hinv1[i, i]
     W1[:, i:] -= err[:, None] @ Hinv1[i, i:][None, :]
     return q, err
 
 
-def quantize_columns(W1, Hinv1, S, Z, bits: int, symmetric: bool):
-    """The inner loop over one block's columns when every column's (scale, zero) is given
-    (``S``, ``Z`` [rows, block columns]); ``W1`` is updated in place. Returns ``(Q1, Err1)``."""
+def quantize_block(W1, Hinv1, grid, spec: QuantSpec):
+    """The inner loop of Algorithm 1 over one block's columns; ``W1`` is updated in place.
+    ``grid(i, W1) -> (scale, zero)`` gives column ``i``'s quantization grid. Returns ``(Q1, Err1)``."""
     Q1, Err1 = torch.zeros_like(W1), torch.zeros_like(W1)
     for i in range(W1.shape[1]):
-        Q1[:, i], Err1[:, i] = column_step(W1, Hinv1, i, S[:, i], Z[:, i], bits, symmetric)
+        scale, zero = grid(i, W1)
+        Q1[:, i], Err1[:, i] = column_step(W1, Hinv1, i, scale, zero, spec)
     return Q1, Err1
 
 
-_GRAPHS: dict = {}
+def quantize_block_static(W1, Hinv1, S1, Z1, spec: QuantSpec):
+    """:func:`quantize_block` when every column's (scale, zero) is known up front (``S1``, ``Z1``
+    [rows, block columns]): the form a CUDA graph can replay."""
+    return quantize_block(W1, Hinv1, lambda i, _W1: (S1[:, i], Z1[:, i]), spec)
 
 
-def _graphed(shape, bits: int, symmetric: bool, device):
-    """:func:`quantize_columns` for one block shape, captured once as a CUDA graph and replayed.
-
-    The column loop is sequential and made of tiny kernels, so on a GPU its cost is the launches
-    (~10 per column from Python), not the arithmetic. A CUDA graph (PyTorch docs, "CUDA Graphs")
-    records those launches once on static buffers; each block then copies its inputs in and replays
-    the whole loop with one launch. Graphs are cached per (shape, bits, symmetric, device);
-    :func:`free_graphs` releases them."""
-    key = (tuple(shape), bits, symmetric, str(device))
-    if key not in _GRAPHS:
-        rows, cols = shape
-        buf = {"W1": torch.zeros(rows, cols, device=device), "Hinv1": torch.eye(cols, device=device),
-               "S": torch.ones(rows, cols, device=device), "Z": torch.zeros(rows, cols, device=device)}
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):  # warm-up outside the graph (allocator, lazy inits)
-            quantize_columns(buf["W1"].clone(), buf["Hinv1"], buf["S"], buf["Z"], bits, symmetric)
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            buf["Q1"], buf["Err1"] = quantize_columns(buf["W1"], buf["Hinv1"], buf["S"], buf["Z"], bits, symmetric)
-        _GRAPHS[key] = (graph, buf)
-    graph, buf = _GRAPHS[key]
-
-    def run(W1, Hinv1, S, Z, _bits, _symmetric):
-        for name, src in (("W1", W1), ("Hinv1", Hinv1), ("S", S), ("Z", Z)):
-            buf[name].copy_(src)
-        graph.replay()
-        W1.copy_(buf["W1"])
-        return buf["Q1"].clone(), buf["Err1"].clone()
-    return run
-
-
-def free_graphs() -> None:
-    """Release the cached CUDA graphs of :func:`_graphed` and their buffers."""
-    _GRAPHS.clear()
+def column_loop_graphs(spec: QuantSpec) -> GraphedCalls:
+    """:func:`quantize_block_static` replayed as CUDA graphs (one per block shape); close it after use."""
+    return GraphedCalls(functools.partial(quantize_block_static, spec=spec), mutated=(0,))
 
 
 class GPTQ:
@@ -106,6 +92,10 @@ class GPTQ:
 
     def add_batch(self, inp: torch.Tensor) -> None:
         """H ← running mean of 2·x xᵀ over all N tokens seen so far (H = 2/N · Σ XXᵀ)."""
+        if inp.shape[-1] != self.columns:
+            raise ValueError(f"add_batch got inputs with {inp.shape[-1]} features; the layer has "
+                             f"{self.columns} input columns")
+        check_finite(inp, "the calibration inputs passed to add_batch")
         x = inp.reshape(-1, inp.shape[-1]).float()
         n = x.shape[0]
         self.H *= self.nsamples / (self.nsamples + n)
@@ -114,34 +104,30 @@ class GPTQ:
         self.H += x.t() @ x
 
     @torch.no_grad()
-    def quantize(self, bits: int = 4, group_size: int | None = 64, symmetric: bool = False,
-                 blocksize: int = 128, percdamp: float = 0.01, actorder: bool = False,
-                 static_groups: bool = False, graphs: bool | None = None) -> dict:
-        """Run Algorithm 1 on the layer's weight in place; returns the loss and the parameters.
+    def fasterquant(self, spec: QuantSpec, blocksize: int = 128, percdamp: float = 0.01,
+                    actorder: bool = False, static_groups: bool = False,
+                    graphs: GraphedCalls | None = None) -> dict:
+        """Run Algorithm 1 on the layer's weight in place (the reference's name); returns the loss.
 
-        ``graphs`` (default: on CUDA with static groups) replays each block's column loop as one
-        CUDA graph instead of launching its ~10 small kernels per column from Python; same kernels,
-        same numbers (see :func:`_graphed`)."""
+        ``graphs`` (from :func:`column_loop_graphs`, static groups on CUDA only) replays each block's
+        column loop as one CUDA graph: the same function, the same numbers, one launch."""
         if self.nsamples == 0:
-            raise RuntimeError("GPTQ.quantize called before add_batch: no calibration inputs seen")
-        check_bits(bits)
+            raise RuntimeError("GPTQ.fasterquant called before add_batch: no calibration inputs seen")
+        spec = QuantSpec.of(spec)
+        blocksize = positive_int(blocksize, "blocksize")
+        if not 0 <= percdamp < 1:
+            raise ValueError(f"percdamp must be in [0, 1), got {percdamp}")
         W = self.layer.weight.data.clone().float()
-        g = group_size or self.columns
-        if self.columns % g:
-            raise ValueError(f"group_size={group_size} does not divide {self.columns} columns; "
-                             f"allowed group sizes: {allowed_group_sizes(self.columns)}")
+        check_finite(W, "the layer's weight")
+        check_finite(self.H, "the Hessian H (calibration inputs)")
+        g = spec.group_for(self.columns)
+        if graphs is not None and not (W.is_cuda and static_groups):
+            raise ValueError("graphs need a CUDA weight and static_groups=True")
         H = self.H.clone()
-
-        def params(w):  # per-row (scale, zero) of a slice of columns: min/max over the slice
-            return compute_qparams(w.amin(1), w.amax(1), bits, symmetric)
-
         dead = torch.diag(H) == 0
         H[dead, dead] = 1
         W[:, dead] = 0
-        groups = [params(W[:, j:j + g]) for j in range(0, self.columns, g)] if static_groups else None
-        graphs = (W.is_cuda and static_groups) if graphs is None else graphs
-        if graphs and not (W.is_cuda and static_groups):
-            raise ValueError("graphs=True needs a CUDA weight and static_groups=True")
+        groups = [find_params(W[:, j:j + g], spec) for j in range(0, self.columns, g)] if static_groups else None
         perm = None
         if actorder:
             perm = torch.argsort(torch.diag(H), descending=True)
@@ -151,35 +137,44 @@ class GPTQ:
         H[range(self.columns), range(self.columns)] += damp
         Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
 
-        # the group of each (possibly permuted) column, on the host: no device sync inside the loop
-        col_group = [c // g for c in (perm.tolist() if perm is not None else range(self.columns))]
-        if static_groups:  # every column's (scale, zero) is known up front: [rows, columns]
-            gi = torch.tensor(col_group, device=W.device)
+        if static_groups:  # every column's (scale, zero) up front, [rows, columns], in processing order
+            gi = torch.tensor([c // g for c in (perm.tolist() if perm is not None else range(self.columns))],
+                              device=W.device)
             S_all = torch.stack([s for s, _ in groups], 1)[:, gi]
             Z_all = torch.stack([z for _, z in groups], 1)[:, gi]
         Q = torch.zeros_like(W)
         Losses = torch.zeros(self.rows, device=W.device)
+        current: dict = {}  # the dynamic grid of the group in progress (a group may span blocks)
         for i1 in range(0, self.columns, blocksize):
             i2 = min(i1 + blocksize, self.columns)
             W1, Hinv1 = W[:, i1:i2].clone(), Hinv[i1:i2, i1:i2]
             if static_groups:
-                run = _graphed(W1.shape, bits, symmetric, W.device) if graphs else quantize_columns
-                Q1, Err1 = run(W1, Hinv1, S_all[:, i1:i2], Z_all[:, i1:i2], bits, symmetric)
+                S1, Z1 = S_all[:, i1:i2], Z_all[:, i1:i2]
+                loop = graphs or functools.partial(quantize_block_static, spec=spec)
+                Q1, Err1 = loop(W1, Hinv1, S1, Z1)
             else:
-                Q1, Err1 = torch.zeros_like(W1), torch.zeros_like(W1)
-                for i in range(i2 - i1):
-                    if (i1 + i) % g == 0:  # a new group starts: its parameters from the updated weights
-                        scale, zero = params(torch.cat([W1[:, i:], W[:, i2:]], 1)[:, :g])
-                    Q1[:, i], Err1[:, i] = column_step(W1, Hinv1, i, scale, zero, bits, symmetric)
+                Q1, Err1 = quantize_block(W1, Hinv1, self._dynamic_grid(W, i1, i2, g, spec, current), spec)
             Q[:, i1:i2] = Q1
             Losses += Err1.pow(2).sum(1) / 2          # Σ (w − q)² / Hinv[i,i]² / 2, per row
-            W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]
+            W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]      # the lazy batch update of the later blocks
 
         if perm is not None:
             Q = Q[:, torch.argsort(perm)]
         self.layer.weight.data.copy_(Q.to(self.layer.weight.dtype))
         self.row_losses = Losses
         return {"loss": Losses.sum().item(), "dead_columns": int(dead.sum()), "damp": damp.item()}
+
+    @staticmethod
+    def _dynamic_grid(W, i1: int, i2: int, g: int, spec: QuantSpec, current: dict):
+        """Column ``i``'s grid inside block ``[i1, i2)``: a group's (scale, zero) found when its first
+        column is reached, from the weights as updated so far (``W1`` for this block's columns, ``W``
+        beyond it; see the module docstring for how the reference differs). ``current`` carries the
+        grid of a group that spans blocks."""
+        def grid(i, W1):
+            if (i1 + i) % g == 0:
+                current["p"] = find_params(torch.cat([W1[:, i:], W[:, i2:]], 1)[:, :g], spec)
+            return current["p"]
+        return grid
 
 
 def layer_error(W: torch.Tensor, Wq: torch.Tensor, X: torch.Tensor) -> float:
@@ -230,7 +225,7 @@ def gptq_block(block, hidden: list, kwargs: list, **quant_kw) -> dict:
         stacked.weight.data.copy_(torch.cat([w.data for w in weights]))
         joint = GPTQ(stacked)
         joint.H, joint.nsamples = owner.H, owner.nsamples
-        joint.quantize(**quant_kw)
+        joint.fasterquant(**quant_kw)
         r0 = 0
         for n, w in zip(names, weights):
             w.data.copy_(stacked.weight.data[r0:r0 + w.shape[0]])
@@ -240,22 +235,26 @@ def gptq_block(block, hidden: list, kwargs: list, **quant_kw) -> dict:
     return out
 
 
-def gptq_model(model, calib: torch.Tensor, bits: int = 4, group_size: int | None = 64,
-               symmetric: bool = False, blocksize: int = 128, percdamp: float = 0.01,
-               actorder: bool = False, static_groups: bool = False, batch_size: int = 8,
-               progress: bool = True) -> dict:
+def gptq_model(model, calib: torch.Tensor, spec: QuantSpec | None = None, blocksize: int = 128,
+               percdamp: float = 0.01, actorder: bool = False, static_groups: bool = False,
+               batch_size: int = 8, progress: bool = True, graphs: bool | None = None, **spec_kw) -> dict:
     """GPTQ over a whole decoder, block by block (see :mod:`helpers.calib`), in place.
 
-    ``calib`` is [n_samples, seq_len] token ids from the calibration split. Embeddings and lm_head
-    are kept, as in the paper. Returns ``{"seconds", "calib_tokens", "losses": {layer: loss}}``.
+    ``calib`` is [n_samples, seq_len] token ids from the calibration split; ``spec`` (or ``bits=``,
+    ``group_size=``, ``symmetric=``) the grid. Embeddings and lm_head are kept, as in the paper.
+    ``graphs`` (default: on CUDA with static groups) replays column loops as CUDA graphs, freed at
+    the end. Returns ``{"seconds", "calib_tokens", "losses": {layer: loss}}``.
     """
-    kw = dict(bits=bits, group_size=group_size, symmetric=symmetric, blocksize=blocksize,
-              percdamp=percdamp, actorder=actorder, static_groups=static_groups)
+    spec = QuantSpec.of(spec, **spec_kw)
+    C.check_calib(model, calib)
+    cuda = next(model.parameters()).is_cuda
+    graphs = (cuda and static_groups) if graphs is None else graphs
     t0 = time.perf_counter()
-    try:
+    with column_loop_graphs(spec) if graphs else contextlib.nullcontext() as replay:
+        kw = dict(spec=spec, blocksize=blocksize, percdamp=percdamp, actorder=actorder,
+                  static_groups=static_groups, graphs=replay)
         recs = C.sequential(model, calib, lambda i, b, h, k: gptq_block(b, h, k, **kw),
-                            desc=f"GPTQ w{bits}g{group_size}", batch_size=batch_size, progress=progress)
-    finally:
-        free_graphs()
+                            desc=f"GPTQ {spec.label}", batch_size=batch_size, progress=progress)
     losses = {f"model.layers.{i}.{n}": v for i, r in enumerate(recs) for n, v in r.items()}
     return {"seconds": time.perf_counter() - t0, "calib_tokens": C.tokens_of(calib), "losses": losses}
+

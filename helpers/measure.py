@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from .device import nvml_info
+from .device import memory_cap, nvml_info
 
 GiB = 1024**3
 MiB = 1024**2
@@ -151,38 +150,6 @@ class StageProfiler:
                   f"{fmt_bytes(r.peak_over_start):>12}{fmt_bytes(r.reserved):>12}")
 
 
-_default_profiler = StageProfiler()
-
-
-def stage(name: str, profiler: StageProfiler | None = None):
-    """``with stage("prefill"): ...`` — records into ``profiler`` (or a module-level default)."""
-    return (profiler or _default_profiler).stage(name)
-
-
-def tensor_bytes(obj) -> int:
-    """Bytes held by the tensors in ``obj`` (a tensor, or nested lists/tuples/dicts/objects with
-    ``.layers`` of ``.keys``/``.values`` such as transformers caches), each storage counted once."""
-    seen, total = set(), 0
-    stack = [obj]
-    while stack:
-        o = stack.pop()
-        if isinstance(o, torch.Tensor):
-            st = o.untyped_storage()
-            key = (st.data_ptr(), o.device)
-            if key not in seen and st.nbytes():
-                seen.add(key)
-                total += st.nbytes()
-        elif isinstance(o, dict):
-            stack.extend(o.values())
-        elif isinstance(o, (list, tuple)):
-            stack.extend(o)
-        elif hasattr(o, "layers"):
-            stack.extend(o.layers)
-        elif hasattr(o, "__dict__") and not isinstance(o, torch.nn.Module):
-            stack.extend(v for v in vars(o).values() if isinstance(v, (torch.Tensor, list, tuple, dict)))
-    return total
-
-
 def top_tensors(n: int = 10, device: str | None = None) -> list[dict]:
     """The ``n`` largest tensors alive (gc walk), one row per *storage* (views deduplicated).
 
@@ -250,7 +217,7 @@ def diagnose_oom(stats: dict | None = None, request: int | None = None, echo: bo
         v = views()
         stats = {"total": v["driver_total"], "allocated": v["allocated"], "reserved": v["reserved"],
                  "driver_used": v["driver_used"], "shm": shm_bytes(), "top": top_tensors(5, "cuda")}
-        cap = getattr(torch.cuda, "_course_memory_cap", None)
+        cap = memory_cap()
         if cap:
             stats["total"] = cap
     for k in ("total", "allocated", "reserved", "driver_used"):
@@ -305,18 +272,6 @@ def oom_guard(fn, *args, **kwargs) -> dict:
                 "allocated_after": torch.cuda.memory_allocated() if torch.cuda.is_available() else 0}
 
 
-def measure_weights(arch: str, device="cuda", dtype=torch.bfloat16):
-    """Instantiate architecture ``arch`` on ``device``; return (model, bytes it added to allocated)."""
-    from .models import model_from_config
-
-    warmup_cublas()
-    free_memory()
-    before = torch.cuda.memory_allocated()
-    model = model_from_config(arch, device=device, dtype=dtype)
-    free_memory()
-    return model, torch.cuda.memory_allocated() - before
-
-
 def warmup_cublas() -> int:
     """Run small GEMMs (bf16 and fp32, with and without bias, forward and backward) so cuBLAS and
     cuBLASLt allocate their workspaces now (through the caching allocator: 32 MiB on Hopper by
@@ -332,57 +287,3 @@ def warmup_cublas() -> int:
         del a, bias, y
     torch.cuda.synchronize()
     return torch.cuda.memory_allocated() - before
-
-
-@torch.no_grad()
-def measure_generate(model, seq_len: int, batch: int, new_tokens: int = 16, cache: str = "baseline",
-                     seed: int = 0) -> dict:
-    """Run ``generate`` on random prompts and measure the KV cache and the peak over the weights.
-
-    Returns kv_meas (bytes the cache object stores), peak_meas (max_memory_allocated during the call
-    minus allocated before it, prompt included), prefill_meas / decode_meas (the same peak restricted
-    to the first forward call and to the later ones, read by hooks on the model), reserved, seconds
-    and tokens/s. ``cache`` is a :data:`helpers.kvcache.KV_KINDS` name or ``"static"``.
-    """
-    from .kvcache import make_cache, stored_bytes
-
-    dev = next(model.parameters()).device
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    ids = torch.randint(3, model.config.vocab_size - 1, (batch, seq_len), generator=g).to(dev)
-    mask = torch.ones_like(ids)
-    kv = make_cache(cache, model.config, max_cache_len=seq_len + new_tokens)
-    free_memory()
-    reset_peak()
-    base = torch.cuda.memory_allocated() if dev.type == "cuda" else 0
-    calls, between = [], [0]  # per-forward peaks; the peak outside forward calls (logits processing)
-
-    def pre(*_):
-        if dev.type == "cuda":
-            between[0] = max(between[0], torch.cuda.max_memory_allocated() - base)
-            torch.cuda.reset_peak_memory_stats()
-
-    def post(*_):
-        if dev.type == "cuda":
-            calls.append(torch.cuda.max_memory_allocated() - base)
-            torch.cuda.reset_peak_memory_stats()
-
-    hooks = [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
-    t0 = time.perf_counter()
-    try:
-        out = model.generate(ids, attention_mask=mask, past_key_values=kv, max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, disable_compile=True)
-    finally:
-        for h in hooks:
-            h.remove()
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    secs = time.perf_counter() - t0
-    res = {"kv_meas": stored_bytes(kv), "seconds": secs, "tokens_per_s": batch * new_tokens / secs,
-           "new_tokens": out.shape[1] - seq_len}
-    if dev.type == "cuda":
-        between[0] = max(between[0], torch.cuda.max_memory_allocated() - base)
-        res.update(prefill_meas=calls[0], decode_meas=max(calls[1:], default=0),
-                   peak_meas=max(calls + between), reserved=torch.cuda.memory_reserved())
-    del out, kv
-    free_memory()
-    return res

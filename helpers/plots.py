@@ -74,17 +74,3 @@ def stages(table: list[dict], ax=None, unit: float = GiB):
     ax.set_ylabel("GiB")
     ax.legend(fontsize=8)
     return ax
-
-
-def lines(x, series: dict, xlabel: str, ylabel: str, title: str = "", logy: bool = False, ax=None):
-    """Several named series over the same x."""
-    ax = ax or plt.subplots(figsize=(6, 3.5))[1]
-    for name, ys in series.items():
-        ax.plot(x, ys, marker="o", label=name)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    if logy:
-        ax.set_yscale("log")
-    ax.legend(fontsize=8)
-    return ax

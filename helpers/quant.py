@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-SUPPORTED_BITS = (2, 3, 4, 8)
+from .qspec import SUPPORTED_BITS, QuantSpec, allowed_group_sizes, as_int, check_bits, check_group_size
+
 GRANULARITIES = ("tensor", "channel", "group")
+__all__ = ["SUPPORTED_BITS", "QuantSpec", "allowed_group_sizes", "check_bits"]  # re-exported for notebooks
 
 
 @dataclass
@@ -41,18 +43,17 @@ class QTensor:
 
 def qrange(bits: int, symmetric: bool) -> tuple[int, int]:
     """(qmin, qmax) of a b-bit code: symmetric [−2^(b−1), 2^(b−1)−1], asymmetric [0, 2^b−1]."""
-    check_bits(bits)
+    bits = check_bits(bits)
     return (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if symmetric else (0, 2 ** bits - 1)
 
 
-def check_bits(bits: int) -> None:
-    if bits not in SUPPORTED_BITS:
-        raise ValueError(f"unsupported bit width {bits!r}; supported: {SUPPORTED_BITS}")
-
-
-def allowed_group_sizes(columns: int, candidates=(16, 32, 64, 128, 256)) -> list[int]:
-    """Group sizes among common choices that divide ``columns``."""
-    return [g for g in candidates if columns % g == 0]
+def check_finite(x: torch.Tensor, name: str = "tensor") -> None:
+    """Refuse NaN/inf input: one NaN would make its whole quantization group NaN without a word."""
+    if x.is_floating_point() and not torch.isfinite(x).all():
+        bad = (~torch.isfinite(x)).nonzero()
+        raise ValueError(f"{name} has {len(bad)} non-finite value(s) (NaN or inf), the first at index "
+                         f"{tuple(bad[0].tolist())}: quantizing it would turn whole groups into NaN. "
+                         "Find where it came from (a diverged run, a bad checkpoint) before quantizing.")
 
 
 def _groups(x: torch.Tensor, granularity: str, group_size: int | None) -> tuple[torch.Tensor, int]:
@@ -65,8 +66,10 @@ def _groups(x: torch.Tensor, granularity: str, group_size: int | None) -> tuple[
     if granularity == "channel":
         return x.reshape(rows, 1, cols), cols
     if granularity == "group":
-        if not group_size or group_size <= 0:
-            raise ValueError("granularity='group' needs a positive group_size")
+        if group_size is None:
+            raise ValueError("granularity='group' needs a positive group_size (None means per channel: "
+                             "use granularity='channel')")
+        group_size = check_group_size(group_size)
         if cols % group_size:
             raise ValueError(f"group_size={group_size} does not divide the {cols} input columns; "
                              f"allowed group sizes: {allowed_group_sizes(cols)}")
@@ -97,12 +100,15 @@ def compute_qparams(xmin: torch.Tensor, xmax: torch.Tensor, bits: int, symmetric
     return scale, zero
 
 
-def quantize(x: torch.Tensor, bits: int = 4, symmetric: bool = False, granularity: str = "group",
-             group_size: int | None = 64, integer_zero: bool = True) -> QTensor:
-    """Round-to-nearest quantization of a 2-D weight; see the module docstring for the formulas."""
-    check_bits(bits)
-    if not torch.is_floating_point(x):
-        raise TypeError(f"quantize expects a floating tensor, got {x.dtype}")
+def quantize_tensor(x: torch.Tensor, bits: int = 4, symmetric: bool = False, granularity: str = "group",
+                    group_size: int | None = 64, integer_zero: bool = True) -> QTensor:
+    """Round-to-nearest quantization of a 2-D weight onto the integer grid; see the module docstring
+    for the formulas. Returns codes, scales and zeros (:class:`QTensor`)."""
+    bits = check_bits(bits)
+    if not isinstance(x, torch.Tensor) or not torch.is_floating_point(x):
+        raise TypeError(f"quantize_tensor expects a floating torch.Tensor, got "
+                        f"{getattr(x, 'dtype', type(x).__name__)}")
+    check_finite(x, "the tensor to quantize")
     xg, g = _groups(x.float(), granularity, group_size)
     scale, zero = compute_qparams(xg.amin(-1), xg.amax(-1), bits, symmetric, integer_zero)
     codes = quantize_with(xg, scale[..., None], zero[..., None], bits, symmetric)
@@ -125,7 +131,14 @@ def dequantize(q: QTensor) -> torch.Tensor:
 
 def fake_quantize(x: torch.Tensor, **kw) -> torch.Tensor:
     """quantize then dequantize, returned in ``x``'s dtype (what "RTN" applies to a weight)."""
-    return dequantize(quantize(x, **kw)).to(x.dtype)
+    return dequantize(quantize_tensor(x, **kw)).to(x.dtype)
+
+
+def rtn(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """Round-to-nearest of a weight ``[out, in]`` on ``spec``'s grid, fake-quantized in ``w``'s dtype:
+    the quantizer GPTQ and AWQ both end with."""
+    return fake_quantize(w, bits=spec.bits, symmetric=spec.symmetric, granularity=spec.granularity,
+                         group_size=spec.group_for(w.shape[1]))
 
 
 def quant_error(x: torch.Tensor, **kw) -> dict:
@@ -143,11 +156,9 @@ def bits_per_weight(bits: int, group_size: int | None, param_bits: int = 16, sym
     group (``zero_bits``, default ``bits`` when packed like GPTQ's qzeros, fp16 for Q4_1-style mins).
     ``group_size=None`` means per-channel, where the overhead per weight is negligible (→ ``b``).
     """
-    check_bits(bits)
+    bits, group_size = check_bits(bits), check_group_size(group_size)
     if group_size is None:
         return float(bits)
-    if group_size <= 0:
-        raise ValueError(f"group_size must be positive, got {group_size}")
     zb = 0 if symmetric else (bits if zero_bits is None else zero_bits)
     return bits + (param_bits + zb) / group_size
 
@@ -158,7 +169,13 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     Codes must already be unsigned (``[0, 2^b − 1]``: add ``2^(b−1)`` to symmetric codes first).
     Returns a flat uint8 tensor; :func:`unpack_codes` inverts it exactly.
     """
-    check_bits(bits)
+    bits = check_bits(bits)
+    if not isinstance(codes, torch.Tensor):
+        raise TypeError(f"codes must be a torch.Tensor of integer codes, got {type(codes).__name__}")
+    if codes.is_floating_point():
+        if not torch.isfinite(codes).all() or not torch.equal(codes, codes.round()):
+            raise ValueError("codes must be integers; got non-integer floating values (pack_codes would "
+                             "truncate them). Quantize first: quantize_tensor(x).codes")
     c = codes.flatten().to(torch.int64)
     if c.numel() and (c.min() < 0 or c.max() >= 2 ** bits):
         raise ValueError(f"codes must lie in [0, {2 ** bits - 1}] to pack at {bits} bits")
@@ -174,9 +191,14 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 def unpack_codes(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
     """Inverse of :func:`pack_codes`: the first ``numel`` codes as int64."""
-    check_bits(bits)
+    bits, numel = check_bits(bits), as_int(numel, "numel")
     per = 8 if bits == 3 else 8 // bits
     nbytes = bits * per // 8
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"packed must be the uint8 tensor pack_codes returns, got {packed.dtype}")
+    if numel < 0 or packed.numel() % nbytes or numel > packed.numel() // nbytes * per:
+        raise ValueError(f"numel={numel} does not fit {packed.numel()} packed bytes at {bits} bits "
+                         f"(they hold at most {packed.numel() // nbytes * per} codes, in units of {nbytes} bytes)")
     b = packed.to(torch.int64).reshape(-1, nbytes)
     word = sum(b[:, k] << (8 * k) for k in range(nbytes))
     shifts = torch.arange(per, dtype=torch.int64) * bits
@@ -186,6 +208,8 @@ def unpack_codes(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
 
 def storage_bytes(q: QTensor, param_dtype=torch.float16) -> dict:
     """Real bytes of a quantized tensor stored packed: codes + scales (+ zeros, packed at b bits)."""
+    for name, t in (("scale", q.scale), ("zero", q.zero)):
+        check_finite(t, f"the QTensor's {name}")
     offset = 2 ** (q.bits - 1) if q.symmetric else 0
     code_bytes = pack_codes(q.codes + offset, q.bits).numel()
     pbytes = torch.empty(0, dtype=param_dtype).element_size()
@@ -257,14 +281,15 @@ def quantizable_linears(model) -> dict[str, torch.nn.Linear]:
 
 
 @torch.no_grad()
-def rtn_model(model, bits: int = 4, group_size: int | None = 64, symmetric: bool = False) -> dict:
-    """Round-to-nearest every decoder linear in place; returns {name: (shape, mse)} of what changed."""
-    granularity = "channel" if group_size is None else "group"
+def rtn_model(model, spec: QuantSpec | None = None, **spec_kw) -> dict:
+    """Round-to-nearest every decoder linear in place; returns {name: (shape, mse)} of what changed.
+    ``spec`` (or ``bits=``, ``group_size=``, ``symmetric=``) is the grid, see :class:`QuantSpec`."""
+    spec = QuantSpec.of(spec, **spec_kw)
     changed = {}
     for name, lin in quantizable_linears(model).items():
         w = lin.weight.data
-        wq = fake_quantize(w.float(), bits=bits, symmetric=symmetric, granularity=granularity,
-                           group_size=group_size)
+        check_finite(w, f"{name}.weight")
+        wq = rtn(w.float(), spec)
         changed[name] = (tuple(w.shape), (wq - w.float()).pow(2).mean().item())
         lin.weight.data.copy_(wq.to(w.dtype))
     return changed
@@ -309,13 +334,11 @@ def quantized_model_bytes(model, bits: int | None, group_size: int | None = 64, 
     if bits is None:
         return {"linears": sum(m.weight.numel() for m in lins.values()) * param_bytes, "rest": rest,
                 "total": rest + sum(m.weight.numel() for m in lins.values()) * param_bytes}
-    check_bits(bits)
+    spec = QuantSpec(bits, group_size)
     lin_bytes = 0
     for m in lins.values():
         rows, cols = m.weight.shape
-        g = group_size or cols
-        if cols % g:
-            raise ValueError(f"group_size={g} does not divide {cols}; allowed: {allowed_group_sizes(cols)}")
+        g = spec.group_for(cols)
         n_groups = rows * cols // g
         lin_bytes += -(-rows * cols * bits // 8) + n_groups * param_bytes + -(-n_groups * bits // 8)
     return {"linears": lin_bytes, "rest": rest, "total": lin_bytes + rest}

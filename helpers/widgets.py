@@ -1,41 +1,65 @@
-"""Interactive widgets: move seq_len and batch, see predicted (and on CUDA, measured) memory."""
+"""Interactive widgets: move seq_len and batch, see predicted (and on CUDA, measured) memory.
+
+A :class:`BudgetExplorer` owns the model it measures (one architecture at a time), so nothing is
+cached at module level: make one per notebook, drop it to free the GPU.
+"""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import torch
 
-from . import budget, device, measure, models, plots
+from . import budget, device, generation, measure, models, plots
 from .device import has_cuda
+
+GiB = 1024**3
+
+
+class BudgetExplorer:
+    """Predicts one (arch, seq_len, batch) point and, on CUDA, measures it on a model it keeps."""
+
+    def __init__(self):
+        self.arch, self.model, self.weights = None, None, None
+
+    def _load(self, arch: str) -> None:
+        if self.arch != arch:
+            self.model = None
+            measure.free_memory()
+            self.model, self.weights = generation.measure_weights(arch)
+            self.arch = arch
+
+    def point(self, arch: str, seq_len: int, batch: int, dtype: str = "bf16", kv_dtype: str = "bf16",
+              new_tokens: int = 16, measure_on_device: bool | None = None, run_anyway: bool = False) -> dict:
+        return budget_point(arch, seq_len, batch, dtype, kv_dtype, new_tokens, measure_on_device,
+                            run_anyway, explorer=self)
 
 
 def budget_point(arch: str, seq_len: int, batch: int, dtype: str = "bf16", kv_dtype: str = "bf16",
                  new_tokens: int = 16, measure_on_device: bool | None = None, run_anyway: bool = False,
-                 _cache: dict = {}) -> dict:
+                 explorer: BudgetExplorer | None = None) -> dict:
     """Predicted parts for one point and, on CUDA, the measured peak of a real ``generate``.
 
     A point that does not fit is reported, not raised: ``{"oom": "predicted"}`` when the prediction
     exceeds free memory (nothing is run), ``{"oom": "observed", ...}`` when the real run hit
     ``torch.OutOfMemoryError`` (caught; memory returns to where it was). ``run_anyway`` skips the
-    prediction check, to watch a real OOM happen and be caught."""
+    prediction check, to watch a real OOM happen and be caught. ``explorer`` keeps the measured
+    model between calls (a fresh one is made, and dropped, otherwise)."""
     cfg = models.architecture_config(arch)
     parts = budget.budget(cfg, dtype, seq_len, batch, kv_dtype, new_tokens=new_tokens)
     out = {"parts": parts, "measured_peak": None, "oom": None}
     measure_on_device = has_cuda() if measure_on_device is None else measure_on_device
     if not measure_on_device:
+        out["note"] = "prediction only: no CUDA device here to measure on"
         return out
-    if _cache.get("arch") != arch:
-        _cache.clear()
-        measure.free_memory()
-        _cache["model"], _cache["weights"] = measure.measure_weights(arch)
-        _cache["arch"] = arch
+    explorer = explorer or BudgetExplorer()
+    explorer._load(arch)
     room = device.free_bytes()
     if parts["total"] - parts["weights"] > room and not run_anyway:
         out["oom"] = "predicted"
         return out
     before = torch.cuda.memory_allocated()
-    r = measure.oom_guard(measure.measure_generate, _cache["model"], seq_len, batch, new_tokens)
+    r = measure.oom_guard(generation.measure_generate, explorer.model, seq_len, batch, new_tokens)
     if r["ok"]:
-        out["measured_peak"] = _cache["weights"] + r["result"]["peak_meas"]
+        out["measured_peak"] = explorer.weights + r["result"]["peak_meas"]
     else:
         out["oom"] = "observed"
         out["allocated_back_to_start"] = torch.cuda.memory_allocated() == before
@@ -46,18 +70,45 @@ def budget_widget(archs=("SmolLM2-135M", "Qwen2.5-0.5B", "TinyLlama-1.1B")):
     """Sliders for seq_len, batch, model, weight dtype and KV dtype, drawing a stacked bar."""
     import ipywidgets as W
 
+    explorer = BudgetExplorer()
+
     def draw(arch, seq_len, batch, dtype, kv_dtype):
-        p = budget_point(arch, seq_len, batch, dtype, kv_dtype,
-                         measure_on_device=has_cuda() and dtype == "bf16" and kv_dtype == "bf16")
+        p = explorer.point(arch, seq_len, batch, dtype, kv_dtype,
+                           measure_on_device=has_cuda() and dtype == "bf16" and kv_dtype == "bf16")
         ax = plots.budget_bars([p["parts"]], [f"{arch}\n{seq_len}×{batch}"],
                                measured=[p["measured_peak"]], title="predicted parts vs measured peak")
         if p["oom"]:
             ax.set_title(f"OOM ({p['oom']}) at seq {seq_len} × batch {batch}", color="red")
         plt.show()
-        print({k: f"{v / 2**30:.3f} GiB" for k, v in p["parts"].items()},
-              "measured peak:", None if p["measured_peak"] is None else f"{p['measured_peak'] / 2**30:.3f} GiB")
+        print({k: f"{v / GiB:.3f} GiB" for k, v in p["parts"].items()})
+        print("measured peak:", f"{p['measured_peak'] / GiB:.3f} GiB" if p["measured_peak"] is not None
+              else "not measured: " + p.get("note", "this setting is predicted only (bf16/bf16 is measured)"))
 
     return W.interactive(draw, arch=list(archs),
-                         seq_len=W.IntSlider(value=2048, min=128, max=32768, step=128),
-                         batch=W.IntSlider(value=1, min=1, max=64),
+                         seq_len=W.IntSlider(value=2048, min=128, max=32768, step=128, continuous_update=False),
+                         batch=W.IntSlider(value=1, min=1, max=64, continuous_update=False),
                          dtype=["bf16", "fp32", "int8", "int4"], kv_dtype=["bf16", "fp8", "int4"])
+
+
+def kv_formats(arch: str, seq_len: int, batch: int) -> dict:
+    """Bytes of the KV cache at ``seq_len × batch`` in each format the course stores, with their
+    scales and minimums (:func:`helpers.budget.kv_bytes`)."""
+    c = models.architecture_config(arch)
+    return {"bf16": budget.kv_bytes(c, seq_len, batch, "bf16"), "fp8": budget.kv_bytes(c, seq_len, batch, "fp8"),
+            "int4 (g64)": budget.kv_bytes(c, seq_len, batch, "int4")}
+
+
+def kv_widget(archs=tuple(models.ARCHITECTURES)):
+    """Sliders for context and batch: the KV cache's bytes per format, as a bar chart (predicted)."""
+    import ipywidgets as W
+
+    def draw(arch, seq_len, batch):
+        vals = kv_formats(arch, seq_len, batch)
+        plt.bar(list(vals), [v / GiB for v in vals.values()])
+        plt.ylabel("GiB")
+        plt.title(f"{arch} KV @ {seq_len}×{batch} (predicted from the config)")
+        plt.show()
+
+    return W.interactive(draw, arch=list(archs),
+                         seq_len=W.IntSlider(value=4096, min=256, max=131072, step=256, continuous_update=False),
+                         batch=W.IntSlider(value=8, min=1, max=128, continuous_update=False))

@@ -3,6 +3,8 @@ import torch
 
 from helpers import awq as A
 from helpers import calib as C
+from helpers import quant as Q
+from helpers.qspec import QuantSpec
 from helpers.models import decoder_layers
 
 
@@ -30,7 +32,7 @@ def test_uniform_activations_give_alpha_zero(tiny_llama, tiny_calib):
     blk = decoder_layers(tiny_llama)[0]
     mp = A.mappings(blk)[-1]                                   # up_proj → down_proj
     xs = [torch.ones(2, 8, 128) * torch.where(torch.rand(2, 8, 128) > 0.5, 1.0, -1.0)]  # |x| uniform
-    r = A.search_scale(blk, mp, xs, [{}], bits=4, group_size=32)
+    r = A.search_scale(blk, mp, xs, [{}], QuantSpec(4, 32))
     assert r["alpha"] == 0.0 and torch.allclose(r["scales"], torch.ones(128))
     assert max(r["errors"]) - min(r["errors"]) < 1e-12
 
@@ -40,7 +42,7 @@ def test_search_prefers_scaling_salient_channels(tiny_llama):
     mp = A.mappings(blk)[-1]
     x = torch.randn(4, 16, 128)
     x[..., :4] *= 50                                           # four salient input channels
-    r = A.search_scale(blk, mp, [x], [{}], bits=3, group_size=32)
+    r = A.search_scale(blk, mp, [x], [{}], QuantSpec(3, 32))
     assert r["alpha"] > 0 and r["errors"][0] > min(r["errors"])
 
 
@@ -48,11 +50,11 @@ def test_clip_never_increases_error():
     torch.manual_seed(0)
     w, x = torch.randn(32, 64), torch.randn(300, 64)
     w[:, 5] *= 8                                               # an outlier column: clipping can help
-    mx = A.search_clip(w, x, bits=3, group_size=32)
+    mx = A.search_clip(w, x, QuantSpec(3, 32))
     lin = torch.nn.Linear(64, 32, bias=False); lin.weight.data.copy_(w)
-    A.apply_clip(lin, mx, 32)
+    A.apply_clip(lin, mx, QuantSpec(3, 32))
     err = lambda q: ((x @ q.t()) - (x @ w.t())).pow(2).mean().item()
-    assert err(A.rtn(lin.weight.data, 3, 32)) <= err(A.rtn(w, 3, 32)) + 1e-9
+    assert err(Q.rtn(lin.weight.data, QuantSpec(3, 32))) <= err(Q.rtn(w, QuantSpec(3, 32))) + 1e-9
     assert (mx <= w.reshape(32, 2, 32).abs().amax(-1, keepdim=True) + 1e-7).all()
 
 
@@ -104,8 +106,8 @@ def test_bf16_search_scores_a_copy_and_ranks_like_fp32(tiny_llama, tiny_calib, i
     feats = C.linear_inputs(blk, hidden, kwargs)
     mp = next(m for m in A.mappings(blk) if m["inspect"] == inspect)
     before = {n: p.clone() for n, p in blk.state_dict().items()}
-    r32 = A.search_scale(blk, mp, feats[mp["input"]], kwargs, 4, 32, n_grid=10, search_dtype=torch.float32)
-    r16 = A.search_scale(blk, mp, feats[mp["input"]], kwargs, 4, 32, n_grid=10, search_dtype=torch.bfloat16)
+    r32 = A.search_scale(blk, mp, feats[mp["input"]], kwargs, QuantSpec(4, 32), n_grid=10, search_dtype=torch.float32)
+    r16 = A.search_scale(blk, mp, feats[mp["input"]], kwargs, QuantSpec(4, 32), n_grid=10, search_dtype=torch.bfloat16)
     assert all(torch.equal(p, before[n]) for n, p in blk.state_dict().items())
     assert blk.mlp.up_proj.weight.dtype == torch.float32
     e32, e16 = torch.tensor(r32["errors"]), torch.tensor(r16["errors"])

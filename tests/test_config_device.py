@@ -78,20 +78,27 @@ def test_emulated_card_bounds_every_cap(monkeypatch):
     monkeypatch.setenv(device.CARD_ENV, "2")
     try:
         device.limit_memory(None)
-        share = torch.cuda._course_memory_cap
+        share = device.memory_cap()
         free, total = torch.cuda.mem_get_info()
         outside = total - free - torch.cuda.memory_reserved()
         assert 0 < share < 2 * GiB and abs(share - (2 * GiB - outside)) < 256 * 2**20
         device.limit_memory(50)
-        assert torch.cuda._course_memory_cap == share
+        assert device.memory_cap() == share
         with device.memory_limit(share / GiB / 2):
-            assert abs(torch.cuda._course_memory_cap - share // 2) <= 1
-        assert torch.cuda._course_memory_cap == share
+            assert abs(device.memory_cap() - share // 2) <= 1
+        assert device.memory_cap() == share
         assert device.free_bytes() <= share
     finally:
         monkeypatch.delenv(device.CARD_ENV)
         device.limit_memory(None)
 
 
-def test_cpu_has_bf16_is_a_bool():
-    assert device.cpu_has_bf16() in (True, False)
+def test_cpu_has_bf16_reads_the_flags(monkeypatch, tmp_path):
+    import builtins
+    real_open = builtins.open
+    for flags, expected in (("fpu avx2 avx512_bf16", True), ("fpu amx_bf16 sse", True), ("fpu avx2", False)):
+        fake = tmp_path / "cpuinfo"
+        fake.write_text(f"processor : 0\nflags\t\t: {flags}\n")
+        monkeypatch.setattr(builtins, "open", lambda p, *a, **k: real_open(fake if p == "/proc/cpuinfo" else p, *a, **k))
+        assert device.cpu_has_bf16() is expected
+        monkeypatch.setattr(builtins, "open", real_open)

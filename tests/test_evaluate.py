@@ -6,15 +6,7 @@ import torch
 from helpers import evaluate as E
 
 
-class Uniform(torch.nn.Module):
-    """A 'model' predicting the uniform distribution over ``vocab`` tokens."""
-
-    def __init__(self, vocab):
-        super().__init__()
-        self.vocab, self.p = vocab, torch.nn.Parameter(torch.zeros(1))
-
-    def forward(self, x):
-        return type("Out", (), {"logits": torch.zeros(*x.shape, self.vocab)})()
+Uniform = E.UniformModel
 
 
 @pytest.mark.parametrize("stride", [None, 16, 5])
@@ -75,26 +67,20 @@ def test_bad_input():
         E.windows(1, 10)
 
 
-def test_variant_cache_roundtrip(tiny_llama, tmp_path, monkeypatch):
-    monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
-    key = E.variant_key("tiny", "rtn", bits=4, group_size=32, calib_tokens=0)
-    assert key == "tiny-rtn-ours-w4g32-c0"
-    calls = []
+@pytest.mark.parametrize("bos", [False, True])
+@pytest.mark.parametrize("seq_len,stride", [(64, 64), (64, 63), (64, 32), (64, 1), (50, 7)])
+def test_no_token_is_scored_twice(seq_len, stride, bos):
+    """Every window scores only tokens no earlier window scored: with BOS and stride = seq_len − 1 the
+    old rule scored 1,010 tokens of 1,000."""
+    n = 1000
+    spans = E.windows(n, seq_len, stride, bos=bos)
+    scored = [t for b, e, k in spans for t in range(e - k, e)]
+    assert len(scored) == len(set(scored))
+    if stride < seq_len:  # sliding windows cover the whole stream: every token once (token 0 only with BOS)
+        assert sorted(scored) == list(range(0 if bos else 1, n))
 
-    def make(m):
-        calls.append(1)
-        for p in m.model.layers.parameters():
-            p.data.mul_(0.5)
-        return {"note": "halved"}
 
-    before = tiny_llama.model.layers[0].mlp.up_proj.weight.clone()
-    first = E.variant(tiny_llama, key, make)
-    fresh = type(tiny_llama)(tiny_llama.config)
-    fresh.load_state_dict({k: v for k, v in tiny_llama.state_dict().items()})
-    fresh.model.layers[0].mlp.up_proj.weight.data.copy_(before)
-    second = E.variant(fresh, key, make)
-    assert first["cached"] is False and second["cached"] is True and len(calls) == 1
-    assert second["note"] == "halved"
-    assert torch.equal(fresh.model.layers[0].mlp.up_proj.weight, before * 0.5)
-    E.record(key, ppl=12.5)
-    assert E.results_table()[key]["ppl"] == 12.5
+def test_bos_stride_scores_each_token_once_end_to_end(tiny_llama):
+    ids = torch.randint(0, 128, (1000,), generator=torch.Generator().manual_seed(0))
+    r = E.perplexity(tiny_llama, ids, seq_len=64, stride=63, bos_token_id=1, progress=False)
+    assert r["scored_tokens"] == 1000

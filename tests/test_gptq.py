@@ -3,6 +3,7 @@ import torch
 
 from helpers import gptq as G
 from helpers import quant as Q
+from helpers.qspec import QuantSpec
 from helpers.models import decoder_layers
 
 
@@ -17,7 +18,8 @@ def gptq_layer(W, X, **kw):
     lin.weight.data.copy_(W)
     g = G.GPTQ(lin)
     g.add_batch(X)
-    info = g.quantize(**kw)
+    spec = QuantSpec(kw.pop("bits", 4), kw.pop("group_size", 64), kw.pop("symmetric", False))
+    info = g.fasterquant(spec, **kw)
     return lin.weight.data.clone(), g, info
 
 
@@ -66,7 +68,7 @@ def test_actorder_roundtrip_and_group_boundaries(static):
     lin = torch.nn.Linear(32, 8, bias=False); lin.weight.data.copy_(W)
     g = G.GPTQ(lin); g.add_batch(X)
     g.H = torch.diag(torch.diag(g.H))                          # make H exactly diagonal
-    g.quantize(bits=4, group_size=8, actorder=True, static_groups=static, percdamp=0.0)
+    g.fasterquant(QuantSpec(4, 8), actorder=True, static_groups=static, percdamp=0.0)
     assert torch.allclose(lin.weight.data, Q.fake_quantize(W, bits=4, group_size=8), atol=1e-6)
 
 
@@ -83,18 +85,20 @@ def test_dead_columns_zeroed():
     X[:, 3] = 0
     Wq, _, info = gptq_layer(W, X, bits=4, group_size=None)
     assert info["dead_columns"] == 1
+    assert torch.equal(Wq[:, 3], torch.zeros(4))            # a dead input's weights are set to 0
+    assert (Wq[:, [0, 1, 2, 4]] != 0).any()
 
 
 def test_bad_input():
     lin = torch.nn.Linear(48, 4)
     g = G.GPTQ(lin)
     with pytest.raises(RuntimeError, match="before add_batch"):
-        g.quantize()
+        g.fasterquant(QuantSpec())
     g.add_batch(torch.randn(10, 48))
     with pytest.raises(ValueError, match="does not divide"):
-        g.quantize(group_size=32)
+        g.fasterquant(QuantSpec(4, 32))
     with pytest.raises(ValueError, match="unsupported bit width"):
-        g.quantize(bits=5)
+        g.fasterquant(QuantSpec(5, 16))
 
 
 def test_two_block_model_end_to_end(tiny_llama, tiny_calib):
@@ -115,8 +119,8 @@ def test_graphs_need_cuda_and_static_groups():
     lin = torch.nn.Linear(32, 8, bias=False)
     q = G.GPTQ(lin)
     q.add_batch(torch.randn(64, 32))
-    with pytest.raises(ValueError, match="graphs=True"):
-        q.quantize(bits=4, group_size=16, static_groups=False, graphs=True)
+    with pytest.raises(ValueError, match="graphs need a CUDA weight"):
+        q.fasterquant(QuantSpec(4, 16), static_groups=False, graphs=G.column_loop_graphs(QuantSpec(4, 16)))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -127,15 +131,57 @@ def test_cuda_graph_replay_equals_eager_loop(bits, symmetric):
     torch.manual_seed(0)
     X = (torch.randn(1024, 192) @ torch.randn(192, 192)).cuda()
     W0 = torch.randn(3, 96, 192).cuda()
-    for k in range(3):
-        outs = []
-        for graphs in (False, True):
-            lin = torch.nn.Linear(192, 96, bias=False).cuda()
-            lin.weight.data.copy_(W0[k])
-            q = G.GPTQ(lin)
-            q.add_batch(X)
-            q.quantize(bits=bits, group_size=64, symmetric=symmetric, blocksize=128, actorder=True,
-                       static_groups=True, graphs=graphs)
-            outs.append(lin.weight.data.clone())
-        assert torch.equal(outs[0], outs[1])
-    G.free_graphs()
+    spec = QuantSpec(bits, 64, symmetric)
+    with G.column_loop_graphs(spec) as replay:
+        for k in range(3):
+            outs = []
+            for graphs in (None, replay):
+                lin = torch.nn.Linear(192, 96, bias=False).cuda()
+                lin.weight.data.copy_(W0[k])
+                q = G.GPTQ(lin)
+                q.add_batch(X)
+                q.fasterquant(spec, blocksize=128, actorder=True, static_groups=True, graphs=graphs)
+                outs.append(lin.weight.data.clone())
+            assert torch.equal(outs[0], outs[1])
+        assert replay.n_graphs == 2                          # one per block shape (128 and 64 columns)
+    assert replay.n_graphs == 0                              # freed when the with block ends
+
+
+def reference_dynamic_groups(W, H, spec, blocksize, percdamp=0.01):
+    """IST-DASLab ``gptq.py``'s loop without act-order and static groups, line for line: a group's
+    grid is ``find_params(W[:, i1+i : i1+i+g])``, read from ``W``, whose in-block columns have not yet
+    received the updates of the block's earlier columns."""
+    W, H = W.clone().float(), H.clone()
+    cols = W.shape[1]
+    H[range(cols), range(cols)] += percdamp * torch.mean(torch.diag(H))
+    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    Qw = torch.zeros_like(W)
+    for i1 in range(0, cols, blocksize):
+        i2 = min(i1 + blocksize, cols)
+        W1, Err1, Hinv1 = W[:, i1:i2].clone(), torch.zeros_like(W[:, i1:i2]), Hinv[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            if (i1 + i) % spec.group_size == 0:
+                scale, zero = G.find_params(W[:, i1 + i:i1 + i + spec.group_size], spec)
+            w = W1[:, i]
+            q = (Q.quantize_with(w, scale, zero, spec.bits, spec.symmetric) - zero) * scale
+            Qw[:, i1 + i] = q
+            err = (w - q) / Hinv1[i, i]
+            W1[:, i:] -= err[:, None] @ Hinv1[i, i:][None, :]
+            Err1[:, i] = err
+        W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]
+    return Qw
+
+
+@pytest.mark.parametrize("group_size,same", [(128, True), (64, False)])
+def test_dynamic_group_params_vs_reference(group_size, same):
+    """Block 128: with g128 every group starts a block and ours equals the reference exactly; with
+    g64 the second group of each block takes its grid from the in-block-updated weights (ours) or
+    from W (the reference), so the results differ (the module docstring says which is which)."""
+    torch.manual_seed(4)
+    W, X = torch.randn(32, 256), correlated_inputs(600, 256)
+    spec = QuantSpec(4, group_size)
+    Wq, g, _ = gptq_layer(W, X, bits=4, group_size=group_size, blocksize=128)
+    ref = reference_dynamic_groups(W, g.H, spec, 128)
+    assert torch.allclose(Wq, ref, atol=1e-5) is same
+    first = Wq[:, :group_size]                         # the first group of the first block: identical
+    assert torch.allclose(first, ref[:, :group_size], atol=1e-5)

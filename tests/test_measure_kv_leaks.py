@@ -2,7 +2,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from helpers import envcheck, kvcache, leaks, measure
+from helpers import generation, envcheck, kvcache, leaks, measure
 from helpers.models import model_from_config
 
 GiB = 2**30
@@ -59,11 +59,6 @@ def test_stage_profiler_adds_up():
     del x
 
 
-def test_tensor_bytes_counts_storage_once():
-    a = torch.zeros(100)
-    assert measure.tensor_bytes([a, a[:10], {"x": a}]) == 400
-
-
 def test_fp8_layer_roundtrip_bound_and_bytes():
     torch.manual_seed(0)
     k = torch.randn(2, 3, 17, 16)
@@ -106,7 +101,7 @@ def test_fp8_cache_generates_with_right_lengths():
 
 def test_compare_logits():
     a = torch.randn(1, 5, 10)
-    r = kvcache.compare_logits(a, a)
+    r = generation.compare_logits(a, a)
     assert r["token_agreement"] == 1.0 and abs(r["kl"]) < 1e-6
 
 

@@ -6,14 +6,14 @@ from helpers import quant as Q
 
 def test_known_values_asymmetric():
     x = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
-    q = Q.quantize(x, bits=2, symmetric=False, granularity="channel")
+    q = Q.quantize_tensor(x, bits=2, symmetric=False, granularity="channel")
     assert q.scale.item() == pytest.approx(1.0) and q.zero.item() == 0
     assert q.codes.tolist() == [[0, 1, 2, 3]] and torch.equal(q.dequantize(), x)
 
 
 def test_known_values_symmetric():
     x = torch.tensor([[-1.0, -0.6, 0.3, 1.0]])
-    q = Q.quantize(x, bits=4, symmetric=True, granularity="tensor")
+    q = Q.quantize_tensor(x, bits=4, symmetric=True, granularity="tensor")
     assert q.scale.item() == pytest.approx(1 / 7)
     assert q.codes.tolist() == [[-7, -4, 2, 7]]   # −4.2 → −4, 2.1 → 2
 
@@ -24,20 +24,20 @@ def test_known_values_symmetric():
 def test_roundtrip_error_within_half_scale(bits, sym, gran, g):
     torch.manual_seed(bits)
     x = torch.randn(16, 128)
-    q = Q.quantize(x, bits=bits, symmetric=sym, granularity=gran, group_size=g)
+    q = Q.quantize_tensor(x, bits=bits, symmetric=sym, granularity=gran, group_size=g)
     err = (q.dequantize() - x).abs().reshape(q.scale.shape[0], q.scale.shape[1], -1)
     assert (err <= q.scale[..., None] / 2 + 1e-6).all()
 
 
 def test_group_size_errors():
     with pytest.raises(ValueError, match=r"allowed group sizes: \[16, 32, 64\]"):
-        Q.quantize(torch.randn(4, 576), group_size=128)
+        Q.quantize_tensor(torch.randn(4, 576), group_size=128)
     with pytest.raises(ValueError, match="unsupported bit width"):
-        Q.quantize(torch.randn(4, 64), bits=5)
+        Q.quantize_tensor(torch.randn(4, 64), bits=5)
     with pytest.raises(ValueError, match="unknown granularity"):
-        Q.quantize(torch.randn(4, 64), granularity="row")
+        Q.quantize_tensor(torch.randn(4, 64), granularity="row")
     with pytest.raises(TypeError, match="floating"):
-        Q.quantize(torch.ones(4, 64, dtype=torch.int32))
+        Q.quantize_tensor(torch.ones(4, 64, dtype=torch.int32))
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
@@ -52,7 +52,7 @@ def test_packing_roundtrip_and_bytes(bits):
 
 
 def test_storage_bytes_matches_formula():
-    q = Q.quantize(torch.randn(64, 512), bits=4, symmetric=False, group_size=64)
+    q = Q.quantize_tensor(torch.randn(64, 512), bits=4, symmetric=False, group_size=64)
     b = Q.storage_bytes(q)
     assert b["codes"] == 64 * 512 // 2 and b["scales"] == 64 * 8 * 2 and b["zeros"] == 64 * 8 // 2
     assert b["bits_per_weight"] == pytest.approx(Q.bits_per_weight(4, 64, symmetric=False))
@@ -61,7 +61,7 @@ def test_storage_bytes_matches_formula():
 
 def test_all_positive_group_keeps_zero_code_valid():
     x = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
-    q = Q.quantize(x, bits=2, granularity="channel")
+    q = Q.quantize_tensor(x, bits=2, granularity="channel")
     assert q.zero.item() == 0 and (q.dequantize() - x).abs().max() <= q.scale.item() / 2 + 1e-6
 
 
@@ -71,9 +71,9 @@ def test_float_zero_reproduces_grid_exactly():
     mins, d = torch.randn(8, 4, 1) * 0.1, torch.rand(8, 4, 1) * 0.01 + 0.001
     k = torch.randint(0, 16, (8, 4, 32)).float(); k[..., 0], k[..., 1] = 0, 15
     x = (mins + d * k).reshape(8, 128)
-    exact = Q.quantize(x, bits=4, group_size=32, integer_zero=False).dequantize()
+    exact = Q.quantize_tensor(x, bits=4, group_size=32, integer_zero=False).dequantize()
     assert torch.allclose(exact, x, atol=1e-6)
-    rounded = Q.quantize(x, bits=4, group_size=32).dequantize()
+    rounded = Q.quantize_tensor(x, bits=4, group_size=32).dequantize()
     assert (rounded - x).abs().max() > 1e-4   # an integer zero point shifts the grid
 
 
@@ -121,7 +121,7 @@ def test_int8_activation_quant_bounds():
 
 def test_quantized_model_bytes_matches_storage_bytes(tiny_llama):
     r = Q.quantized_model_bytes(tiny_llama, 4, 32)
-    measured = sum(Q.storage_bytes(Q.quantize(m.weight.data, bits=4, group_size=32))["total"]
+    measured = sum(Q.storage_bytes(Q.quantize_tensor(m.weight.data, bits=4, group_size=32))["total"]
                    for m in Q.quantizable_linears(tiny_llama).values())
     assert r["linears"] == measured
     full = Q.quantized_model_bytes(tiny_llama, None)

@@ -1,4 +1,4 @@
-"""Key numbers of a headless run: notebooks call :func:`key_numbers`, ``scripts/run_all.py`` collects.
+"""Key numbers of a headless run: notebooks call :func:`record`, ``scripts/run_all.py`` collects.
 
 ``scripts/run_all.py`` sets ``COURSE_REPORT`` to ``<out>/key_numbers.json`` before it starts the
 kernels; each notebook records its main tables there under its own name. In an interactive session
@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+
+from .config import read_json
 
 ENV_VAR = "COURSE_REPORT"
 
@@ -28,13 +30,15 @@ def _plain(value):
     return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
 
 
-def key_numbers(notebook: str, **numbers) -> Path | None:
+def record(notebook: str, **numbers) -> Path | None:
     """Merge ``numbers`` into ``{notebook: {...}}`` in the file named by ``COURSE_REPORT``."""
     path = os.environ.get(ENV_VAR)
     if not path:
         return None
+    if not isinstance(notebook, str) or not notebook:
+        raise ValueError(f"notebook must be a non-empty name such as '01_memory_budget', got {notebook!r}")
     p = Path(path)
-    data = json.loads(p.read_text()) if p.exists() else {}
+    data = read_json(p) if p.exists() else {}
     data.setdefault(notebook, {}).update({k: _plain(v) for k, v in numbers.items()})
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(data, indent=1, default=str))

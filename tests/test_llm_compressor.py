@@ -3,7 +3,8 @@ import torch
 
 pytest.importorskip("llmcompressor")
 
-from helpers import llmc  # noqa: E402
+from helpers import llm_compressor as llmc  # noqa: E402
+from helpers.qspec import QuantSpec  # noqa: E402
 
 
 def test_pin_memory_workaround_is_scoped():
@@ -17,16 +18,16 @@ def test_pin_memory_workaround_is_scoped():
 
 
 def test_scheme_and_bad_method(tiny_llama, tiny_calib):
-    s = llmc.scheme(3, 32)
+    s = llmc.scheme(QuantSpec(3, 32))
     assert s.weights.num_bits == 3 and s.weights.group_size == 32 and not s.weights.symmetric
-    assert llmc.scheme(8, None).weights.strategy == "channel"
+    assert llmc.scheme(bits=8, group_size=None).weights.strategy == "channel"
     with pytest.raises(ValueError, match="method must be"):
-        llmc.quantize(tiny_llama, tiny_calib, "squeezellm")
+        llmc.oneshot_quantize(tiny_llama, tiny_calib, "squeezellm")
 
 
 @pytest.mark.parametrize("method", ["gptq", "awq"])
 def test_quantize_save_reload_tiny(method, tiny_llama, tiny_calib, tmp_path):
-    r = llmc.quantize(tiny_llama, tiny_calib, method, bits=4, group_size=32)
+    r = llmc.oneshot_quantize(tiny_llama, tiny_calib, method, bits=4, group_size=32)
     assert r["calib_tokens"] == tiny_calib.numel() and r["seconds"] > 0
     w = tiny_llama.model.layers[0].mlp.down_proj.weight.data
     assert all(len(torch.unique(row)) <= 16 for row in w.reshape(-1, 32))
@@ -41,6 +42,6 @@ def test_quantize_save_reload_tiny(method, tiny_llama, tiny_calib, tmp_path):
 
 
 def test_roundtrip_reports_bytes_and_agreement(tiny_llama, tiny_calib, tmp_path):
-    llmc.quantize(tiny_llama, tiny_calib, "gptq", bits=4, group_size=32)
+    llmc.oneshot_quantize(tiny_llama, tiny_calib, "gptq", bits=4, group_size=32)
     r = llmc.roundtrip(tiny_llama, None, tmp_path / "ckpt", tiny_calib[:1])
     assert r["safetensors_bytes"] > 0 and r["agreement"] == 1.0 and r["max_abs_logit_diff"] < 1e-3

@@ -2,8 +2,8 @@
 
 llm-compressor is the successor of AutoGPTQ/AutoAWQ; its checkpoints (compressed-tensors format)
 load in vLLM and in transformers. Docs: https://docs.vllm.ai/projects/llm-compressor/.
-Everything the course needs from it is in this module: one scheme builder, one ``oneshot`` call,
-saving a compressed checkpoint and reading it back.
+Everything the course needs from it is in this module: the scheme (from :class:`QuantSpec`), one
+``oneshot`` call (:func:`oneshot_quantize`), saving a compressed checkpoint and reading it back.
 
 Upstream bug isolated here: llm-compressor 0.14's AWQ pins its cached activations
 (``IntermediatesCache.pin_memory``) for faster host→GPU copies; pinning needs an accelerator, so on a
@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from . import calib as C
+from .qspec import QuantSpec
 
 # AutoGPTQ / AutoAWQ (archived) next to their maintained equivalents — taught as history.
 API_MAP = [
@@ -51,13 +52,9 @@ def cpu_pin_memory_workaround():
         IntermediatesCache.pin_memory = original
 
 
-def scheme(bits: int = 4, group_size: int | None = 64, symmetric: bool = False):
-    """A compressed-tensors weight-only scheme: ``bits``-bit int, per-group (or per-channel)."""
-    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
-
-    args = QuantizationArgs(num_bits=bits, type="int", symmetric=symmetric,
-                            strategy="group" if group_size else "channel", group_size=group_size)
-    return QuantizationScheme(targets=["Linear"], weights=args)
+def scheme(spec: QuantSpec | None = None, **spec_kw):
+    """A compressed-tensors weight-only scheme from the course's :class:`QuantSpec`."""
+    return QuantSpec.of(spec, **spec_kw).to_llmcompressor()
 
 
 def _dataset(calib: torch.Tensor):
@@ -66,9 +63,9 @@ def _dataset(calib: torch.Tensor):
     return Dataset.from_dict({"input_ids": calib.tolist(), "attention_mask": torch.ones_like(calib).tolist()})
 
 
-def quantize(model, calib: torch.Tensor, method: str = "gptq", bits: int = 4, group_size: int | None = 64,
-             symmetric: bool = False, n_grid: int = 20, duo_scaling: bool = True, percdamp: float = 0.01,
-             blocksize: int = 128, tokenizer=None) -> dict:
+def oneshot_quantize(model, calib: torch.Tensor, method: str = "gptq", spec: QuantSpec | None = None,
+                     n_grid: int = 20, duo_scaling: bool = True, percdamp: float = 0.01,
+                     blocksize: int = 128, tokenizer=None, **spec_kw) -> dict:
     """Quantize ``model`` in place with llm-compressor's ``oneshot`` (sequential pipeline), same
     calibration tokens as ours. ``method``: ``"gptq"`` or ``"awq"`` (AWQ scaling + RTN, as the
     library does it). Returns ``{"seconds", "calib_tokens"}``. The calibration set is already
@@ -78,7 +75,9 @@ def quantize(model, calib: torch.Tensor, method: str = "gptq", bits: int = 4, gr
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
     from llmcompressor.modifiers.transform import AWQModifier
 
-    groups = {"group_0": scheme(bits, group_size, symmetric)}
+    spec = QuantSpec.of(spec, **spec_kw)
+    C.check_calib(model, calib)
+    groups = {"group_0": spec.to_llmcompressor()}
     if method == "gptq":
         recipe = [GPTQModifier(config_groups=groups, ignore=["lm_head"], block_size=blocksize,
                                dampening_frac=percdamp)]

@@ -1,0 +1,201 @@
+"""Generation experiments: what ``generate`` (and a hand-written prefill/decode loop) costs in memory
+and time, how KV-cache formats change it, and where a card runs out.
+
+This module sits above :mod:`helpers.measure` (memory views, the stage profiler) and
+:mod:`helpers.kvcache` (cache formats): it runs the model with a cache and measures it.
+
+* :func:`measure_weights`, :func:`measure_generate` — bytes of the weights and of one ``generate``
+  call (prefill and decode peaks separately, by hooks on the model);
+* :func:`prefill_decode` — the two phases by hand, each recorded by a :class:`StageProfiler`;
+* :func:`teacher_forced_logits`, :func:`compare_logits`, :func:`kv_ab` — the KV A/B test: same
+  model, prompts and continuation, only the cache format varies;
+* :func:`tokens_until_oom`, :func:`load_under_cap` — where generation and loading run out of memory.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .device import memory_limit
+from .kvcache import KV_KINDS, make_cache, stored_bytes
+from .measure import StageProfiler, free_memory, oom_guard, requested_bytes, reset_peak, warmup_cublas
+from .models import model_from_config
+from .qspec import positive_int
+
+
+def measure_weights(arch: str, device="cuda", dtype=torch.bfloat16):
+    """Instantiate architecture ``arch`` on ``device``; return (model, bytes it added to allocated)."""
+    warmup_cublas()
+    free_memory()
+    before = torch.cuda.memory_allocated()
+    model = model_from_config(arch, device=device, dtype=dtype)
+    free_memory()
+    return model, torch.cuda.memory_allocated() - before
+
+
+@torch.no_grad()
+def measure_generate(model, seq_len: int, batch: int, new_tokens: int = 16, cache: str = "baseline",
+                     seed: int = 0) -> dict:
+    """Run ``generate`` on random prompts and measure the KV cache and the peak over the weights.
+
+    Returns kv_meas (bytes the cache object stores), peak_meas (max_memory_allocated during the call
+    minus allocated before it, prompt included), prefill_meas / decode_meas (the same peak restricted
+    to the first forward call and to the later ones, read by hooks on the model), reserved, seconds
+    and tokens/s. ``cache`` is a :data:`helpers.kvcache.KV_KINDS` name or ``"static"``.
+    """
+    dev = next(model.parameters()).device
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.randint(3, model.config.vocab_size - 1, (batch, seq_len), generator=g).to(dev)
+    mask = torch.ones_like(ids)
+    kv = make_cache(cache, model.config, max_cache_len=seq_len + new_tokens)
+    free_memory()
+    reset_peak()
+    base = torch.cuda.memory_allocated() if dev.type == "cuda" else 0
+    calls, between = [], [0]  # per-forward peaks; the peak outside forward calls (logits processing)
+
+    def pre(*_):
+        if dev.type == "cuda":
+            between[0] = max(between[0], torch.cuda.max_memory_allocated() - base)
+            torch.cuda.reset_peak_memory_stats()
+
+    def post(*_):
+        if dev.type == "cuda":
+            calls.append(torch.cuda.max_memory_allocated() - base)
+            torch.cuda.reset_peak_memory_stats()
+
+    hooks = [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
+    t0 = time.perf_counter()
+    try:
+        out = model.generate(ids, attention_mask=mask, past_key_values=kv, max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, disable_compile=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    secs = time.perf_counter() - t0
+    res = {"kv_meas": stored_bytes(kv), "seconds": secs, "tokens_per_s": batch * new_tokens / secs,
+           "new_tokens": out.shape[1] - seq_len}
+    if dev.type == "cuda":
+        between[0] = max(between[0], torch.cuda.max_memory_allocated() - base)
+        res.update(prefill_meas=calls[0], decode_meas=max(calls[1:], default=0),
+                   peak_meas=max(calls + between), reserved=torch.cuda.memory_reserved())
+    del out, kv
+    free_memory()
+    return res
+
+
+@torch.no_grad()
+def teacher_forced_logits(model, ids: torch.Tensor, continuation: torch.Tensor, kind: str) -> torch.Tensor:
+    """Prefill ``ids`` into a fresh ``kind`` cache, then feed ``continuation`` one token at a time;
+    returns the next-token logits at every step, ``[batch, len(continuation)+1, vocab]`` (fp32).
+
+    Feeding the *same* tokens to every cache isolates the cache's error from divergence of the
+    generated text (a free-running comparison compounds one different token into many)."""
+    cache = make_cache(kind, model.config, max_cache_len=ids.shape[1] + continuation.shape[1] + 1)
+    out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    logits = [out.logits[:, -1].float()]
+    for t in range(continuation.shape[1]):
+        out = model(continuation[:, t:t + 1], past_key_values=cache, use_cache=True)
+        logits.append(out.logits[:, -1].float())
+    return torch.stack(logits, 1)
+
+
+def compare_logits(base: torch.Tensor, other: torch.Tensor) -> dict:
+    """Top-1 agreement and mean KL(base ‖ other) of two ``[batch, steps, vocab]`` logit tensors."""
+    agree = (base.argmax(-1) == other.argmax(-1)).float().mean().item()
+    lp, lq = base.log_softmax(-1), other.log_softmax(-1)
+    kl = (lp.exp() * (lp - lq)).sum(-1).mean().item()
+    return {"token_agreement": agree, "kl": kl}
+
+
+def kv_ab(model, prompts: torch.Tensor, new_tokens: int, kinds=KV_KINDS, measure_memory: bool = True) -> list[dict]:
+    """The A/B test: same model, prompts, lengths and seed; only the KV-cache format varies.
+
+    For each kind: stored KV bytes, peak memory over the weights and decode tokens/s (from
+    ``measure.measure_generate``), and quality against the baseline cache on the baseline's own greedy
+    continuation (teacher-forced top-1 agreement and KL)."""
+    batch, ctx = prompts.shape
+    base_gen = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                              disable_compile=True)
+    cont = base_gen[:, ctx:]
+    base_logits = teacher_forced_logits(model, prompts, cont[:, :-1], "baseline")
+    rows, baseline_bytes = [], None
+    for kind in kinds:
+        m = measure_generate(model, ctx, batch, new_tokens, cache=kind) if measure_memory else {}
+        q = compare_logits(base_logits, teacher_forced_logits(model, prompts, cont[:, :-1], kind))
+        if kind == "baseline":
+            baseline_bytes = m.get("kv_meas")
+        rows.append({"kv_format": kind, "context": ctx, "batch": batch, "kv_bytes": m.get("kv_meas"),
+                     "baseline_kv_bytes": baseline_bytes, "peak": m.get("peak_meas"),
+                     "tokens_per_s": m.get("tokens_per_s"), **q})
+    return rows
+
+
+@torch.no_grad()
+def tokens_until_oom(model, kind: str, batch: int, prompt_len: int, max_new: int, seed: int = 0) -> dict:
+    """Prefill a random prompt, then decode one token at a time until ``max_new`` tokens or an OOM.
+
+    Returns ``{"generated": n, "oom": bool, "phase": "prefill"|"decode"|None}``; memory is freed
+    before returning (the OOM is caught)."""
+    dev = next(model.parameters()).device
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, model.config.vocab_size - 1, (batch, prompt_len), generator=g).to(dev)
+    cache, n, phase = make_cache(kind, model.config), 0, "prefill"
+    try:
+        out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        phase = "decode"
+        nxt = out.logits[:, -1:].argmax(-1)
+        del out
+        for n in range(1, max_new + 1):
+            out = model(nxt, past_key_values=cache, use_cache=True)
+            nxt = out.logits[:, -1:].argmax(-1)
+            del out
+        result = {"generated": max_new, "oom": False, "phase": None}
+    except torch.OutOfMemoryError:
+        result = {"generated": n - 1 if phase == "decode" else 0, "oom": True, "phase": phase}
+    del cache, ids
+    free_memory()
+    return result
+
+
+@torch.no_grad()
+def prefill_decode(model, prompt: torch.Tensor, decode_steps: int, kind: str = "baseline",
+                   profiler: StageProfiler | None = None) -> dict:
+    """Prefill ``prompt`` [batch, tokens] into a fresh ``kind`` cache, then decode ``decode_steps``
+    greedy tokens one at a time; a :class:`StageProfiler` (``profiler``, or a new one) records
+    warm-up, prefill and decode.
+
+    Returns ``{"profiler", "kv_after_prefill", "kv_growth", "requested_growth"}``: the cache's stored
+    bytes after the prefill, what decoding added to it, and what the live tensors' requested bytes
+    grew by over the decode (CUDA; 0 on CPU)."""
+    decode_steps = positive_int(decode_steps, "decode_steps")
+    prof = profiler if profiler is not None else StageProfiler()
+    with prof.stage("warm-up"):
+        model(prompt[:, :8])
+    cache = make_cache(kind, model.config)
+    with prof.stage("prefill"):
+        out = model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    nxt = out.logits[:, -1:].argmax(-1)
+    del out
+    kv0, req0 = stored_bytes(cache), requested_bytes()
+    with prof.stage("decode"):
+        for _ in range(decode_steps):
+            nxt = model(nxt, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+    res = {"profiler": prof, "kv_after_prefill": kv0, "kv_growth": stored_bytes(cache) - kv0,
+           "requested_growth": requested_bytes() - req0}
+    del cache, nxt
+    return res
+
+
+def load_under_cap(cap_gib: float, dtype, arch: str = "SmolLM2-135M") -> bool:
+    """Instantiate ``arch`` on the GPU under a ``cap_gib`` allocator cap; True if it fits (the OOM,
+    if any, is caught and everything freed). The load phase: no KV cache exists yet."""
+    with memory_limit(cap_gib):
+        r = oom_guard(model_from_config, arch, device="cuda", dtype=dtype)
+    ok = r["ok"]
+    del r
+    free_memory()
+    return ok

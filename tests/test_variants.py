@@ -1,0 +1,70 @@
+import json
+
+import torch
+
+from helpers import variants
+from helpers.course_model import Bench
+from helpers.qspec import QuantSpec
+
+
+def make_bench(model, seed=0):
+    ids = torch.randint(0, 128, (400,), generator=torch.Generator().manual_seed(seed))
+    return Bench(model, None, True, True, ids, "tiny",
+                 {"calib_samples": 2, "seq_len": 32, "eval_tokens": 128, "n_grid": 4})
+
+
+def test_scores_are_keyed_by_what_determines_them(tiny_llama, tmp_path, monkeypatch):
+    """Another text, another dtype, other weights or another protocol: never a remembered value."""
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
+    bench = make_bench(tiny_llama)
+    m, meta, key = variants.variant(bench, "rtn", spec=QuantSpec(4, 32))
+    assert meta["cached"] is False
+    p = variants.perplexity(bench, m, key)
+    table = variants.remembered_scores()
+    assert [r["ppl"] for r in table.values()] == [p] and next(iter(table.values()))["label"] == key
+    assert variants.perplexity(bench, m, key) == p and len(variants.remembered_scores()) == 1
+    # another text (the case a stale key missed: COURSE_WIKITEXT pointed elsewhere)
+    other_text = make_bench(m, seed=1)
+    assert variants.perplexity(other_text, m) != p
+    # another dtype of the same weights
+    m16 = m.to(torch.bfloat16)
+    assert variants.perplexity(bench, m16) != p
+    m.float()
+    # another protocol
+    assert variants.perplexity(bench, m, key, max_tokens=64) != p
+    # other weights under the same label
+    with torch.no_grad():
+        m.model.layers[0].mlp.down_proj.weight[0, 0] += 1.0
+    assert variants.perplexity(bench, m, key) != p
+    assert len(variants.remembered_scores()) == 5
+
+
+def test_variant_store_roundtrip_and_rebuild_of_a_bad_file(tiny_llama, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
+    bench = make_bench(tiny_llama)
+    m1, meta1, key = variants.variant(bench, "rtn", spec=QuantSpec(4, 32))
+    m2, meta2, key2 = variants.variant(bench, "rtn", spec=QuantSpec(4, 32))
+    assert key == key2 and meta2["cached"] is True
+    for (n, a), b in zip(m1.named_parameters(), m2.parameters()):
+        assert torch.equal(a, b), n
+    path = tmp_path / "variants" / f"{key}.safetensors"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])        # truncate it
+    m3, meta3, _ = variants.variant(bench, "rtn", spec=QuantSpec(4, 32))
+    assert meta3["cached"] is False and "unusable" in capsys.readouterr().out
+    assert json.loads(path.with_suffix(".json").read_text())["file_bytes"] == path.stat().st_size
+
+
+def test_corrupt_score_table_is_set_aside(tiny_llama, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
+    (tmp_path / "scores.json").write_text("{not json")
+    assert variants.remembered_scores() == {}
+    assert "scores.json" in capsys.readouterr().out and (tmp_path / "scores.json.corrupt").exists()
+    p = variants.perplexity(make_bench(tiny_llama))
+    assert p > 1 and len(variants.remembered_scores()) == 1
+
+
+def test_keys_carry_the_spec():
+    k4 = variants.variant_key("m", "gptq", "ours", QuantSpec(4, 64), 10)
+    k3 = variants.variant_key("m", "gptq", "ours", QuantSpec(3, 64), 10)
+    kc = variants.variant_key("m", "gptq", "ours", QuantSpec(4, None), 10)
+    assert len({k4, k3, kc}) == 3 and "w4g64" in k4 and "w4ch" in kc
