@@ -8,7 +8,9 @@ CUDA: architectures from their configs with random weights (bf16) and random cal
 time only (quality numbers of random weights mean nothing, so none are reported).
 Settings shared by both implementations: asymmetric int, group size, GPTQ with act-order "static"
 (llm-compressor's default) and dampening 0.01, AWQ with a 20-point grid. Rows are written after every
-measurement: model, method, impl, bits, group_size, calib_tokens, seconds, ppl (CPU).
+measurement: model, method, impl, bits, group_size, calib_tokens, seconds, ppl (CPU), peak_bytes
+(CUDA: the allocator's peak during the quantizer over what was allocated before it, i.e. over the
+model's own weights).
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import data, evaluate, models, workbench  # noqa: E402
+from helpers import data, evaluate, models, variants  # noqa: E402
+from helpers.qspec import QuantSpec  # noqa: E402
 
 
 def main():
@@ -34,7 +37,8 @@ def main():
     ap.add_argument("--impls", default="ours,llmcompressor")
     ap.add_argument("--bits", default="4,3")
     ap.add_argument("--group", type=int, default=64)
-    ap.add_argument("--calib-samples", type=int, default=16)
+    ap.add_argument("--calib-samples", type=int, default=None,
+                    help="calibration windows: default 128 on a GPU (the papers' 128 × 512), 16 on a CPU")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--eval-tokens", type=int, default=32 * 512)
     ap.add_argument("--awq-search-dtype", default="auto",
@@ -43,6 +47,7 @@ def main():
     out, rows = Path(args.out), []
     out.parent.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
+    args.calib_samples = args.calib_samples or (128 if cuda else 16)
     env = {"device": torch.cuda.get_device_name() if cuda else f"cpu ({platform.processor() or 'x86_64'})",
            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
     for arch in args.arch.split(","):
@@ -74,8 +79,14 @@ def main():
                     m = copy.deepcopy(base)
                     kw = ({"search_dtype": getattr(torch, args.awq_search_dtype)}
                           if (method, impl) == ("awq", "ours") and args.awq_search_dtype != "auto" else {})
-                    info = workbench.quantize(m, calib, method, impl, bits, args.group, **kw)
+                    if cuda:
+                        torch.cuda.synchronize()
+                        torch.cuda.reset_peak_memory_stats()
+                        before = torch.cuda.memory_allocated()
+                    info = variants.apply_quantizer(m, calib, method, impl, QuantSpec(bits, args.group), **kw)
+                    peak = torch.cuda.max_memory_allocated() - before if cuda else None
                     add(method=method, impl=impl, bits=bits, seconds=round(info["seconds"], 2), ppl=ppl(m),
+                        peak_bytes=peak,
                         **({"calib_tokens": 0} if method == "rtn" else {}),
                         **({"search_dtype": info["search_dtype"]} if "search_dtype" in info else {}))
                     del m
