@@ -10,7 +10,6 @@ the weights, during ``generate`` with a dynamic bf16 cache), the same peak split
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from helpers.budget_check import predicted_vs_measured, repredict  # noqa: E402
+
 
 def main():
     ap = argparse.ArgumentParser()

@@ -30,8 +30,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 KB, MB, GB = 1024, 1024**2, 1024**3
 K_MIN_BLOCK = 512
@@ -91,6 +91,8 @@ class CachingAllocatorSim:
     """
 
     def __init__(self, cap: int | None = None, expandable: bool = False, max_split_size: int | None = None):
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap <= 0):
+            raise ValueError(f"cap must be a positive number of bytes or None (no cap), got {cap!r}")
         self.cap, self.expandable, self.max_split = cap, expandable, max_split_size
         self.segments: list[Segment] = []
         self.live: dict[str, tuple[Segment, Block]] = {}
@@ -156,6 +158,9 @@ class CachingAllocatorSim:
         """Allocate ``size`` bytes under ``name`` or raise :class:`SimOutOfMemory`."""
         if name in self.live:
             raise ValueError(f"name {name!r} is already allocated")
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ValueError(f"allocation {name!r}: size must be a positive number of bytes, got {size!r} "
+                             "(PyTorch's allocator is not called for an empty tensor)")
         size = round_size(size)
         pool = self._pool(size)
         if self.expandable and pool == "large":

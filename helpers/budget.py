@@ -79,7 +79,7 @@ class Shape:
     qkv_bias: bool = False
 
     @classmethod
-    def from_config(cls, config) -> "Shape":
+    def from_config(cls, config) -> Shape:
         need = ["num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"]
         missing = [k for k in need if getattr(config, k, None) is None]
         if missing:

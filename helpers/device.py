@@ -54,7 +54,7 @@ def card_share(card: float, total: int, free: int, reserved: int = 0) -> int:
     return share
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _card_share_at_first_use(idx: int, card: float) -> int:
     """:func:`card_share` measured once per (device, card size), when the emulated card is first
     applied: later calls must not count the course's own allocations as "outside" memory. A memo of

@@ -149,7 +149,7 @@ def tokens_until_oom(model, kind: str, batch: int, prompt_len: int, max_new: int
         phase = "decode"
         nxt = out.logits[:, -1:].argmax(-1)
         del out
-        for n in range(1, max_new + 1):
+        for n in range(1, max_new + 1):  # noqa: B007  (n is read after an OOM)
             out = model(nxt, past_key_values=cache, use_cache=True)
             nxt = out.logits[:, -1:].argmax(-1)
             del out

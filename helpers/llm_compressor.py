@@ -104,15 +104,22 @@ def bake(model) -> int:
     weight_zero_point)``, into ``W``. After ``oneshot`` GPTQ has already written quantized values,
     but AWQ + QuantizationModifier keep the (scaled) float weights and quantize them on the fly in
     ``forward``; baking makes the weights what the model computes with (idempotent on a grid).
+
+    On a GPU, ``oneshot`` leaves the model *offloaded* (compressed-tensors keeps each parameter on the
+    CPU and onloads it for each use), so a plain ``weight.data.copy_`` writes into a temporary onloaded
+    copy and is lost; the write goes through ``update_offload_parameter``, which updates both.
     Returns the number of linears baked."""
+    from compressed_tensors.offload import align_module_device, update_offload_parameter
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize
 
     n = 0
     for mod in model.modules():
         args = getattr(getattr(mod, "quantization_scheme", None), "weights", None)
         if isinstance(mod, torch.nn.Linear) and args is not None and hasattr(mod, "weight_scale"):
-            zp = getattr(mod, "weight_zero_point", None)
-            mod.weight.data.copy_(fake_quantize(mod.weight, mod.weight_scale, zp, args))
+            with align_module_device(mod):
+                zp = getattr(mod, "weight_zero_point", None)
+                baked = fake_quantize(mod.weight, mod.weight_scale, zp, args)
+            update_offload_parameter(mod, "weight", baked)
             n += 1
     return n
 

@@ -152,22 +152,17 @@ def variant(bench: Bench, method: str, impl: str = "ours", spec: QuantSpec | Non
 # ------------------------------------------------------------------------------ remembered scores
 @torch.no_grad()
 def weights_fingerprint(model) -> str:
-    """A fingerprint of every parameter: name, shape, dtype and three float64 sums over all its
-    values (Σw, Σw², and Σ_ij r_i c_j W_ij over the values laid out in rows of 1021 with fixed cosine
-    weights r, c, so moving a value also changes it); one fast pass over the weights."""
-    h = hashlib.sha256()
-    k = 1021
-    c = None
+    """SHA-1 of every parameter's and buffer's bytes, with its name, shape and dtype (tied weights
+    counted once): any change of any weight changes it. About 0.4 s for 135 M fp32 weights on a
+    2-core CPU. (SHA-1 identifies content here; nothing relies on it against an adversary.)"""
+    h, seen = hashlib.sha1(), set()
     for name, p in model.state_dict().items():
-        x = p.detach().reshape(-1).double()
-        sums = []
-        if x.numel():
-            X = torch.nn.functional.pad(x, (0, (-x.numel()) % k)).reshape(-1, k)
-            if c is None or c.device != x.device:
-                c = torch.cos(torch.arange(k, dtype=torch.float64, device=x.device))
-            r = torch.cos(0.37 * torch.arange(X.shape[0], dtype=torch.float64, device=x.device))
-            sums = torch.stack([x.sum(), x.pow(2).sum(), (X @ c) @ r]).cpu().tolist()
-        h.update(f"{name}|{tuple(p.shape)}|{p.dtype}|{sums}".encode())
+        h.update(f"{name}|{tuple(p.shape)}|{p.dtype}".encode())
+        key = (p.data_ptr(), p.device, p.dtype, tuple(p.shape))
+        if key in seen or p.numel() == 0:
+            continue
+        seen.add(key)
+        h.update(p.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().data)
     return h.hexdigest()[:16]
 
 

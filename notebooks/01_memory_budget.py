@@ -46,7 +46,7 @@ if importlib.util.find_spec("helpers") is None:
 import json, pathlib
 import pandas as pd
 import torch
-from helpers import budget, budget_check, device, key_numbers, measure, models, plots, widgets
+from helpers import budget, budget_check, device, key_numbers, measure, models, widgets
 from helpers.device import has_cuda
 GiB, GB = 2**30, 1e9
 pd.options.display.float_format = "{:,.3f}".format

@@ -41,7 +41,7 @@ if importlib.util.find_spec("helpers") is None:
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
-from helpers import calib, quant, key_numbers, course_model, variants, plots
+from helpers import calib, quant, key_numbers, course_model, variants
 from helpers.models import decoder_layers, is_offline_q4_1
 bench = course_model.setup()
 model = bench.model

@@ -45,11 +45,9 @@ if importlib.util.find_spec("helpers") is None:
 
 # %%
 import copy, time
-import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 from helpers import calib, gptq, llm_compressor, quant, key_numbers, course_model, variants
-from helpers.config import pick
 from helpers.models import decoder_layers
 bench = course_model.setup()
 model = bench.model

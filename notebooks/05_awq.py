@@ -120,12 +120,12 @@ ax.set_xlabel("α"); ax.set_ylabel("output error / error at α=0"); ax.set_title
 # scaled linears. Now the whole model, without and with clipping:
 
 # %%
-variants = {}
+awq_runs = {}
 for bits in (4, 3):
     for clip in (False, True):
         m, meta, key = variants.variant(bench, "awq", "ours", QuantSpec(bits, G), clip=clip, n_grid=S["n_grid"])
         ppl = variants.perplexity(bench, m, key)
-        variants[(bits, clip)] = {"ppl": ppl, "seconds": meta["seconds"]}
+        awq_runs[(bits, clip)] = {"ppl": ppl, "seconds": meta["seconds"]}
         if bits == BITS:
             steps.append({"step": f"{'5. α search + clip' if clip else '4. α search'}", "ppl": ppl})
         del m
@@ -159,8 +159,8 @@ for bits in (4, 3):
     m, meta, key = variants.variant(bench, "awq", "llmcompressor", QuantSpec(bits, G), n_grid=S["n_grid"])
     rows.append({"bits": bits, "impl": "llm-compressor (duo scaling, no clip)", "ppl": variants.perplexity(bench, m, key), "seconds": meta["seconds"]})
     del m
-    rows.append({"bits": bits, "impl": "ours (α search, no clip)", **variants[(bits, False)]})
-    rows.append({"bits": bits, "impl": "ours (α search + clip)", **variants[(bits, True)]})
+    rows.append({"bits": bits, "impl": "ours (α search, no clip)", **awq_runs[(bits, False)]})
+    rows.append({"bits": bits, "impl": "ours (α search + clip)", **awq_runs[(bits, True)]})
 cmp = pd.DataFrame(rows)
 cmp["Δ% vs baseline"] = 100 * (cmp.ppl / base_ppl - 1)
 key_numbers.record("05_awq", steps=steps_df, vs_llmcompressor=cmp, quality_meaningful=bench.quality_meaningful)

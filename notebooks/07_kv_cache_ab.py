@@ -124,7 +124,7 @@ if cuda:
 else:
     per_tok = budget.kv_bytes(models.architecture_config("SmolLM2-135M"), 1, BATCH)
     print(f"No CUDA device. Per generated token the KV grows by {measure.fmt_bytes(per_tok)} at batch {BATCH} in bf16,",
-          f"half that in FP8, ~28 % in INT4: the same budget lasts ~2× / ~3.5× as many tokens.")
+          "half that in FP8, ~28 % in INT4: the same budget lasts ~2× / ~3.5× as many tokens.")
 
 # %% [markdown]
 # ## 4. The A/B test

@@ -49,7 +49,8 @@ def main():
         merge([Path(p) for p in args.notebooks], Path(args.out), notes, supersede=args.supersede)
         return
     os.environ["COURSE_PROFILE"] = args.profile
-    out = Path(args.out); out.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     os.environ["COURSE_REPORT"] = str((out / "key_numbers.json").resolve())  # helpers.report writes here
     (out / "key_numbers.json").unlink(missing_ok=True)
     nbs = [Path(n) for n in args.notebooks] or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

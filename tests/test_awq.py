@@ -4,8 +4,8 @@ import torch
 from helpers import awq as A
 from helpers import calib as C
 from helpers import quant as Q
-from helpers.qspec import QuantSpec
 from helpers.models import decoder_layers
+from helpers.qspec import QuantSpec
 
 
 def test_scale_folding_keeps_outputs(tiny_llama, tiny_calib):

@@ -5,7 +5,6 @@ import torch
 
 from helpers import evaluate as E
 
-
 Uniform = E.UniformModel
 
 

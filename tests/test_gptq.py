@@ -3,8 +3,8 @@ import torch
 
 from helpers import gptq as G
 from helpers import quant as Q
-from helpers.qspec import QuantSpec
 from helpers.models import decoder_layers
+from helpers.qspec import QuantSpec
 
 
 def correlated_inputs(n=512, d=32, seed=0):

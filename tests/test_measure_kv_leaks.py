@@ -2,7 +2,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from helpers import generation, envcheck, kvcache, leaks, measure
+from helpers import envcheck, generation, kvcache, leaks, measure
 from helpers.models import model_from_config
 
 GiB = 2**30

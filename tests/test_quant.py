@@ -89,8 +89,9 @@ def test_fp8_ranges_and_cast():
 
 
 def test_rtn_model_changes_only_decoder_linears():
-    from helpers.models import model_from_config
     from transformers import LlamaConfig
+
+    from helpers.models import model_from_config
     cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2)
     m = model_from_config(cfg, dtype=torch.float32)

@@ -1,8 +1,8 @@
 """scripts/run_all.py's small parts: plots extracted from an executed notebook, the GPU peak sampler,
 merging the runs of several GPUs into one report."""
-import json
 import base64
 import importlib.util
+import json
 import shutil
 from pathlib import Path
 
