@@ -33,6 +33,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .device import card_gib
+
 KB, MB, GB = 1024, 1024**2, 1024**3
 K_MIN_BLOCK = 512
 K_SMALL_SIZE = 1 * MB
@@ -312,8 +314,6 @@ def run_real(ops: list, cap: int | None = None, expandable: bool = False, timeou
     """Replay ``ops`` on the real GPU in a fresh subprocess (clean allocator, env set before CUDA).
     ``cap`` (bytes) caps its allocator; under ``COURSE_GPU_GIB`` it is at most the subprocess's
     :func:`~helpers.device.card_share` of that card (the notebook's own process holds part of it)."""
-    from .device import card_gib
-
     env = dict(os.environ)
     conf = [c for c in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if c and "expandable" not in c]
     if expandable:

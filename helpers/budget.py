@@ -25,7 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers import AutoModelForCausalLM
 
+from .allocator_sim import simulate
 from .quant import bits_per_weight
 
 GiB = 1024**3
@@ -110,8 +112,6 @@ def param_counts(config) -> dict:
 
 def meta_param_count(config) -> int:
     """Parameters of the real transformers architecture built on the meta device (no memory)."""
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())
@@ -122,10 +122,6 @@ def weight_allocation(config, dtype=torch.bfloat16) -> int:
     buffer (from a meta-device model, in creation order) replayed through the caching-allocator
     simulator, which adds the block rounding the real allocator applies (a block whose remainder
     would be ≤ 1 MiB is handed out whole)."""
-    from transformers import AutoModelForCausalLM
-
-    from .allocator_sim import simulate
-
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     ops = [["alloc", name, t.numel() * t.element_size()]

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from .config import cache_dir
+from .models import hub_available
 from .qspec import positive_int
 
 ENV_VAR = "COURSE_WIKITEXT"
@@ -42,14 +43,12 @@ def _rows_from_file(path: Path) -> list[str]:
 
 
 def _rows_from_hub() -> list[str]:
-    from .models import hub_available
-
     if not hub_available():
         raise RuntimeError(
             f"No text source: {ENV_VAR} is not set and the dataset hub cannot be reached. "
             f"Set {ENV_VAR} to a copy of WikiText-2 raw's wiki.test.raw "
             f"(in this repo's CI: ../shared/data/wikitext-2-raw/wiki.test.raw).")
-    from datasets import load_dataset
+    from datasets import load_dataset  # optional (the course extra), only for the online text
 
     ds = load_dataset("wikitext", "wikitext-2-raw-v1", split="test")
     return [r.strip("\n") for r in ds["text"] if r.strip()]

@@ -17,6 +17,7 @@ import numbers
 import os
 import platform
 
+import psutil
 import torch
 
 GiB = 1024**3
@@ -118,7 +119,7 @@ def nvml_info(index: int = 0) -> dict | None:
     Returns None where NVML is not installed or finds no GPU (CPU machines, some containers).
     """
     try:
-        import pynvml
+        import pynvml  # optional (nvidia-ml-py): absent on CPU-only installs
     except ImportError:
         return None
     try:
@@ -161,7 +162,6 @@ def describe(device: torch.device | None = None, echo: bool = True) -> dict:
     elif device.type == "mps":
         info.update(name="Apple MPS")
     else:
-        import psutil
         info.update(name=platform.processor() or platform.machine(), cores=psutil.cpu_count(),
                     total_bytes=int(psutil.virtual_memory().total))
     if echo:

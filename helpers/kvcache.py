@@ -15,7 +15,7 @@ attention still sees a full-precision copy transiently — the peak saves less t
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, QuantizedLayer, StaticCache
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, QuantizedCache, QuantizedLayer, StaticCache
 
 from .quant import FP8_FORMATS
 
@@ -121,8 +121,6 @@ def make_cache(kind: str, config, max_cache_len: int | None = None, **kw) -> Cac
     if kind == "int4":
         return Cache(layers=[Int4Layer(**kw) for _ in range(n)])
     if kind == "int4-hqq":  # transformers' QuantizedCache, HQQ backend (pip install hqq==0.2.8.post1)
-        from transformers.cache_utils import QuantizedCache
-
         kw = {"q_group_size": 64, "residual_length": 16, **kw}
         return QuantizedCache("hqq", config, nbits=4, axis_key=1, axis_value=1, **kw)
     raise ValueError(f"unknown KV cache kind {kind!r}; use one of {KV_KINDS} or 'static'")

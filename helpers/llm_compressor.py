@@ -13,13 +13,18 @@ accelerator is present (on a GPU nothing is changed).
 from __future__ import annotations
 
 import contextlib
+import tempfile
 import time
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from . import calib as C
 from .qspec import QuantSpec
+
+# _LAZY: llmcompressor, compressed-tensors and datasets are imported inside the functions that use
+# them: they are optional (the course extra) and llmcompressor alone takes seconds to import.
 
 # AutoGPTQ / AutoAWQ (archived) next to their maintained equivalents — taught as history.
 API_MAP = [
@@ -41,7 +46,7 @@ API_MAP = [
 def cpu_pin_memory_workaround():
     """Make ``IntermediatesCache.pin_memory`` a no-op while no accelerator is available (see module
     docstring); restores the original method on exit."""
-    from llmcompressor.pipelines.cache import IntermediatesCache
+    from llmcompressor.pipelines.cache import IntermediatesCache  # optional heavy dependency (see _LAZY)
 
     original = IntermediatesCache.pin_memory
     if not torch.accelerator.is_available():
@@ -58,7 +63,7 @@ def scheme(spec: QuantSpec | None = None, **spec_kw):
 
 
 def _dataset(calib: torch.Tensor):
-    from datasets import Dataset
+    from datasets import Dataset  # optional (the course extra)
 
     return Dataset.from_dict({"input_ids": calib.tolist(), "attention_mask": torch.ones_like(calib).tolist()})
 
@@ -71,7 +76,7 @@ def oneshot_quantize(model, calib: torch.Tensor, method: str = "gptq", spec: Qua
     library does it). Returns ``{"seconds", "calib_tokens"}``. The calibration set is already
     tokenized, so no tokenizer is needed; ``oneshot`` insists on a processor object, and without
     one it tries to load one from the model's path, so a placeholder stands in."""
-    from llmcompressor import oneshot
+    from llmcompressor import oneshot  # optional heavy dependency (see _LAZY)
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
     from llmcompressor.modifiers.transform import AWQModifier
 
@@ -109,7 +114,7 @@ def bake(model) -> int:
     CPU and onloads it for each use), so a plain ``weight.data.copy_`` writes into a temporary onloaded
     copy and is lost; the write goes through ``update_offload_parameter``, which updates both.
     Returns the number of linears baked."""
-    from compressed_tensors.offload import align_module_device, update_offload_parameter
+    from compressed_tensors.offload import align_module_device, update_offload_parameter  # with llmcompressor
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize
 
     n = 0
@@ -127,8 +132,6 @@ def bake(model) -> int:
 def _give_path(model) -> None:
     """llm-compressor re-reads the model's config from ``config._name_or_path``; a model built from a
     config in memory has none, so write its config to a temporary directory and point there."""
-    import tempfile
-
     path = str(getattr(model.config, "_name_or_path", "") or "")
     if not path or not Path(path).is_dir():
         tmp = tempfile.mkdtemp(prefix="course-config-")
@@ -152,8 +155,6 @@ def save_compressed(model, tokenizer, out_dir) -> dict:
 
 def load_compressed(path, device="cpu", dtype=torch.float32):
     """Reload a compressed-tensors checkpoint with plain transformers (decompressed on load)."""
-    from transformers import AutoModelForCausalLM
-
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False,
                                                 use_safetensors=True).to(device).eval()
 

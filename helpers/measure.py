@@ -16,8 +16,10 @@ import contextlib
 import gc
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 
+import psutil
 import torch
 
 from .device import memory_cap, nvml_info
@@ -29,7 +31,6 @@ MiB = 1024**2
 def views(device=None) -> dict:
     """The four views of memory right now (bytes); on CPU, the process RSS only."""
     if not torch.cuda.is_available():
-        import psutil
         return {"rss": psutil.Process().memory_info().rss}
     free, total = torch.cuda.mem_get_info(device)
     out = {"allocated": torch.cuda.memory_allocated(device), "reserved": torch.cuda.memory_reserved(device),
@@ -118,7 +119,6 @@ class StageProfiler:
             torch.cuda.reset_peak_memory_stats()
             start = torch.cuda.memory_allocated()
         else:
-            import psutil
             proc = psutil.Process()
             start = proc.memory_info().rss
         t0 = time.perf_counter()
@@ -156,8 +156,6 @@ def top_tensors(n: int = 10, device: str | None = None) -> list[dict]:
     Each row: bytes, shape, dtype, device, whether it is a parameter (or a buffer-like leaf that
     requires grad), and how many live tensor objects share that storage.
     """
-    import warnings
-
     rows: dict = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # isinstance() on some module objects warns (deprecations)

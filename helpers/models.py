@@ -23,8 +23,10 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from .config import cache_dir
+from .device import get_device
 
 DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M"
 OFFLINE_ALIASES = ("offline", "smollm2-gguf", "smollm2-135m-instruct-q4_1")
@@ -60,8 +62,6 @@ ARCHITECTURES: dict[str, dict] = {
 
 def architecture_config(name: str):
     """A transformers config for one of :data:`ARCHITECTURES` (or a config object, returned as is)."""
-    from transformers import AutoConfig, PretrainedConfig
-
     if isinstance(name, PretrainedConfig):
         return name
     if name not in ARCHITECTURES:
@@ -75,8 +75,6 @@ def model_from_config(name, device=None, dtype=torch.bfloat16, seed: int = 0):
 
     Memory and speed depend on shapes and dtypes only, so this is what the GPU measurements use.
     """
-    from transformers import AutoModelForCausalLM
-
     config = architecture_config(name)
     torch.manual_seed(seed)
     device = torch.device(device or "cpu")
@@ -133,8 +131,6 @@ def offline_model_dir() -> Path:
     and refuses ``save_pretrained``; so we rebuild the model from its config without it, load the
     dequantized state dict, and save that.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     gguf = find_offline_gguf()
     out = cache_dir("models") / (gguf.stem + "-hf")
     if (out / "config.json").exists() and any(out.glob("*.safetensors")):
@@ -208,10 +204,6 @@ def load_model(name: str | None = None, dtype=None, device=None, echo: bool = Tr
     Defaults: the hub's SmolLM2-135M online, the offline GGUF otherwise; dtype from
     :func:`default_dtype`; device from :func:`helpers.device.get_device`.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from .device import get_device
-
     device = get_device(device) if device is not None else get_device()
     dtype = parse_dtype(dtype) if dtype is not None else default_dtype(device)
     path = resolve_model_name(name, echo=echo)
@@ -244,8 +236,6 @@ def load_for_memory(name: str | None = None, arch: str = "SmolLM2-135M", device=
     machine without internet) it instantiates ``arch`` from its config with random weights and says
     so: memory and speed are the same, quality numbers are then meaningless.
     """
-    from .device import get_device
-
     try:
         model, tok = load_model(name, dtype=dtype, device=device)
         return model, tok, True

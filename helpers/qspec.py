@@ -109,6 +109,7 @@ class QuantSpec:
 
     def to_llmcompressor(self):
         """The same spec as a compressed-tensors ``QuantizationScheme`` (weights only, Linear targets)."""
+        # optional heavy dependency (with llmcompressor): imported only when a scheme is asked for
         from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
         args = QuantizationArgs(num_bits=self.bits, type="int", symmetric=self.symmetric,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .models import decoder_layers
 from .qspec import SUPPORTED_BITS, QuantSpec, allowed_group_sizes, as_int, check_bits, check_group_size
 
 GRANULARITIES = ("tensor", "channel", "group")
@@ -269,8 +270,6 @@ def from_fp8(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch
 # ----------------------------------------------------------------------------- whole-model RTN
 def quantizable_linears(model) -> dict[str, torch.nn.Linear]:
     """``nn.Linear`` modules inside the decoder blocks (embeddings and lm_head are kept)."""
-    from .models import decoder_layers
-
     layers = decoder_layers(model)
     out = {}
     for i, layer in enumerate(layers):

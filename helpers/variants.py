@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from . import awq, evaluate, gptq, llm_compressor
 from .config import cache_dir, profile, read_json
@@ -89,8 +90,6 @@ def _file_sha256(path: Path) -> str:
 def save(model, key: str, meta: dict) -> Path:
     """Store the decoder linears' (fake-quantized) weights as safetensors, and ``meta`` plus the
     file's size and SHA-256 as JSON (written last: a variant without its JSON is incomplete)."""
-    from safetensors.torch import save_file
-
     path = _store() / f"{key}.safetensors"
     save_file({f"{n}.weight": m.weight.detach().cpu().contiguous()
                for n, m in quantizable_linears(model).items()}, str(path))
@@ -102,8 +101,6 @@ def save(model, key: str, meta: dict) -> Path:
 def load(model, key: str) -> dict | None:
     """Load a stored variant into ``model`` in place and return its meta; None when it is not stored
     or fails its checks (size, hash, tensors) — then the caller rebuilds it, and we say why."""
-    from safetensors.torch import load_file
-
     path, meta_path = _store() / f"{key}.safetensors", _store() / f"{key}.json"
     if not path.exists() or not meta_path.exists():
         return None

@@ -68,7 +68,7 @@ def budget_point(arch: str, seq_len: int, batch: int, dtype: str = "bf16", kv_dt
 
 def budget_widget(archs=("SmolLM2-135M", "Qwen2.5-0.5B", "TinyLlama-1.1B")):
     """Sliders for seq_len, batch, model, weight dtype and KV dtype, drawing a stacked bar."""
-    import ipywidgets as W
+    import ipywidgets as W  # optional (the course extra): only the interactive views need it
 
     explorer = BudgetExplorer()
 
@@ -100,7 +100,7 @@ def kv_formats(arch: str, seq_len: int, batch: int) -> dict:
 
 def kv_widget(archs=tuple(models.ARCHITECTURES)):
     """Sliders for context and batch: the KV cache's bytes per format, as a bar chart (predicted)."""
-    import ipywidgets as W
+    import ipywidgets as W  # optional (the course extra): only the interactive views need it
 
     def draw(arch, seq_len, batch):
         vals = kv_formats(arch, seq_len, batch)

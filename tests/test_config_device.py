@@ -102,3 +102,16 @@ def test_cpu_has_bf16_reads_the_flags(monkeypatch, tmp_path):
         monkeypatch.setattr(builtins, "open", lambda p, *a, **k: real_open(fake if p == "/proc/cpuinfo" else p, *a, **k))
         assert device.cpu_has_bf16() is expected
         monkeypatch.setattr(builtins, "open", real_open)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_emulated_card_larger_than_the_device_is_refused(monkeypatch):
+    total_gib = torch.cuda.get_device_properties(0).total_memory / device.GiB
+    monkeypatch.setenv(device.CARD_ENV, str(round(total_gib * 2)))
+    try:
+        with pytest.raises(ValueError, match="larger than this device"):
+            device.limit_memory(None)
+    finally:
+        monkeypatch.delenv(device.CARD_ENV)
+        device.limit_memory(None)
+    assert device.memory_cap() is None

@@ -81,6 +81,10 @@ def test_int4_layer_bytes_and_shapes():
     for _ in range(5):
         out, _ = layer.update(k[:, :, :1], k[:, :, :1].clone())
     assert out.shape[2] == 25 and layer.get_seq_length() == 25
+    # bytes: 24 tokens quantized (20 prefill + 4 re-quantized when the residual reached 4), 1 in fp32;
+    # per quantized token and head: 16 codes in 8 bytes + an fp16 scale and an fp16 minimum (1 group)
+    quantized, residual = 24 * 2 * (8 + 2 + 2), 1 * 2 * 16 * 4
+    assert kvcache.stored_bytes(kvcache.Cache(layers=[layer])) == 2 * (quantized + residual)
 
 
 def test_fp8_cache_generates_with_right_lengths():
