@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import data, kvcache, models  # noqa: E402
+from helpers import data, generation, models  # noqa: E402
 
 
 def main():
@@ -47,7 +47,7 @@ def main():
             prompts = torch.randint(3, model.config.vocab_size - 1, (batch, ctx), generator=g).cuda()
         else:
             prompts = torch.stack([stream[i * ctx:(i + 1) * ctx] for i in range(batch)])
-        for r in kvcache.kv_ab(model, prompts, args.new_tokens):
+        for r in generation.kv_ab(model, prompts, args.new_tokens):
             r.update(source=source, new_tokens=args.new_tokens,
                      torch=torch.__version__, gpu=torch.cuda.get_device_name() if cuda else "cpu")
             rows.append(r)
