@@ -30,6 +30,7 @@ import json
 import os
 import subprocess
 import sys
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -329,14 +330,40 @@ def run_real(ops: list, cap: int | None = None, expandable: bool = False, timeou
 
 
 # ------------------------------------------------------------------ the notebook's sequences
-def seed_snippet(n: int = 20, big: int = 1 * GB, small: int = 256 * MB, request: int = 2 * GB) -> list:
-    """The seed's snippet: n × (big + small), free the bigs, empty_cache, then ask for ``request``."""
+def seed_snippet(n: int = 20, big: int = 1 * GB, small: int = 256 * MB, request: int = 2 * GB,
+                 as_written: bool = True) -> list:
+    """The source document's fragmentation snippet (``../shared/seeds/002…``, "模拟碎片化"):
+    n × (big + small) kept in a list, then ``for big, small in tensors: del big``, ``empty_cache()``,
+    and a ``request``.
+
+    ``as_written=True`` replays what that code does: ``del big`` deletes only the loop variable, the
+    list still holds every tensor, so **nothing is freed** (:func:`seed_loop_keeps_tensors_alive`
+    shows it on the CPU). ``as_written=False`` is what the text meant: the big tensors really freed
+    (``tensors = [(None, s) for _, s in tensors]``)."""
     ops = []
     for i in range(n):
         ops += [["alloc", f"big{i}", big], ["alloc", f"small{i}", small]]
-    ops += [["free", f"big{i}"] for i in range(n)]
+    if not as_written:
+        ops += [["free", f"big{i}"] for i in range(n)]
     ops += [["empty_cache"], ["alloc", "request", request]]
     return ops
+
+
+def seed_loop_keeps_tensors_alive(n: int = 20) -> dict:
+    """Run the seed's loop as written on small CPU tensors and count, with weak references, how
+    many "freed" big tensors are still alive: the list holds them, ``del big`` drops only a name."""
+    import torch
+
+    tensors = []
+    for _ in range(n):
+        big, small = torch.empty(1024), torch.empty(256)
+        tensors.append((big, small))
+    refs = [weakref.ref(b) for b, _ in tensors]
+    for big, small in tensors:  # noqa: B007  (the seed's loop, verbatim)
+        del big
+    alive_as_written = sum(r() is not None for r in refs)
+    tensors = [(None, s) for _, s in tensors]  # the corrected version: drop the list's references
+    return {"n": n, "alive_as_written": alive_as_written, "alive_after_fix": sum(r() is not None for r in refs)}
 
 
 def fragmenting_sequence(block: int = 64 * MB, n: int = 16, request_blocks: int = 2) -> list:

@@ -18,7 +18,7 @@ import time
 import torch
 
 from .device import memory_limit
-from .kvcache import KV_KINDS, make_cache, stored_bytes
+from .kvcache import available_kinds, make_cache, stored_bytes
 from .measure import StageProfiler, free_memory, oom_guard, requested_bytes, reset_peak, warmup_cublas
 from .models import model_from_config
 from .qspec import positive_int
@@ -110,12 +110,14 @@ def compare_logits(base: torch.Tensor, other: torch.Tensor) -> dict:
     return {"token_agreement": agree, "kl": kl}
 
 
-def kv_ab(model, prompts: torch.Tensor, new_tokens: int, kinds=KV_KINDS, measure_memory: bool = True) -> list[dict]:
+def kv_ab(model, prompts: torch.Tensor, new_tokens: int, kinds=None, measure_memory: bool = True) -> list[dict]:
     """The A/B test: same model, prompts, lengths and seed; only the KV-cache format varies.
 
+    ``kinds`` defaults to every format installed here (:func:`helpers.kvcache.available_kinds`).
     For each kind: stored KV bytes, peak memory over the weights and decode tokens/s (from
     ``measure.measure_generate``), and quality against the baseline cache on the baseline's own greedy
     continuation (teacher-forced top-1 agreement and KL)."""
+    kinds = available_kinds() if kinds is None else kinds
     batch, ctx = prompts.shape
     base_gen = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
                               min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,

@@ -14,12 +14,19 @@ attention still sees a full-precision copy transiently — the peak saves less t
 """
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, QuantizedCache, QuantizedLayer, StaticCache
 
 from .quant import FP8_FORMATS
 
 KV_KINDS = ("baseline", "fp8-e4m3", "fp8-e5m2", "int4", "int4-hqq")
+
+
+def available_kinds() -> tuple[str, ...]:
+    """:data:`KV_KINDS` whose backend is installed here (``int4-hqq`` needs ``pip install hqq``)."""
+    return tuple(k for k in KV_KINDS if k != "int4-hqq" or importlib.util.find_spec("hqq") is not None)
 
 
 class FP8Layer(DynamicLayer):

@@ -72,29 +72,62 @@ else:
 
 # %% [markdown]
 # ## 3. The seed's snippet, run as written
-# Twenty pairs of (1 GiB, 256 MiB) tensors; free the big ones; `empty_cache()`; ask for 2 GiB.
-# The seed expects an OOM from fragmentation. What really happens:
+# The source document (`../shared/seeds/002_…`, section "模拟碎片化") keeps twenty pairs of (1 GiB,
+# 256 MiB) tensors in a list, then "frees the big ones" with `for big, small in tensors: del big`,
+# calls `empty_cache()` and asks for 2 GiB, expecting a fragmentation OOM. First, what that loop
+# really does — run verbatim on small CPU tensors, counting the "freed" tensors with weak references:
 
 # %%
-seed_ops = A.seed_snippet()
+alive = A.seed_loop_keeps_tensors_alive()
+print(f"after the seed's loop: {alive['alive_as_written']} of {alive['n']} big tensors still alive; "
+      f"after dropping the list's references: {alive['alive_after_fix']}")
+assert alive["alive_as_written"] == alive["n"] and alive["alive_after_fix"] == 0
+
+# %% [markdown]
+# `del big` deletes the loop variable, not the list's reference: **nothing is freed**. It is the
+# seed's own leak #2 ("列表/字典累积 tensor", a container keeps references). So the snippet as written
+# holds all 25 GiB to the end, `empty_cache()` releases nothing (no segment is free), and the 2 GiB
+# request simply needs a new segment. Replayed on the simulator (and on the GPU, if there is one):
+
+# %%
+seed_ops = A.seed_snippet(as_written=True)
 sim = A.simulate(seed_ops)
-print(f"simulator: OOM={sim['oom']}  reserved at the end {sim['reserved'] / GB:.2f} GiB")
+print(f"as written, simulator: OOM={sim['oom']}  reserved at the end {sim['reserved'] / GB:.2f} GiB")
 seed_real = None
-if cuda:  # the snippet holds 25 GiB at its peak: a smaller card runs out before the request
+if cuda:  # the snippet holds 27 GiB at its end: a smaller card runs out while allocating
     seed_real = A.run_real(seed_ops)
     at = f" at op {seed_real['failed_at']}: {seed_ops[seed_real['failed_at']][:2]}" if seed_real["oom"] else ""
     capped = f" (allocator cap {seed_real['cap'] / GB:.2f} GiB)" if seed_real["cap"] else ""
-    print(f"real GPU : OOM={seed_real['oom']}{at}  reserved at the end {seed_real['reserved'] / GB:.2f} GiB{capped}")
+    print(f"as written, real GPU : OOM={seed_real['oom']}{at}  reserved at the end {seed_real['reserved'] / GB:.2f} GiB{capped}")
 else:
-    print("(no CUDA device here; see the H200 reference below)")
-key_numbers.record("02_allocator_fragmentation", seed_snippet_sim={k: sim[k] for k in ("oom", "reserved")},
-                   seed_snippet_real=seed_real and {k: seed_real[k] for k in ("oom", "failed_at", "reserved", "cap")})
+    print("(no CUDA device here; the H200 reference run is in results/h200/reference_run.json)")
+t4 = A.simulate(seed_ops, cap=int(15 * GB))
+print(f"as written, simulator under a 15 GiB cap (a T4): OOM={t4['oom']} at op {t4['failed_at']}: "
+      f"{seed_ops[t4['failed_at']][:2] if t4['oom'] else ''}")
 
 # %% [markdown]
-# **No OOM.** Each tensor ≥ 10 MiB gets a segment of its own (rule 1), so freeing a 1 GiB tensor
-# leaves a *wholly free* 1 GiB segment, and `empty_cache()` hands all twenty back (rule 5):
-# reserved drops from 25 GiB to 5 GiB, and the 2 GiB request gets a fresh segment. Fragmentation
-# needs holes **inside** segments.
+# Now the version the text meant, with the big tensors really released
+# (`tensors = [(None, s) for _, s in tensors]`):
+
+# %%
+meant_ops = A.seed_snippet(as_written=False)
+meant = A.simulate(meant_ops)
+print(f"corrected, simulator: OOM={meant['oom']}  reserved at the end {meant['reserved'] / GB:.2f} GiB")
+assert not meant["oom"] and meant["reserved"] == 20 * 256 * MB + 2 * GB   # the prose below, checked
+assert not sim["oom"] and sim["reserved"] == 20 * (GB + 256 * MB) + 2 * GB
+meant_real = A.run_real(meant_ops) if cuda else None
+if meant_real:
+    print(f"corrected, real GPU : OOM={meant_real['oom']}  reserved at the end {meant_real['reserved'] / GB:.2f} GiB")
+key_numbers.record("02_allocator_fragmentation", seed_snippet_as_written_sim={k: sim[k] for k in ("oom", "reserved")},
+                   seed_snippet_as_written_real=seed_real and {k: seed_real[k] for k in ("oom", "failed_at", "reserved", "cap")},
+                   seed_snippet_corrected_sim={k: meant[k] for k in ("oom", "reserved")},
+                   seed_snippet_corrected_real=meant_real and {k: meant_real[k] for k in ("oom", "reserved")})
+
+# %% [markdown]
+# **Still no OOM.** Each tensor ≥ 10 MiB gets a segment of its own (rule 1), so freeing a 1 GiB tensor
+# leaves a *wholly free* 1 GiB segment, and `empty_cache()` hands all twenty back (rule 5): what
+# stays reserved is the twenty 256 MiB tensors (5 GiB) plus a fresh segment for the 2 GiB request,
+# 7 GiB in all (asserted above; as written, 27 GiB). Fragmentation needs holes **inside** segments.
 #
 # ## 4. A sequence that really fragments
 # Allocate and free one 1 GiB "arena" (one cached segment), carve 16 blocks of 64 MiB out of it

@@ -50,8 +50,16 @@ def test_fragmentation_oom_and_expandable_fix():
 
 
 def test_seed_snippet_no_oom():
-    r = A.simulate(A.seed_snippet())
+    """As written the seed's loop frees nothing (27 GiB stay reserved); as meant, empty_cache returns
+    the twenty 1 GiB segments (5 GiB of small tensors + the 2 GiB request). Neither runs out."""
+    r = A.simulate(A.seed_snippet(as_written=True))
+    assert not r["oom"] and r["reserved"] == 20 * (A.GB + 256 * MB) + 2 * A.GB
+    r = A.simulate(A.seed_snippet(as_written=False))
     assert not r["oom"] and r["reserved"] == 5 * A.GB + 2 * A.GB
+
+
+def test_seed_loop_deletes_only_the_loop_variable():
+    assert A.seed_loop_keeps_tensors_alive(7) == {"n": 7, "alive_as_written": 7, "alive_after_fix": 0}
 
 
 def test_small_pool_and_errors():
