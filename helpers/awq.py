@@ -267,9 +267,11 @@ def awq_block(block, hidden: list, kwargs: list, spec: QuantSpec, n_grid: int = 
 
 def awq_model(model, calib: torch.Tensor, spec: QuantSpec | None = None, n_grid: int = 20,
               duo_scaling: bool = False, clip: bool = True, batch_size: int = 8, progress: bool = True,
-              search_dtype: torch.dtype | None = None, **spec_kw) -> dict:
-    """AWQ over a whole decoder, block by block (inputs of block k from the quantized blocks before
-    it), in place. ``spec`` (or ``bits=``, ``group_size=``, ``symmetric=``) is the grid.
+              search_dtype: torch.dtype | None = None, next_inputs: str = "quantized", **spec_kw) -> dict:
+    """AWQ over a whole decoder, block by block, in place. ``next_inputs="quantized"`` (default)
+    calibrates block k on the outputs of the already-quantized blocks before it; llm-awq calibrates
+    on the full-precision outputs instead (``"full_precision"``, see :func:`helpers.calib.sequential`).
+    ``spec`` (or ``bits=``, ``group_size=``, ``symmetric=``) is the grid.
     Returns ``{"seconds", "calib_tokens", "search_dtype", "alphas": {layer: {mapping: α}}}``."""
     spec = QuantSpec.of(spec, **spec_kw)
     C.check_calib(model, calib)
@@ -279,6 +281,7 @@ def awq_model(model, calib: torch.Tensor, spec: QuantSpec | None = None, n_grid:
     t0 = time.perf_counter()
     recs = C.sequential(model, calib, lambda i, b, h, k: awq_block(b, h, k, spec, n_grid, duo_scaling, clip,
                                                                    search_dtype=dtype),
-                        desc=f"AWQ {spec.label}", batch_size=batch_size, progress=progress)
+                        desc=f"AWQ {spec.label}", batch_size=batch_size, progress=progress,
+                        next_inputs=next_inputs)
     return {"seconds": time.perf_counter() - t0, "calib_tokens": C.tokens_of(calib),
             "search_dtype": str(dtype).replace("torch.", ""), "alphas": {f"model.layers.{i}": r for i, r in enumerate(recs)}}

@@ -84,15 +84,23 @@ def run_block(block, hidden: list, kwargs: list) -> list:
 
 
 def sequential(model, calib: torch.Tensor, process_block, desc: str = "blocks", batch_size: int = 8,
-               progress: bool = True) -> list:
+               progress: bool = True, next_inputs: str = "quantized") -> list:
     """Calibrate block by block: ``process_block(index, block, hidden, kwargs)`` quantizes the block
-    in place (it may run the block on ``hidden`` as often as it needs) and returns a record; then the
-    quantized block's outputs become the next block's inputs. Returns the records."""
+    in place (it may run the block on ``hidden`` as often as it needs) and returns a record. Returns
+    the records.
+
+    ``next_inputs`` says what block k+1 is calibrated on: ``"quantized"`` (GPTQ's §4 and the course's
+    default: the outputs of block k *after* it was quantized, so each block sees, and corrects for,
+    the error made before it) or ``"full_precision"`` (llm-awq's ``run_awq``: the outputs of block k
+    computed before it is changed)."""
+    if next_inputs not in ("quantized", "full_precision"):
+        raise ValueError(f"next_inputs must be 'quantized' or 'full_precision', got {next_inputs!r}")
     hidden, kwargs = capture_block_inputs(model, calib, batch_size)
     records = []
     for i, block in enumerate(tqdm(decoder_layers(model), desc=desc, disable=not progress)):
+        before = run_block(block, hidden, kwargs) if next_inputs == "full_precision" else None
         records.append(process_block(i, block, hidden, kwargs))
-        hidden = run_block(block, hidden, kwargs)
+        hidden = before if before is not None else run_block(block, hidden, kwargs)
     return records
 
 

@@ -138,3 +138,31 @@ class UniformModel(torch.nn.Module):
 
     def forward(self, x):
         return type("Out", (), {"logits": torch.zeros(*x.shape, self.vocab)})()
+
+
+@torch.no_grad()
+def seed_perplexity(model, tokenizer, texts: list[str], max_length: int = 2048, weighting: str = "as_written") -> dict:
+    """The source document's ``compute_perplexity`` (``../shared/seeds/002…``, "困惑度"), reproduced:
+    each text scored **on its own** (truncated to ``max_length``, no context from the texts before it),
+    ``loss`` = transformers' mean over the ``n − 1`` predicted tokens, accumulated as ``loss · n`` and
+    divided by ``Σ n``.
+
+    ``weighting="as_written"`` keeps that ``n`` weighting, which gives every text one token too many
+    (a short text's loss counts for more than it scored); ``"per_token"`` weights by the ``n − 1``
+    tokens really scored, i.e. the exact mean over tokens (texts of one token score nothing and are
+    skipped). Returns ``{"ppl", "texts", "tokens"}`` (tokens summed the way the weighting counts)."""
+    if weighting not in ("as_written", "per_token"):
+        raise ValueError(f"weighting must be 'as_written' or 'per_token', got {weighting!r}")
+    dev = next(model.parameters()).device
+    total_loss, total_tokens, used = 0.0, 0, 0
+    for text in texts:
+        ids = tokenizer(text, return_tensors="pt", max_length=max_length, truncation=True)["input_ids"].to(dev)
+        n = ids.shape[1]
+        if weighting == "per_token" and n < 2:
+            continue
+        loss = model(ids, labels=ids).loss.float().item()
+        weight = n if weighting == "as_written" else n - 1
+        total_loss += loss * weight
+        total_tokens += weight
+        used += 1
+    return {"ppl": math.exp(total_loss / total_tokens), "texts": used, "tokens": total_tokens}

@@ -14,8 +14,10 @@ This module sits above :mod:`helpers.measure` (memory views, the stage profiler)
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from .device import memory_limit
 from .kvcache import available_kinds, make_cache, stored_bytes
@@ -192,12 +194,80 @@ def prefill_decode(model, prompt: torch.Tensor, decode_steps: int, kind: str = "
     return res
 
 
-def load_under_cap(cap_gib: float, dtype, arch: str = "SmolLM2-135M") -> bool:
-    """Instantiate ``arch`` on the GPU under a ``cap_gib`` allocator cap; True if it fits (the OOM,
-    if any, is caught and everything freed). The load phase: no KV cache exists yet."""
+def load_under_cap(cap_gib: float, dtype, arch: str = "SmolLM2-135M", kv: str = "baseline",
+                   max_cache_len: int = 4096) -> dict:
+    """Instantiate ``arch`` on the GPU under a ``cap_gib`` allocator cap **and create its KV cache of
+    format ``kv``** (what an application does at start-up); the OOM, if any, is caught and everything
+    freed. Returns ``{"ok", "phase" (where it failed), "cache_bytes" (what the cache object holds at
+    start)}``. A growing cache (``baseline``, ``fp8-*``, ``int4``) holds nothing at start, so its
+    format cannot decide a load-phase OOM; a ``static`` cache allocates ``max_cache_len`` positions
+    up front — like an engine's KV pool — and there the format's bytes count at start-up."""
+    result = {"ok": False, "phase": "weights", "cache_bytes": 0}
     with memory_limit(cap_gib):
         r = oom_guard(model_from_config, arch, device="cuda", dtype=dtype)
-    ok = r["ok"]
+        if r["ok"]:
+            model = r.pop("result")
+            result["phase"] = "cache"
+            c = oom_guard(make_cache, kv, model.config, max_cache_len=max_cache_len)
+            if c["ok"]:
+                cache = c.pop("result")
+                if kv == "static":  # a static cache allocates its layers on first use: force it now
+                    cfg = model.config
+                    cache.early_initialization(1, cfg.num_key_value_heads,
+                                               getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+                                               dtype, "cuda")
+                result.update(ok=True, phase=None, cache_bytes=stored_bytes(cache))
+                del cache
+            del model, c
     del r
     free_memory()
-    return ok
+    return result
+
+
+def load_checkpoint(path, device, dtype=torch.bfloat16) -> dict:
+    """Load a checkpoint directory with plain transformers (``from_pretrained``, safetensors) and
+    measure: bytes on disk, bytes resident as parameters, and on CUDA the allocator's peak during
+    the load. A compressed-tensors checkpoint is packed on disk (INT4 codes + scales); transformers
+    *decompresses* it on load, so the resident bytes are those of a dense model."""
+    path = Path(path)
+    disk = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    if not disk:
+        raise FileNotFoundError(f"{path} holds no .safetensors files: not a checkpoint directory")
+    cuda = torch.device(device).type == "cuda"
+    free_memory()
+    reset_peak()
+    before = torch.cuda.memory_allocated() if cuda else 0
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=str(device), use_safetensors=True,
+                                                 trust_remote_code=False)
+    secs = time.perf_counter() - t0
+    resident = sum(p.numel() * p.element_size() for p in model.parameters())
+    out = {"disk_bytes": disk, "resident_param_bytes": resident, "seconds": secs,
+           "peak_bytes": torch.cuda.max_memory_allocated() - before if cuda else None,
+           "dtypes": sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})}
+    del model
+    free_memory()
+    return out
+
+
+@torch.no_grad()
+def kv_quality(model, prompts: torch.Tensor, continuation: torch.Tensor, kinds=None) -> list[dict]:
+    """Quality of each KV-cache format on a *real* continuation, teacher-forced: every format is fed
+    the same prompt and the same true next tokens (``continuation`` [batch, n], from the text), and
+    compared with the baseline cache's next-token distributions (top-1 agreement, mean KL) and by the
+    perplexity of the continuation. Meaningful only with real weights on real text: with random
+    weights the logits are nearly flat and these numbers are noise."""
+    kinds = available_kinds() if kinds is None else kinds
+    if continuation.dim() != 2 or continuation.shape[0] != prompts.shape[0] or continuation.shape[1] < 1:
+        raise ValueError(f"continuation must be [batch={prompts.shape[0]}, n ≥ 1] token ids, got {tuple(continuation.shape)}")
+    base = teacher_forced_logits(model, prompts, continuation[:, :-1], "baseline")
+    rows = []
+    for kind in kinds:
+        logits = base if kind == "baseline" else teacher_forced_logits(model, prompts, continuation[:, :-1], kind)
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(),
+                                                continuation.reshape(-1).to(logits.device), reduction="mean")
+        q = compare_logits(base, logits)
+        rows.append({"kv_format": kind, "context": prompts.shape[1], "batch": prompts.shape[0],
+                     "continuation": continuation.shape[1], "top1_agreement": q["token_agreement"],
+                     "mean_kl": q["kl"], "ppl": float(torch.exp(nll))})
+    return rows

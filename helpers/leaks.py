@@ -78,3 +78,28 @@ def global_reference(device, steps: int = 8, fix: bool = False, batch: int = 64)
     grown = live_bytes(device) - before
     _GLOBAL_CACHE.clear()
     return grown
+
+
+def missing_zero_grad(device, steps: int = 8, batch: int = 64) -> dict:
+    """The source document's "Step 4" asks whether a missing ``optimizer.zero_grad()`` makes "the
+    gradients accumulate, eating one more copy of memory every step". Measured: ``backward`` adds
+    into the existing ``.grad`` tensors **in place** — the same storages, the same bytes every step —
+    so the memory stays flat; what grows is the gradient's *value* (a training bug, not a leak).
+
+    Returns the live bytes after the first and the last backward, whether every ``.grad`` kept its
+    storage, and how much the gradient norm grew."""
+    net = _net(device)
+    x = torch.randn(batch, 1024, device=device)
+    before = live_bytes(device)
+    net(x).pow(2).mean().backward()
+    ptrs = [p.grad.data_ptr() for p in net.parameters()]  # (gives the .grad tensors Python objects,
+    first = live_bytes(device) - before                   # which the CPU's gc walk needs to see them)
+    norm1 = torch.cat([p.grad.flatten() for p in net.parameters()]).norm().item()
+    for _ in range(steps - 1):  # no zero_grad: gradients accumulate
+        net(x).pow(2).mean().backward()
+    last = live_bytes(device) - before
+    same = ptrs == [p.grad.data_ptr() for p in net.parameters()]
+    norm = torch.cat([p.grad.flatten() for p in net.parameters()]).norm().item()
+    del net, x
+    return {"bytes_after_first": first, "bytes_after_last": last, "same_storages": same,
+            "grad_norm_growth": norm / norm1}

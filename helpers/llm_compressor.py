@@ -83,14 +83,16 @@ def oneshot_quantize(model, calib: torch.Tensor, method: str = "gptq", spec: Qua
     spec = QuantSpec.of(spec, **spec_kw)
     C.check_calib(model, calib)
     groups = {"group_0": spec.to_llmcompressor()}
-    if method == "gptq":
+    if method == "rtn":  # round-to-nearest on the scheme's grid: no search, calibration only runs through
+        recipe = [QuantizationModifier(config_groups=groups, ignore=["lm_head"])]
+    elif method == "gptq":
         recipe = [GPTQModifier(config_groups=groups, ignore=["lm_head"], block_size=blocksize,
                                dampening_frac=percdamp)]
     elif method == "awq":
         recipe = [AWQModifier(n_grid=n_grid, duo_scaling=duo_scaling),
                   QuantizationModifier(config_groups=groups, ignore=["lm_head"])]
     else:
-        raise ValueError(f"method must be 'gptq' or 'awq', got {method!r}")
+        raise ValueError(f"method must be 'rtn', 'gptq' or 'awq', got {method!r}")
     _give_path(model)
     t0 = time.perf_counter()
     with cpu_pin_memory_workaround():

@@ -99,19 +99,32 @@ tab = pd.DataFrame(budget.fits_table(c70, 4096, 16, formats=("fp16", "int8", "in
 tab[["format", "weights_GB", "kv_GB", "act_GB", "total_GB"]]
 
 # %% [markdown]
-# Where we differ, and why:
-# * **Weights**: the seed uses `70e9 × 2 B = 140 GB`; the real parameter count is 69.0 B → 138 GB.
-#   For INT4 it uses 35 GB (exactly 4 bits); a real g128 asymmetric format costs 4.16 bits per
-#   weight on the linears, and embeddings/`lm_head` usually stay in 16 bits → 36.6 GB.
-# * **KV cache**: 20 GiB = **21.5 GB**: the seed's 162 − 140 ≈ 22 GB is the KV cache in decimal units.
+# Where we differ, and why (every number below is printed by the next cell):
+# * **Weights**: the seed uses `70e9 × 2 B`; the real parameter count is lower. For INT4 it counts
+#   exactly 4 bits; a real g128 asymmetric format costs 4.16 bits per weight on the linears, and
+#   embeddings/`lm_head` usually stay in 16 bits.
+# * **KV cache**: the seed's own formula (its section on the KV cache) gives 20 GiB here.
 # * **Activations**: the seed leaves them out. A 4096 × 16 prefill pushes 65,536 tokens through a
-#   28,672-wide MLP: `65536 · 3 · 28672 · 2 B` ≈ 11 GB of transient tensors. Prefill in chunks
-#   (vLLM's chunked prefill) and this part shrinks to almost nothing — the seed's numbers
-#   implicitly assume that.
+#   28,672-wide MLP at once. Prefill in chunks (vLLM's chunked prefill) and this part shrinks to
+#   almost nothing — the seed's totals implicitly assume that.
 # * **Overhead**: a CUDA context is 0.5–1 GB per process (measured below on a GPU), also left out.
 #
-# So the seed's 162 → 57 GB is "weights + KV" in round numbers; with activations of an unchunked
-# prefill the same workload needs ≈174 GB (FP16) → ≈73 GB (INT4).
+# The seed gives no breakdown of its 162 → 57 GB. One reading — ours, not the seed's — is "weights
+# + KV cache" in round decimal numbers: the cell checks how close that reading comes.
+
+# %%
+p70 = budget.param_counts(c70)["total"]
+t = tab.set_index("format")
+mlp_transient = 4096 * 16 * 3 * c70.intermediate_size * 2 / GB          # gate, up and their product, fp16
+print(f"parameters: {p70 / 1e9:.1f} B → fp16 weights {t.weights_GB['fp16']:.1f} GB (seed: 70e9 × 2 B = 140 GB); "
+      f"int4 g128 weights {t.weights_GB['int4']:.1f} GB (seed: 35 GB)")
+print(f"KV cache: {budget.kv_bytes(c70, 4096, 16, 'fp16') / GiB:.1f} GiB = {t.kv_GB['fp16']:.1f} GB; "
+      f"the seed's 162 − 140 = 22 GB")
+print(f"MLP transients of the unchunked prefill: {mlp_transient:.1f} GB; "
+      f"all activations at the peak: {t.act_GB['fp16']:.1f} GB")
+print(f"weights + KV: {t.weights_GB['fp16'] + t.kv_GB['fp16']:.1f} GB (fp16) → "
+      f"{t.weights_GB['int4'] + t.kv_GB['int4']:.1f} GB (int4), seed: 162 → 57 GB")
+print(f"with the unchunked prefill's activations and 1 GB overhead: {t.total_GB['fp16']:.1f} GB (fp16) → {t.total_GB['int4']:.1f} GB (int4)")
 
 # %% [markdown]
 # ### Fits on which GPU? (weights + KV + activations + 1 GB overhead)

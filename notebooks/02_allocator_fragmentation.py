@@ -217,6 +217,22 @@ assert all(bad > 10 * max(good, 1) for _, bad, good in rows)
 assert leaks.live_bytes(dev) == start, "a demo did not return memory to its start"
 
 # %% [markdown]
+# **A fourth suspect that is not a leak.** The source document's OOM checklist ("Step 4") asks
+# whether `optimizer.zero_grad()` was forgotten, saying the gradients then "accumulate, one more copy
+# of memory every step". Measured over 8 steps without `zero_grad`:
+
+# %%
+zg = leaks.missing_zero_grad(dev)
+print(f"live bytes after the 1st backward {measure.fmt_bytes(zg['bytes_after_first'])}, after the 8th "
+      f"{measure.fmt_bytes(zg['bytes_after_last'])}; same .grad storages: {zg['same_storages']}; "
+      f"gradient norm ×{zg['grad_norm_growth']:.1f}")
+assert zg["same_storages"] and zg["bytes_after_last"] == zg["bytes_after_first"]
+
+# %% [markdown]
+# `backward` adds into the existing `.grad` tensors in place: the memory is flat, the *values* grow
+# (×8 after 8 identical steps). A forgotten `zero_grad` is a correctness bug — every update uses the
+# sum of all past gradients — not a memory leak; look elsewhere for the OOM.
+#
 # ## 7. Who holds the memory? `top_tensors`
 # The seed's gc walk, made robust: one row per *storage* (views of the same storage are counted
 # once), parameters told apart from everything else.

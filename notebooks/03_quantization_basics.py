@@ -155,11 +155,13 @@ fig, ax = plt.subplots(figsize=(9, 2.8))
 ax.bar(range(len(amax)), amax.numpy(), width=1.0); ax.set_yscale("log")
 ax.set_xlabel("input channel"); ax.set_ylabel("max |x|"); ax.set_title("activation outliers entering q_proj, block 3")
 plt.show()
+outlier_ratio = (top.values[0] / amax.median()).item()
 print("largest channels:", top.indices.tolist(), "max|x|:", [round(v, 1) for v in top.values.tolist()],
-      f"median channel {amax.median():.2f}")
+      f"median channel {amax.median():.2f}; the largest is {outlier_ratio:.1f}× the median")
 
 # %% [markdown]
-# A few channels are tens of times larger than the median. With one INT8 scale per token or per
+# A few channels are far larger than the median (the ratio is printed above: how much larger depends
+# on the model and block — measure yours). With one INT8 scale per token or per
 # tensor, those channels set the step and every other channel is rounded coarsely — that is why
 # W8A8 (activations quantized too) is hard for LLMs, while weight-only quantization is not.
 #
@@ -212,7 +214,54 @@ for fmt in ("e4m3fn", "e5m2"):
     e = quant.from_fp8(qf, sc) - W
     rows.append({"format": fmt, "mse": e.pow(2).mean().item(), "max_abs": e.abs().max().item()})
 rows.append({"format": "int8 per-channel", **quant.quant_error(W, bits=8, symmetric=True, granularity="channel")})
-pd.DataFrame(rows)
+fp8_vs_int8 = pd.DataFrame(rows)
+fp8_vs_int8
+
+# %% [markdown]
+# On these weights **INT8 per channel beats FP8** (lower MSE), although the seed calls FP8 "more
+# accurate than INT8 PTQ". Both are right in their place. INT8 is a *uniform* grid: 255 equal steps
+# between −max and +max, ideal for bounded, roughly Gaussian data such as a weight row with its own
+# scale. FP8 spends its codes *logarithmically*: fine steps near zero, coarse ones near the maximum —
+# a constant *relative* error over a wide dynamic range. That pays where one scale must cover values
+# of very different magnitudes: activations with outlier channels (section 5), under one scale per
+# tensor. The same comparison on the activations entering `q_proj`, one scale for the whole tensor:
+
+# %%
+act_rows = []
+for fmt in ("e4m3fn", "e5m2"):
+    qf, sc = quant.to_fp8(X, fmt)
+    act_rows.append({"format": f"fp8 {fmt}, per tensor", "mse": (quant.from_fp8(qf, sc) - X).pow(2).mean().item()})
+act_rows.append({"format": "int8, per tensor", "mse": quant.quant_error(X, bits=8, symmetric=True, granularity="tensor")["mse"]})
+act_cmp = pd.DataFrame(act_rows)
+winner = act_cmp.loc[act_cmp.mse.idxmin(), "format"]
+print(f"lowest error on the activations: {winner}; on the weights: "
+      f"{fp8_vs_int8.loc[fp8_vs_int8.mse.idxmin(), 'format']}")
+act_cmp
+
+# %% [markdown]
+# **Hardware decides the speed.** FP8 matrix instructions exist only from compute capability 8.9
+# (Ada: L4, RTX 4090) and 9.0 (Hopper: H100, H200); a T4 (7.5) or an A100 (8.0) has none, so FP8
+# weights there are only a storage format, dequantized before every matmul. INT8 tensor cores exist
+# from 7.5 on. Your device:
+
+# %%
+if torch.cuda.is_available():
+    major, minor = torch.cuda.get_device_capability()
+    print(f"{torch.cuda.get_device_name()}: compute capability {major}.{minor} → FP8 matmul units: "
+          f"{'yes' if (major, minor) >= (8, 9) else 'no (FP8 is storage only here)'}")
+else:
+    print("no CUDA device: FP8 here is a storage format only (the CPU has no FP8 matrix units)")
+
+# %% [markdown]
+# **The seed's vLLM command, corrected.** It serves FP8 with `--dtype fp8`; vLLM's `--dtype` sets the
+# model's compute dtype (auto, half, bfloat16, float) and has no fp8. FP8 weights and activations are
+# `--quantization fp8`, an FP8 KV cache is `--kv-cache-dtype fp8` (vLLM docs, "FP8 W8A8" and
+# "Quantized KV Cache"):
+#
+# ```bash
+# vllm serve meta-llama/Llama-3.1-8B-Instruct --quantization fp8 --kv-cache-dtype fp8
+# ```
+
 
 # %% [markdown]
 # ## 9. RTN on the whole model: a first perplexity preview
@@ -238,7 +287,8 @@ preview
 # Read the Δ column: W8 per-channel should be close to free. On this 135M model RTN at 4 bits is
 # far from free (the CPU reference run, `results/cpu/quantizers.json`: +33 % at W4 g64, ×3.2 at
 # W3 g64) — small models are much more sensitive than 7B+ ones, where W4 RTN costs a few percent.
-# Notebooks 04 and 05 recover much of that with GPTQ and AWQ.
+# Notebooks 04 and 05 try to recover that with GPTQ and AWQ, and print from their own runs whether
+# they did.
 #
 # ### Check yourself
 # 1. Bits per weight of INT4 g64 with an fp16 scale and an fp16 zero per group? 2. The INT4 g64

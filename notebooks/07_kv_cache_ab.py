@@ -43,7 +43,8 @@ import importlib.util, platform
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch, transformers
-from helpers import budget, data, generation, key_numbers, measure, models, plots, widgets
+from helpers import budget, data, generation, key_numbers, kvcache, llm_compressor, measure, models, plots, widgets
+from helpers.qspec import QuantSpec
 from helpers.config import pick
 from helpers.device import has_cuda, get_device, memory_limit
 cuda, dev = has_cuda(), get_device()
@@ -77,24 +78,72 @@ measure.free_memory()
 
 # %% [markdown]
 # ## 2. Load-phase OOM: the KV switch cannot help
-# We emulate a small GPU with `limit_memory` (a per-process cap on the caching allocator) and load
-# the same architecture in fp32 and in bf16 under a cap that only bf16 fits.
+# We emulate a small GPU with `limit_memory` (a per-process cap on the caching allocator), load the
+# same architecture in fp32 and in bf16 under a cap that only bf16 fits, and create the KV cache of
+# each format right after the weights — what an application does at start-up. The format really
+# reaches the load here (`generation.load_under_cap(..., kv=kind)`); the cell prints what each cache
+# holds at that moment.
 
 # %%
 if cuda:
     del model; measure.free_memory()
     base = torch.cuda.memory_allocated()
     cap = 0.4  # GiB: SmolLM2-135M is 0.50 GiB in fp32, 0.25 GiB in bf16
-    for kv in ("baseline", "fp8-e4m3", "int4"):
-        print(f"fp32 weights, KV={kv:<9}: loads = {generation.load_under_cap(cap, torch.float32)}   (no cache exists yet)")
-    print(f"bf16 weights               : loads = {generation.load_under_cap(cap, torch.bfloat16)}")
+    load_rows = [{"weights": str(dt).replace("torch.", ""), "kv": kv, **generation.load_under_cap(cap, dt, kv=kv)}
+                 for dt in (torch.float32, torch.bfloat16) for kv in ("baseline", "fp8-e4m3", "int4", "static")]
+    display(pd.DataFrame(load_rows))
+    growing = [r for r in load_rows if r["kv"] != "static"]
+    assert all(r["cache_bytes"] == 0 for r in growing if r["ok"])              # a growing cache holds nothing at start
+    assert len({r["ok"] for r in growing if r["weights"] == "float32"}) == 1    # so the format changes nothing
     assert torch.cuda.memory_allocated() == base
     model, tok, real_weights = models.load_for_memory(device=dev)
 else:
     c = models.architecture_config("SmolLM2-135M")
     print("No CUDA device; the arithmetic instead: weights fp32",
           measure.fmt_bytes(budget.weight_bytes(c, "fp32")), "vs bf16", measure.fmt_bytes(budget.weight_bytes(c, "bf16")),
-          "— a 0.4 GiB GPU takes only the second, whatever the KV format.")
+          "— a 0.4 GiB GPU takes only the second; a growing KV cache holds 0 bytes at start, whatever its format:",
+          {k: kvcache.stored_bytes(kvcache.make_cache(k, c)) for k in ("baseline", "fp8-e4m3", "int4")})
+
+# %% [markdown]
+# A growing cache (transformers' `DynamicCache`, our FP8 and INT4 layers) allocates nothing until the
+# first token, so at load time its format cannot matter. The `static` row is different: a cache that
+# reserves all its positions up front (here 4096) takes its bytes at start-up — and that is where the
+# KV format *does* decide a start-up failure. A serving engine works that way: vLLM reserves its KV
+# pool when it starts (`gpu_memory_utilization × total − weights − profiled activation peak`, cut
+# into blocks of 16 tokens; vLLM docs, "Engine arguments" and its memory profiling log), and refuses to
+# start when one sequence of `max_model_len` does not fit — there `--kv-cache-dtype fp8` halves the
+# pool's bytes per token. (Notebook 08, planned, will re-implement that plan.)
+#
+# ### A real quantized checkpoint at load time
+# A W4 checkpoint in the compressed-tensors format (what llm-compressor saves, as in notebooks 04 and
+# 05) is packed on disk. What does loading it cost? The same architecture saved dense (bf16) and as
+# W4 g64 (llm-compressor, round-to-nearest: the bytes do not depend on the algorithm), each loaded
+# with plain transformers:
+
+# %%
+import tempfile, pathlib
+ckpt_root = pathlib.Path(tempfile.mkdtemp(prefix="course-07-"))
+src = models.model_from_config("SmolLM2-135M", device="cpu", dtype=torch.bfloat16)
+src.save_pretrained(ckpt_root / "bf16", safe_serialization=True)
+llm_compressor.oneshot_quantize(src, torch.randint(3, 1000, (2, 64), generator=torch.Generator().manual_seed(0)),
+                                "rtn", QuantSpec(4, 64))
+llm_compressor.save_compressed(src, None, ckpt_root / "w4g64")
+del src
+ckpt_rows = [{"checkpoint": name, **generation.load_checkpoint(ckpt_root / name, dev, torch.bfloat16)}
+             for name in ("bf16", "w4g64")]
+ckpt = pd.DataFrame(ckpt_rows)
+disk_ratio = ckpt.disk_bytes[1] / ckpt.disk_bytes[0]
+print(f"on disk the W4 checkpoint is {disk_ratio:.2f}× the bf16 one; resident after loading: "
+      f"{ckpt.resident_param_bytes[1] / ckpt.resident_param_bytes[0]:.2f}× (transformers decompresses it)")
+key_numbers.record("07_kv_cache_ab", load_phase=ckpt)
+ckpt
+
+# %% [markdown]
+# Packed on disk is not packed in memory: plain transformers turns the compressed-tensors weights back
+# into dense 16-bit tensors while loading (the ratio printed above), so a W4 checkpoint *loaded this
+# way* needs the memory of the dense model, plus the packed copy while it is being decompressed (the
+# `peak_bytes` column, on a GPU). An engine with low-bit kernels (vLLM with Marlin/Machete kernels)
+# keeps the weights packed; notebook 08 (planned) measures that.
 
 # %% [markdown]
 # What does help at load time: a smaller weight dtype (bf16, int8, int4), `device_map="auto"` with
