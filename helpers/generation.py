@@ -244,7 +244,7 @@ def load_checkpoint(path, device, dtype=torch.bfloat16) -> dict:
     resident = sum(p.numel() * p.element_size() for p in model.parameters())
     out = {"disk_bytes": disk, "resident_param_bytes": resident, "seconds": secs,
            "peak_bytes": torch.cuda.max_memory_allocated() - before if cuda else None,
-           "dtypes": sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})}
+           "param_dtypes": sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})}
     del model
     free_memory()
     return out

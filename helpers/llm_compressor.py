@@ -83,7 +83,7 @@ def oneshot_quantize(model, calib: torch.Tensor, method: str = "gptq", spec: Qua
     spec = QuantSpec.of(spec, **spec_kw)
     C.check_calib(model, calib)
     groups = {"group_0": spec.to_llmcompressor()}
-    if method == "rtn":  # round-to-nearest on the scheme's grid: no search, calibration only runs through
+    if method == "rtn":  # round-to-nearest on the scheme's grid: weights only, no calibration needed
         recipe = [QuantizationModifier(config_groups=groups, ignore=["lm_head"])]
     elif method == "gptq":
         recipe = [GPTQModifier(config_groups=groups, ignore=["lm_head"], block_size=blocksize,
@@ -96,10 +96,13 @@ def oneshot_quantize(model, calib: torch.Tensor, method: str = "gptq", spec: Qua
     _give_path(model)
     t0 = time.perf_counter()
     with cpu_pin_memory_workaround():
-        oneshot(model=model, dataset=_dataset(calib), recipe=recipe, max_seq_length=calib.shape[1],
-                processor=tokenizer if tokenizer is not None else _PreTokenized(),
-                num_calibration_samples=len(calib), shuffle_calibration_samples=False,
-                pipeline="sequential")
+        if method == "rtn":  # llm-compressor's data-free pipeline: observers on the weights alone
+            oneshot(model=model, recipe=recipe, pipeline="datafree")
+        else:
+            oneshot(model=model, dataset=_dataset(calib), recipe=recipe, max_seq_length=calib.shape[1],
+                    processor=tokenizer if tokenizer is not None else _PreTokenized(),
+                    num_calibration_samples=len(calib), shuffle_calibration_samples=False,
+                    pipeline="sequential")
     secs = time.perf_counter() - t0
     bake(model)
     return {"seconds": secs, "calib_tokens": C.tokens_of(calib)}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import socket
 import time
 from functools import lru_cache
@@ -134,7 +135,11 @@ def offline_model_dir() -> Path:
     gguf = find_offline_gguf()
     out = cache_dir("models") / (gguf.stem + "-hf")
     if (out / "config.json").exists() and any(out.glob("*.safetensors")):
-        return out
+        problem = _unreadable_safetensors(out)
+        if problem is None:
+            return out
+        print(f"[model] the converted offline model in {out} is unusable ({problem}); converting again.")
+        shutil.rmtree(out)
     print(f"Converting {gguf.name} to a transformers directory (once) → {out}")
     src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -151,6 +156,21 @@ def offline_model_dir() -> Path:
     tok.save_pretrained(tmp)
     tmp.rename(out)
     return out
+
+
+def _unreadable_safetensors(folder: Path) -> str | None:
+    """None when every ``*.safetensors`` in ``folder`` opens and its tensors' bytes fit the file;
+    otherwise what is wrong (a truncated copy, a foreign file)."""
+    from safetensors import safe_open
+
+    for f in folder.glob("*.safetensors"):
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for name in sf.keys():
+                    sf.get_slice(name)
+        except Exception as e:  # truncated header, bad JSON, wrong magic: any of them means "reconvert"
+            return f"{f.name}: {type(e).__name__}"
+    return None
 
 
 def resolve_model_name(name: str | None = None, echo: bool = True) -> str:

@@ -176,10 +176,11 @@ cmp
 
 # %%
 choice_rows = []
-for bits in (4, 3):
-    for nxt in ("quantized", "full_precision"):
+for bits in pick(full=(4, 3), ci=(3,)):
+    for nxt in ("quantized", "full_precision"):   # "quantized" is the default: the variant built above
+        extra = {} if nxt == "quantized" else {"next_inputs": nxt}
         m, meta, key = variants.variant(bench, "awq", "ours", QuantSpec(bits, G), clip=True,
-                                        n_grid=S["n_grid"], next_inputs=nxt)
+                                        n_grid=S["n_grid"], **extra)
         choice_rows.append({"bits": bits, "block k calibrated on": nxt, "ppl": variants.perplexity(bench, m, key)})
         del m
 choice = pd.DataFrame(choice_rows)

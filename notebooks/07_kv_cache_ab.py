@@ -133,17 +133,21 @@ ckpt_rows = [{"checkpoint": name, **generation.load_checkpoint(ckpt_root / name,
              for name in ("bf16", "w4g64")]
 ckpt = pd.DataFrame(ckpt_rows)
 disk_ratio = ckpt.disk_bytes[1] / ckpt.disk_bytes[0]
-print(f"on disk the W4 checkpoint is {disk_ratio:.2f}× the bf16 one; resident after loading: "
-      f"{ckpt.resident_param_bytes[1] / ckpt.resident_param_bytes[0]:.2f}× (transformers decompresses it)")
+resident_ratio = ckpt.resident_param_bytes[1] / ckpt.resident_param_bytes[0]
+packed = "int32" in ckpt.param_dtypes[1]
+print(f"on disk the W4 checkpoint is {disk_ratio:.2f}× the bf16 one; resident after loading {resident_ratio:.2f}× "
+      f"→ {'kept packed (int32 words of 4-bit codes)' if packed else 'decompressed to dense weights'} by transformers")
 key_numbers.record("07_kv_cache_ab", load_phase=ckpt)
 ckpt
 
 # %% [markdown]
-# Packed on disk is not packed in memory: plain transformers turns the compressed-tensors weights back
-# into dense 16-bit tensors while loading (the ratio printed above), so a W4 checkpoint *loaded this
-# way* needs the memory of the dense model, plus the packed copy while it is being decompressed (the
-# `peak_bytes` column, on a GPU). An engine with low-bit kernels (vLLM with Marlin/Machete kernels)
-# keeps the weights packed; notebook 08 (planned) measures that.
+# With transformers 5 and compressed-tensors installed, the loaded W4 model **keeps its linears
+# packed** (the `param_dtypes` column: int32 words of eight 4-bit codes, plus their scales and zero points)
+# and dequantizes each layer's weight when it runs: the resident bytes follow the checkpoint, not the
+# dense model (the ratios printed above; the embeddings stay 16-bit, which is why the ratio is well
+# above 4/16). On a GPU, `peak_bytes` is the allocator's peak during the load. Dequantizing in every
+# forward costs time, not memory — whether it is *faster* than bf16 takes low-bit kernels
+# (notebook 08, planned).
 
 # %% [markdown]
 # What does help at load time: a smaller weight dtype (bf16, int8, int4), `device_map="auto"` with
@@ -171,9 +175,12 @@ if cuda:
     display(pd.DataFrame(rows))
     key_numbers.record("07_kv_cache_ab", oom_point={"cap_gib": cap_gib, "batch": BATCH, "prompt": PROMPT, "rows": rows})
 else:
-    per_tok = budget.kv_bytes(models.architecture_config("SmolLM2-135M"), 1, BATCH)
-    print(f"No CUDA device. Per generated token the KV grows by {measure.fmt_bytes(per_tok)} at batch {BATCH} in bf16,",
-          "half that in FP8, ~28 % in INT4: the same budget lasts ~2× / ~3.5× as many tokens.")
+    c = models.architecture_config("SmolLM2-135M")
+    per_tok = {k: budget.kv_bytes(c, 4096, BATCH, k) / 4096 for k in ("bf16", "fp8", "int4")}
+    print(f"No CUDA device. Per generated token the KV grows by {measure.fmt_bytes(per_tok['bf16'])} at batch {BATCH}"
+          f" in bf16, {per_tok['fp8'] / per_tok['bf16']:.0%} of that in FP8 and {per_tok['int4'] / per_tok['bf16']:.0%}"
+          f" in INT4: the same budget lasts {per_tok['bf16'] / per_tok['fp8']:.1f}× / "
+          f"{per_tok['bf16'] / per_tok['int4']:.1f}× as many tokens.")
 
 # %% [markdown]
 # ## 4. The A/B test
@@ -224,8 +231,9 @@ plt.tight_layout(); plt.show()
 # %% [markdown]
 # Read the table honestly:
 # * **bytes**: FP8 stores half of bf16 (a quarter of fp32 on a CPU); the scales cost 8 bytes per KV
-#   head and layer. INT4 stores codes (½ byte) plus an fp16 scale and minimum per 64 values → 28 % of
-#   bf16, plus the full-precision residual tokens, which matter at short contexts.
+#   head and layer. INT4 stores codes (½ byte) plus an fp16 scale and minimum per 64 values →
+#   (0.5 + 4/64) / 2 = 28 % of bf16 (`budget.kv_bytes`, equal to the caches' stored bytes in the
+#   unit tests), plus the full-precision residual tokens, which matter at short contexts.
 # * **peak** falls by less than the storage: each layer's attention still receives a
 #   full-precision copy of its K and V (dequantized on the fly), one layer at a time.
 # * **speed**: quantize + dequantize is extra work on every step; at short context a quantized cache
@@ -233,8 +241,12 @@ plt.tight_layout(); plt.show()
 # * **E4M3 vs E5M2**: same bytes; E4M3 has one more mantissa bit, so lower error — E5M2's range is not
 #   needed once a scale is applied.
 #
-# The H200 reference run over longer contexts (random-weight SmolLM2 architecture, batch 8) is in
-# `results/h200/kv_ab.json`.
+# The H200 reference run over longer contexts is in `results/h200/kv_ab.json`. It ran the SmolLM2
+# architecture with **random weights** (the offline model cannot travel to that machine): its bytes,
+# peaks and speeds are real, its agreement and KL are noise (nearly flat logits: even a bit-identical
+# bf16 cache loses a few % of top-1 agreement there), so they are not shown. Quality comes from the
+# real offline model on a CPU (`benchmarks/kv_quality.py` → `results/cpu/kv_quality.json`:
+# teacher-forced on WikiText continuations, perplexity of the true continuation per format).
 
 # %%
 import json, pathlib
@@ -242,7 +254,13 @@ ref = pathlib.Path("../results/h200/kv_ab.json")
 if ref.exists():
     r = pd.DataFrame(json.loads(ref.read_text()))
     r["kv %"] = 100 * r.kv_bytes / r.baseline_kv_bytes
-    display(r[["kv_format", "context", "batch", "kv %", "peak", "tokens_per_s", "token_agreement", "kl"]])
+    print("H200, weights:", set(r.weights), "→ bytes, peak and speed only")
+    display(r[["kv_format", "context", "batch", "kv %", "peak", "tokens_per_s"]])
+q = pathlib.Path("../results/cpu/kv_quality.json")
+if q.exists():
+    kq = pd.DataFrame(json.loads(q.read_text()))
+    print("CPU, weights:", set(kq.weights), "→ quality")
+    display(kq[["kv_format", "context", "batch", "continuation", "top1_agreement", "mean_kl", "ppl"]])
 
 # %% [markdown]
 # ## 5. Move seq_len and batch

@@ -390,3 +390,13 @@ def test_corrupt_key_numbers_file_names_the_file_and_remedy(tmp_path, monkeypatc
     bad.write_text(json.dumps({}))
     with pytest.raises(ValueError, match="notebook must be a non-empty name"):
         key_numbers.record("", a=1)
+
+
+def test_truncated_converted_model_is_detected(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(1000)}, str(tmp_path / "model.safetensors"))
+    assert models._unreadable_safetensors(tmp_path) is None
+    data = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert "model.safetensors" in models._unreadable_safetensors(tmp_path)
