@@ -92,18 +92,76 @@ class Shape:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         return cls(config.num_hidden_layers, config.hidden_size, config.intermediate_size, heads, kv,
                    head_dim, config.vocab_size, bool(getattr(config, "tie_word_embeddings", False)),
-                   getattr(config, "model_type", "") == "qwen2")
+                   getattr(config, "model_type", "") in ("qwen2", "qwen2_moe"))
+
+
+FAMILIES = {  # model_type → what its decoder layer holds beyond the Llama layout
+    "llama": {}, "mistral": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True}, "phi3": {},
+    "gemma": {}, "gemma2": {"sandwich_norms": True}, "gemma3_text": {"sandwich_norms": True, "qk_norm": True},
+    "mixtral": {"moe": "mixtral"}, "qwen2_moe": {"qkv_bias": True, "moe": "qwen2_moe"},
+    "qwen3_moe": {"qk_norm": True, "moe": "qwen3_moe"}, "deepseek_v2": {"mla": True, "moe": "deepseek"},
+}
+
+
+def _family(config) -> dict:
+    mt = getattr(config, "model_type", "")
+    if mt not in FAMILIES:
+        raise ValueError(f"param_counts does not know model_type {mt!r} (known: {sorted(FAMILIES)}): count it "
+                         "with budget.meta_param_count(config) instead of trusting a guess")
+    return FAMILIES[mt]
+
+
+def _attention_params(config, s: Shape, fam: dict) -> int:
+    """One layer's attention parameters (projections, biases, q/k norms; MLA's low-rank factors)."""
+    h, H = s.hidden, s.heads
+    if fam.get("mla"):  # DeepSeek-V2 multi-head latent attention (arXiv:2405.04434, §2.1)
+        rope, nope, v = config.qk_rope_head_dim, config.qk_nope_head_dim, config.v_head_dim
+        r_kv, r_q = config.kv_lora_rank, getattr(config, "q_lora_rank", None)
+        q = h * H * (nope + rope) if not r_q else h * r_q + r_q + r_q * H * (nope + rope)
+        return q + h * (r_kv + rope) + r_kv + r_kv * H * (nope + v) + H * v * h
+    attn = h * H * s.head_dim * 2 + h * s.kv_heads * s.head_dim * 2
+    if fam.get("qkv_bias"):
+        attn += (H + 2 * s.kv_heads) * s.head_dim
+    elif getattr(config, "attention_bias", False):
+        attn += (H + 2 * s.kv_heads) * s.head_dim + h
+    if fam.get("qk_norm"):
+        attn += 2 * s.head_dim
+    return attn
+
+
+def _mlp_params(config, s: Shape, fam: dict, layer: int) -> int:
+    """One layer's MLP: dense SwiGLU ``3·h·I``, or a mixture of experts (every expert's weights, the
+    router, shared experts) — all experts are resident, only ``num_experts_per_tok`` run per token."""
+    h, moe = s.hidden, fam.get("moe")
+    dense = 3 * h * s.intermediate + (2 * s.intermediate + h if getattr(config, "mlp_bias", False) else 0)
+    if moe == "mixtral":
+        return config.num_local_experts * 3 * h * s.intermediate + h * config.num_local_experts
+    if moe in ("qwen2_moe", "qwen3_moe"):
+        sparse = layer not in (getattr(config, "mlp_only_layers", None) or []) and \
+            (layer + 1) % getattr(config, "decoder_sparse_step", 1) == 0
+        if not sparse:
+            return dense
+        shared = getattr(config, "shared_expert_intermediate_size", 0) or 0
+        return (config.num_experts * 3 * h * config.moe_intermediate_size + h * config.num_experts
+                + (3 * h * shared + h if shared else 0))
+    if moe == "deepseek":
+        if layer < config.first_k_dense_replace:
+            return dense
+        shared = (config.n_shared_experts or 0) * config.moe_intermediate_size
+        return (config.n_routed_experts * 3 * h * config.moe_intermediate_size + h * config.n_routed_experts
+                + 3 * h * shared)
+    return dense
 
 
 def param_counts(config) -> dict:
-    """Parameters by part (Llama-style decoder): embeddings, decoder linears, norms, lm_head."""
+    """Parameters by part: embeddings, decoder linears (attention + MLP/experts, biases included),
+    norms, lm_head — for the families in :data:`FAMILIES` (Llama, Mistral, Qwen2/3, Phi-3, Gemma 1-3,
+    Mixtral, Qwen-MoE, DeepSeek-V2). Another ``model_type`` raises: count it on the meta device."""
+    fam = _family(config)
     s = Shape.from_config(config)
-    attn = s.hidden * s.heads * s.head_dim * 2 + s.hidden * s.kv_heads * s.head_dim * 2
-    if s.qkv_bias:
-        attn += (s.heads + 2 * s.kv_heads) * s.head_dim
-    mlp = 3 * s.hidden * s.intermediate
-    linears = s.layers * (attn + mlp)
-    norms = s.layers * 2 * s.hidden + s.hidden
+    attn = _attention_params(config, s, fam)
+    linears = sum(attn + _mlp_params(config, s, fam, i) for i in range(s.layers))
+    norms = s.layers * (4 if fam.get("sandwich_norms") else 2) * s.hidden + s.hidden
     embed = s.vocab * s.hidden
     head = 0 if s.tied else s.vocab * s.hidden
     return {"embed": embed, "linears": linears, "norms": norms, "lm_head": head,
@@ -137,19 +195,53 @@ def weight_bytes(config, fmt: str = "bf16") -> float:
     return (p["linears"] * format_bits(fmt) + rest * rest_bits) / 8
 
 
-def kv_bytes(config, seq_len: int, batch: int = 1, kv_dtype="bf16", group_size: int = 64,
-             residual_tokens: int = 0, residual_dtype="bf16") -> float:
-    """KV cache bytes, as the course's caches really store them (:mod:`helpers.kvcache`).
+def layer_windows(config) -> list[int | None]:
+    """Each layer's attention window: ``None`` for full attention, ``sliding_window`` for a sliding
+    layer. From ``config.layer_types`` where the config has it (Gemma-2/3's interleaved local/global
+    layers, Qwen2's ``max_window_layers``), otherwise every layer slides when ``sliding_window`` is
+    set (Mistral) unless ``use_sliding_window`` is False."""
+    n, w = config.num_hidden_layers, getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types:
+        unknown = set(types) - {"full_attention", "sliding_attention"}
+        if unknown:
+            raise ValueError(f"layer types {sorted(unknown)} are not modelled (full_attention and "
+                             "sliding_attention are)")
+        return [w if t == "sliding_attention" else None for t in types]
+    if w and getattr(config, "use_sliding_window", True) is not False:
+        return [w] * n
+    return [None] * n
 
-    * plain formats: ``2 · layers · kv_heads · head_dim · seq_len · batch · b``;
+
+def kv_positions(config, tokens: int, cache: str = "dynamic") -> list[int]:
+    """Positions each layer's KV cache holds after ``tokens`` tokens. A full-attention layer holds
+    all of them; a sliding layer in transformers' ``DynamicCache`` keeps the last ``window − 1`` (all
+    a later query can attend to besides itself), a ``StaticCache`` allocates ``min(window, length)``."""
+    if cache not in ("dynamic", "static"):
+        raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
+    keep = (lambda w: w - 1) if cache == "dynamic" else (lambda w: w)
+    return [tokens if w is None else min(tokens, keep(w)) for w in layer_windows(config)]
+
+
+def kv_bytes(config, seq_len: int, batch: int = 1, kv_dtype="bf16", group_size: int = 64,
+             residual_tokens: int = 0, residual_dtype="bf16", cache: str = "dynamic") -> float:
+    """KV cache bytes, as the caches really store them (transformers' for the plain formats, the
+    course's :mod:`helpers.kvcache` for fp8/int4).
+
+    * plain formats: ``Σ_layers positions_l · 2 · kv_heads · head_dim · batch · b``, with
+      ``positions_l`` from :func:`kv_positions` (sliding-window layers hold at most their window);
+      multi-head latent attention (DeepSeek-V2) stores ``kv_lora_rank + qk_rope_head_dim`` values per
+      position and layer instead of ``2 · kv_heads · head_dim`` (arXiv:2405.04434, §2.1.2);
     * ``"fp8"``: 1-byte codes plus one fp32 scale per layer, KV head and K/V
       (``+ 2 · layers · kv_heads · 4``);
     * ``"int4"``: two codes per byte plus an fp16 scale and an fp16 minimum per ``group_size`` values
       of each token's head (``head_dim/2 + 4·head_dim/g`` bytes per token and head), except the
       ``residual_tokens`` most recent tokens, kept in ``residual_dtype`` (the KIVI-style residual of
-      transformers' ``QuantizedLayer``; :func:`int4_residual_tokens` says how many)."""
+      transformers' ``QuantizedLayer``; :func:`int4_residual_tokens` says how many).
+    The course's fp8 and int4 layers keep every position (they do not evict outside a window)."""
     _check_positive(seq_len=seq_len, batch=batch)
     s = Shape.from_config(config)
+    fam = FAMILIES.get(getattr(config, "model_type", ""), {})
     heads = 2 * s.layers * s.kv_heads
     if kv_dtype == "int4":
         if not isinstance(residual_tokens, int) or not 0 <= residual_tokens <= seq_len:
@@ -158,8 +250,13 @@ def kv_bytes(config, seq_len: int, batch: int = 1, kv_dtype="bf16", group_size: 
         per_token = s.head_dim / 2 + (s.head_dim // g) * 4
         quantized = seq_len - residual_tokens
         return heads * batch * (quantized * per_token + residual_tokens * s.head_dim * dtype_bytes(residual_dtype))
-    plain = heads * s.head_dim * seq_len * batch * dtype_bytes(kv_dtype)
-    return plain + (heads * 4 if kv_dtype == "fp8" else 0)
+    if kv_dtype == "fp8":
+        return heads * s.head_dim * seq_len * batch * dtype_bytes("fp8") + heads * 4
+    if fam.get("mla"):
+        per_position = config.kv_lora_rank + config.qk_rope_head_dim
+    else:
+        per_position = 2 * s.kv_heads * s.head_dim
+    return sum(kv_positions(config, seq_len, cache)) * per_position * batch * dtype_bytes(kv_dtype)
 
 
 def int4_residual_tokens(decode_steps: int, residual_length: int = 16) -> int:
@@ -215,7 +312,7 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
         raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
     s = Shape.from_config(config)
     total = prompt_len + new_tokens - (1 if cache == "dynamic" else 0)
-    kv_full = kv_bytes(config, total, batch, kv_dtype)
+    kv_full = kv_bytes(config, total, batch, kv_dtype, cache=cache)
     act = activation_bytes(config, prompt_len, batch, act_dtype)
     kv_prompt = kv_full if cache == "static" else kv_bytes(config, prompt_len, batch, kv_dtype)
     prefill = kv_prompt + act["peak"]

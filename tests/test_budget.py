@@ -123,3 +123,95 @@ def test_kv_bytes_equal_the_real_caches(kind, fmt, decode_steps):
     tokens = 24 + decode_steps
     kw = {"residual_tokens": B.int4_residual_tokens(decode_steps), "residual_dtype": "fp32"} if fmt == "int4" else {}
     assert B.kv_bytes(cfg, tokens, 2, fmt, **kw) == kvcache.stored_bytes(cache)
+
+
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, pad_token_id=0, eos_token_id=1, bos_token_id=1)
+FAMILY_CASES = {
+    "llama": ("llama", {}), "llama+biases": ("llama", dict(attention_bias=True, mlp_bias=True)),
+    "mistral (sliding)": ("mistral", dict(sliding_window=8)), "qwen2": ("qwen2", {}),
+    "qwen2 (max_window_layers)": ("qwen2", dict(use_sliding_window=True, sliding_window=8, max_window_layers=2)),
+    "qwen3 (q/k norms)": ("qwen3", dict(head_dim=16)), "phi3 (fused qkv)": ("phi3", {}),
+    "gemma": ("gemma", dict(head_dim=16)), "gemma2 (4 norms, local/global)": ("gemma2", dict(head_dim=16, sliding_window=8)),
+    "gemma3": ("gemma3_text", dict(head_dim=16, sliding_window=8)),
+    "mixtral (MoE)": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2_moe (shared expert, sparse step)": ("qwen2_moe", dict(num_experts=4, moe_intermediate_size=24,
+                                                               shared_expert_intermediate_size=40, num_experts_per_tok=2,
+                                                               decoder_sparse_step=2)),
+    "qwen3_moe": ("qwen3_moe", dict(num_experts=4, moe_intermediate_size=24, num_experts_per_tok=2, head_dim=16)),
+    "deepseek_v2 (MLA)": ("deepseek_v2", dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                              v_head_dim=12, n_routed_experts=4, n_shared_experts=1,
+                                              moe_intermediate_size=24, first_k_dense_replace=1, num_experts_per_tok=2)),
+    "deepseek_v2 (q LoRA)": ("deepseek_v2", dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=20, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                                 v_head_dim=12, n_routed_experts=4, n_shared_experts=2,
+                                                 moe_intermediate_size=24, first_k_dense_replace=2, num_experts_per_tok=2)),
+}
+
+
+def family_config(name):
+    from transformers import AutoConfig
+
+    mt, kw = FAMILY_CASES[name]
+    return AutoConfig.for_model(mt, **{**TINY, **kw})
+
+
+@pytest.mark.parametrize("name", list(FAMILY_CASES))
+def test_param_counts_equal_the_meta_model(name):
+    """Every family's count (extra norms, q/k norms, biases, experts, MLA factors) against the real
+    transformers class built on the meta device."""
+    cfg = family_config(name)
+    assert B.param_counts(cfg)["total"] == B.meta_param_count(cfg)
+
+
+def test_unknown_family_raises_instead_of_guessing():
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model("gpt2", n_embd=64, n_layer=2, n_head=4)
+    with pytest.raises(ValueError, match="does not know model_type 'gpt2'.*meta_param_count"):
+        B.param_counts(cfg)
+
+
+@pytest.mark.parametrize("name", ["mistral (sliding)", "qwen2 (max_window_layers)", "gemma2 (4 norms, local/global)",
+                                  "gemma3", "deepseek_v2 (MLA)", "llama"])
+@pytest.mark.parametrize("prompt,decode", [(20, 0), (20, 5), (5, 0), (5, 10)])
+def test_kv_bytes_follow_windows_and_latents(name, prompt, decode):
+    """budget.kv_bytes equals what transformers' DynamicCache stores, sliding windows (w − 1 kept) and
+    DeepSeek-V2's compressed latents (kv_lora_rank + qk_rope_head_dim per position) included."""
+    from transformers import AutoModelForCausalLM
+    from transformers.cache_utils import DynamicCache
+
+    from helpers import kvcache
+
+    cfg = family_config(name)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    cache = DynamicCache(config=cfg)
+    with torch.no_grad():
+        nxt = model(torch.randint(3, 120, (2, prompt)), past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        for _ in range(decode):
+            nxt = model(nxt, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+    assert B.kv_bytes(cfg, prompt + decode, 2, "fp32") == kvcache.stored_bytes(cache)
+
+
+@pytest.mark.parametrize("name", ["mistral (sliding)", "gemma2 (4 norms, local/global)"])
+def test_static_cache_allocates_the_window(name):
+    from transformers import AutoModelForCausalLM
+    from transformers.cache_utils import StaticCache
+
+    from helpers import kvcache
+
+    cfg = family_config(name)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    cache = StaticCache(config=cfg, max_cache_len=30)
+    with torch.no_grad():
+        model(torch.randint(3, 120, (2, 20)), past_key_values=cache, use_cache=True)
+    assert B.kv_bytes(cfg, 30, 2, "fp32", cache="static") == kvcache.stored_bytes(cache)
+
+
+def test_sliding_window_past_the_window_is_flat():
+    """Mistral-style: past the window the KV stops growing (the +100 % error of the old formula)."""
+    from transformers import MistralConfig
+
+    cfg = MistralConfig()  # transformers' default: sliding_window=4096, 32 layers, 8 KV heads of 128
+    assert B.kv_bytes(cfg, 8192, 2) == B.kv_bytes(cfg, 4095, 2) == 2 * 32 * 8 * 128 * 4095 * 2 * 2
+    assert B.layer_windows(cfg) == [4096] * 32
