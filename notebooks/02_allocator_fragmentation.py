@@ -61,6 +61,9 @@ else:
 
 # %% [markdown]
 # ## 2. The policy in five rules (what the simulator implements)
+# The sizes are the constants of PyTorch's `c10/cuda/CUDACachingAllocator.cpp` (`kMinBlockSize` 512 B,
+# `kSmallSize` 1 MiB, `kSmallBuffer` 2 MiB, `kLargeBuffer` 20 MiB, `kMinLargeAlloc` 10 MiB,
+# `kRoundLarge` 2 MiB); `helpers/allocator_sim.py` names them `K_MIN_BLOCK`, `K_SMALL_SIZE`, ….
 # 1. sizes round up to 512 B; ≤ 1 MiB goes to a *small pool* of 2 MiB segments, larger to the
 #    *large pool* (20 MiB segments below 10 MiB, else the size rounded up to 2 MiB);
 # 2. a request takes the **best-fitting** cached free block of its pool;

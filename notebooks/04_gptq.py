@@ -47,7 +47,7 @@ if importlib.util.find_spec("helpers") is None:
 import copy, time
 import pandas as pd
 import torch
-from helpers import calib, gptq, llm_compressor, quant, key_numbers, course_model, variants
+from helpers import budget, calib, course_model, gptq, key_numbers, llm_compressor, models, quant, variants
 from helpers.models import decoder_layers
 bench = course_model.setup()
 model = bench.model
@@ -161,10 +161,16 @@ print(f"checkpoint: {info['safetensors_bytes'] / 2**20:.1f} MiB on disk (the {ne
 print(f"max |Δ logits| after reload: {info['max_abs_logit_diff']:.2e}; same greedy tokens: {info['agreement'] == 1.0}")
 assert info["agreement"] > 0.99
 del lc4
+share = {}
+for arch in ("SmolLM2-135M", "Llama-2-7B"):
+    pc = budget.param_counts(models.architecture_config(arch))
+    share[arch] = pc["linears"] / pc["total"]
+print("decoder linears' share of the parameters:", {k: f"{v:.1%}" for k, v in share.items()})
 
 # %% [markdown]
 # The embeddings and `lm_head` (tied in SmolLM2, 28 M of its 135 M parameters) stay in 16-bit, which
-# is why a 135M model shrinks less than 4×: on a 7B model the decoder linears are ~97 % of the bytes.
+# is why a 135M model shrinks less than 4×: the decoder linears are a much larger share of a 7B model
+# (both shares printed above).
 #
 # ## 4. From AutoGPTQ to llm-compressor
 # Much online material (and this course's seed) uses AutoGPTQ. It is **archived** and does not run
@@ -180,10 +186,11 @@ pd.DataFrame([r for r in llm_compressor.API_MAP if r[0] == "AutoGPTQ"], columns=
 # `results/h200/quantizers.json` (architectures from config on an H200, time only).
 #
 # On a GPU the column loop is a different problem: each column is ~10 tiny kernels launched from
-# Python, so the GPU mostly waits for launches (our first H200 run: 40 s for Qwen2.5-0.5B, 2× slower
-# than llm-compressor). `gptq.py` therefore records one block's column loop as a **CUDA graph** and
-# replays it for every block of that shape (`graphs=`, on by default on CUDA with static groups):
-# the same kernels, bit-identical weights (tested), one launch per block — 8.3 s on the H200.
+# Python, so the GPU mostly waits for launches (the course's first H200 run, before graphs: 40.0 s for
+# Qwen2.5-0.5B, 2× llm-compressor — recorded in the README's H200 section). `gptq.py` therefore
+# records one block's column loop as a **CUDA graph** and replays it for every block of that shape
+# (`column_loop_graphs`, on by default on CUDA with static groups): the same kernels, bit-identical
+# weights (tested), one launch per block — the H200 rows printed below.
 
 # %%
 import json

@@ -20,7 +20,7 @@
 # precision and no backpropagation:
 #
 # 1. **Not all weights matter equally**: weights multiplying large *activations* matter most.
-# 2. Keeping ~1 % of input channels in full precision recovers most of RTN's loss — but mixed
+# 2. Keeping ~1 % of input channels in full precision recovers most of RTN's loss (the paper's §3.1, Table 1; section 2 below measures it here) — but mixed
 #    precision is awkward for kernels.
 # 3. Instead, **scale** those channels' weights up by $s$ before rounding and the activations down by
 #    $s$ (folded into the previous op): their relative rounding error shrinks by about $s$.
