@@ -266,7 +266,9 @@ BUDGET_ERRORS = [
     (lambda: budget.activation_bytes(CFG, 128, 1, attention="flash"), ValueError, "attention must be"),
     (lambda: budget.generation_peak(CFG, 128, 8, cache="paged"), ValueError, "cache must be"),
     (lambda: budget.format_bits("int4-g48"), ValueError, "unknown weight format"),
-    (lambda: budget.param_counts(type("Cfg", (), {"num_hidden_layers": 2})()), ValueError, "config lacks"),
+    (lambda: budget.param_counts(type("Cfg", (), {"num_hidden_layers": 2})()), ValueError, "does not know model_type"),
+    (lambda: budget.kv_bytes(type("Cfg", (), {"num_hidden_layers": 2, "model_type": "llama"})(), 8), ValueError,
+     "config lacks"),
     (lambda: budget.dtype_bytes("fp6"), ValueError, "unknown dtype"),
 ]
 
