@@ -294,7 +294,8 @@ else:
 
 # %% [markdown]
 # ### Check yourself
-# 1. SmolLM2-135M: KV bytes per token in bf16? 2. Llama-2-70B in INT4 (g128) — weights in GB?
+# 1. SmolLM2-135M: KV bytes per token in bf16?
+# 2. Llama-2-70B in INT4 (g128) — weights in GB?
 # 3. How much does the KV cache of Llama-3.1-8B take at 32k context, batch 1, fp16?
 
 # %%

@@ -291,9 +291,12 @@ preview
 # they did.
 #
 # ### Check yourself
-# 1. Bits per weight of INT4 g64 with an fp16 scale and an fp16 zero per group? 2. The INT4 g64
-# bytes of a 576 × 576 matrix stored as GPTQ does (packed codes, fp16 scales, zeros packed at 4 bits)?
-# 3. E4M3's largest finite value? Work them out on paper, then run the cell.
+# 1. Bits per weight of INT4 g64 with an fp16 scale and an fp16 zero per group?
+# 2. The INT4 g64 bytes of a 576 × 576 matrix stored as GPTQ does (packed codes, fp16 scales, zeros
+#    packed at 4 bits)?
+# 3. E4M3's largest finite value?
+#
+# Work them out on paper, then run the cell.
 
 # %%
 answers = {"1": quant.bits_per_weight(4, 64, zero_bits=16),
