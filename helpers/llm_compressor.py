@@ -57,6 +57,22 @@ def cpu_pin_memory_workaround():
         IntermediatesCache.pin_memory = original
 
 
+@contextlib.contextmanager
+def quiet_logs(names=("llmcompressor", "compressed_tensors")):
+    """Silence the libraries' loguru messages (hundreds of INFO/METRIC lines per ``oneshot``, which push
+    a notebook cell's own table below JupyterLab's "Show more outputs") for the duration of the block;
+    what was enabled before is enabled again on exit. Errors still raise as usual."""
+    from loguru import logger  # with llmcompressor (see _LAZY)
+
+    for name in names:
+        logger.disable(name)
+    try:
+        yield
+    finally:
+        for name in names:
+            logger.enable(name)
+
+
 def scheme(spec: QuantSpec | None = None, **spec_kw):
     """A compressed-tensors weight-only scheme from the course's :class:`QuantSpec`."""
     return QuantSpec.of(spec, **spec_kw).to_llmcompressor()
@@ -95,7 +111,7 @@ def oneshot_quantize(model, calib: torch.Tensor, method: str = "gptq", spec: Qua
         raise ValueError(f"method must be 'rtn', 'gptq' or 'awq', got {method!r}")
     _give_path(model)
     t0 = time.perf_counter()
-    with cpu_pin_memory_workaround():
+    with cpu_pin_memory_workaround(), quiet_logs():
         if method == "rtn":  # llm-compressor's data-free pipeline: observers on the weights alone
             oneshot(model=model, recipe=recipe, pipeline="datafree")
         else:

@@ -62,3 +62,27 @@ def test_our_gptq_is_bit_identical_to_llm_compressor_on_the_first_block(tiny_lla
         if isinstance(mod, torch.nn.Linear):
             theirs = lib.model.layers[0].get_submodule(name).weight.data.to(mod.weight.device)
             assert torch.equal(mod.weight.data, theirs), name
+
+
+def test_oneshot_logs_are_quieted_and_restored(tiny_llama, tiny_calib):
+    """Inside our call the library's log records are dropped; afterwards its logging works again
+    (a direct ``oneshot`` call emits them). A sink of our own collects what loguru emits."""
+    import copy
+
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from loguru import logger
+
+    seen: list = []
+    sink = logger.add(lambda m: seen.append(m.record["name"]), level="DEBUG")
+    try:
+        other = copy.deepcopy(tiny_llama)
+        llmc.oneshot_quantize(tiny_llama, tiny_calib, "gptq", QuantSpec(4, 32))
+        assert not [n for n in seen if n.startswith(("llmcompressor", "compressed_tensors"))]
+        recipe = [QuantizationModifier(config_groups={"g": QuantSpec(4, 32).to_llmcompressor()}, ignore=["lm_head"])]
+        llmc._give_path(other)   # the library re-reads the config from a path
+        with llmc.cpu_pin_memory_workaround():
+            oneshot(model=other, recipe=recipe, pipeline="datafree")
+        assert [n for n in seen if n.startswith("llmcompressor")]
+    finally:
+        logger.remove(sink)
