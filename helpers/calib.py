@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from tqdm.auto import tqdm
 
-from .models import decoder_layers
+from .models import check_token_ids, decoder_layers
 from .qspec import positive_int
 
 
@@ -22,13 +22,7 @@ def check_calib(model, calib) -> None:
     if calib.dim() != 2 or calib.numel() == 0:
         raise ValueError(f"calib must be token ids [n_samples, seq_len] with n_samples, seq_len ≥ 1, "
                          f"got shape {tuple(calib.shape)}")
-    if calib.is_floating_point() or calib.dtype == torch.bool:
-        raise TypeError(f"calib must hold integer token ids, got {calib.dtype}")
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    lo, hi = int(calib.min()), int(calib.max())
-    if lo < 0 or (vocab is not None and hi >= vocab):
-        raise ValueError(f"calib holds token ids in [{lo}, {hi}], outside the model's vocabulary "
-                         f"[0, {vocab}): was it tokenized with another model's tokenizer?")
+    check_token_ids(model, calib, "calib")
 
 
 class _Stop(Exception):

@@ -24,6 +24,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
+from .models import check_token_ids
 from .qspec import as_int, positive_int
 
 
@@ -63,12 +64,7 @@ def check_token_stream(model, ids) -> torch.Tensor:
         raise TypeError(f"ids must be a 1-D torch.Tensor of token ids, got {type(ids).__name__}")
     if ids.dim() != 1:
         raise ValueError(f"ids must be a 1-D token stream, got shape {tuple(ids.shape)}")
-    if ids.is_floating_point() or ids.dtype == torch.bool:
-        raise TypeError(f"ids must hold integer token ids, got {ids.dtype}")
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    if ids.numel() and (int(ids.min()) < 0 or (vocab is not None and int(ids.max()) >= vocab)):
-        raise ValueError(f"ids hold token ids in [{int(ids.min())}, {int(ids.max())}], outside the model's "
-                         f"vocabulary [0, {vocab}): tokenize with this model's tokenizer")
+    check_token_ids(model, ids, "ids")
     return ids
 
 

@@ -240,6 +240,18 @@ def load_model(name: str | None = None, dtype=None, device=None, echo: bool = Tr
     return model, tok
 
 
+def check_token_ids(model, ids: torch.Tensor, name: str) -> None:
+    """The door check every function taking token ids shares: integer dtype, and every id inside
+    the model's vocabulary — so a wrong input fails here, naming ``name`` and the range it holds,
+    instead of "index out of range in self" deep in the embedding lookup."""
+    if ids.is_floating_point() or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids, got {ids.dtype}")
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if ids.numel() and (int(ids.min()) < 0 or (vocab is not None and int(ids.max()) >= vocab)):
+        raise ValueError(f"{name} holds token ids in [{int(ids.min())}, {int(ids.max())}], outside the model's "
+                         f"vocabulary [0, {vocab}): was it tokenized with another model's tokenizer?")
+
+
 def decoder_layers(model) -> torch.nn.ModuleList:
     """The list of decoder blocks (``model.model.layers`` for Llama/Qwen2/Mistral families)."""
     inner = getattr(model, "model", None)

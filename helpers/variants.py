@@ -127,6 +127,22 @@ def load(model, key: str) -> dict | None:
     return meta
 
 
+def bench_key(bench: Bench, method: str, impl: str, spec: QuantSpec, calib, **kw) -> str:
+    """The store key of a variant of the bench model: everything that determines its weights."""
+    return variant_key(bench.name, method, impl, spec, 0 if calib is None else calib.numel(),
+                       profile=profile(), real=bench.quality_meaningful, version=CACHE_VERSION,
+                       dtype=str(bench.dtype), **kw)
+
+
+def stored_meta(bench: Bench, method: str, impl: str = "ours", spec: QuantSpec | None = None, **kw) -> dict | None:
+    """The facts stored with a variant (``seconds``, …) without loading its weights; None when it
+    is not stored (then :func:`variant` makes it)."""
+    spec = QuantSpec.of(spec) if spec is not None else QuantSpec()
+    key = bench_key(bench, method, impl, spec, None if method == "rtn" else bench.calib(), **kw)
+    path = _store() / f"{key}.json"
+    return read_json(path) if path.exists() and (_store() / f"{key}.safetensors").exists() else None
+
+
 def variant(bench: Bench, method: str, impl: str = "ours", spec: QuantSpec | None = None,
             rebuild: bool = False, **kw):
     """``(model, meta, key)``: a quantized copy of the bench model, from the store when it was made
@@ -134,9 +150,7 @@ def variant(bench: Bench, method: str, impl: str = "ours", spec: QuantSpec | Non
     asymmetric; ``kw`` goes to the quantizer (and into the key)."""
     spec = QuantSpec.of(spec) if spec is not None else QuantSpec()
     calib = None if method == "rtn" else bench.calib()
-    key = variant_key(bench.name, method, impl, spec, 0 if calib is None else calib.numel(),
-                      profile=profile(), real=bench.quality_meaningful, version=CACHE_VERSION,
-                      dtype=str(bench.dtype), **kw)
+    key = bench_key(bench, method, impl, spec, calib, **kw)
     model = copy.deepcopy(bench.model)
     meta = None if rebuild else load(model, key)
     if meta is not None:

@@ -68,3 +68,12 @@ def test_keys_carry_the_spec():
     k3 = variants.variant_key("m", "gptq", "ours", QuantSpec(3, 64), 10)
     kc = variants.variant_key("m", "gptq", "ours", QuantSpec(4, None), 10)
     assert len({k4, k3, kc}) == 3 and "w4g64" in k4 and "w4ch" in kc
+
+
+def test_stored_meta_reads_the_facts_without_the_weights(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
+    bench = make_bench(tiny_llama)
+    assert variants.stored_meta(bench, "rtn", spec=QuantSpec(4, 32)) is None
+    _, meta, _ = variants.variant(bench, "rtn", spec=QuantSpec(4, 32))
+    stored = variants.stored_meta(bench, "rtn", spec=QuantSpec(4, 32))
+    assert stored["seconds"] == meta["seconds"] and variants.stored_meta(bench, "rtn", spec=QuantSpec(3, 32)) is None
