@@ -1,0 +1,145 @@
+"""How a serving engine plans its memory at start-up (vLLM's rule, re-implemented and checked).
+
+vLLM does not grow its KV cache as requests arrive, as ``generate`` does: at start-up it profiles
+one forward pass at the largest batch it will schedule and pre-allocates everything left as a pool
+of fixed-size KV blocks (PagedAttention, Kwon et al. 2023, arXiv:2309.06180, §4.1–4.2):
+
+    usable      = gpu_memory_utilization × total GPU memory
+    KV pool     = usable − weights − PyTorch activation peak (profiled) − non-torch memory
+    blocks      = ⌊ KV pool / block bytes ⌋,    block bytes = block_size · Σ_layers bytes per token and layer
+    max tokens  = blocks · block_size,          concurrency at max_model_len = max tokens / max_model_len
+
+and refuses to start when the pool is empty or cannot hold one sequence of ``max_model_len`` tokens
+(the messages in :class:`EngineStartupError` follow vLLM's ``vllm/v1/core/kv_cache_utils.py``).
+The log lines this module parses and reproduces are vLLM's ``Memory profiling`` report, e.g.
+vllm-project/vllm#12330 (Llama-3-8B on an A100-40GB).
+
+So the KV format decides a *start-up* failure only in such an engine: ``--kv-cache-dtype fp8``
+halves the block bytes and doubles the blocks; a quantized checkpoint moves memory from weights to KV.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+
+from .budget import Shape, dtype_bytes, layer_windows
+
+GiB = 1024**3
+KV_CACHE_DTYPES = {"auto": None, "bfloat16": "bf16", "float16": "fp16", "fp8": "fp8", "fp8_e4m3": "fp8",
+                   "fp8_e5m2": "fp8"}
+
+
+class EngineStartupError(ValueError):
+    """The engine cannot start: no room for KV blocks, or one ``max_model_len`` sequence does not fit."""
+
+
+@dataclass
+class MemoryProfile:
+    """The numbers vLLM's start-up profile reports, in bytes."""
+    total: float
+    utilization: float
+    weights: float
+    activation_peak: float
+    non_torch: float
+
+    def __post_init__(self):
+        if not 0 < self.utilization <= 1:
+            raise ValueError(f"utilization (gpu_memory_utilization) must be in (0, 1], got {self.utilization}")
+        for name in ("total", "weights", "activation_peak", "non_torch"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+                raise ValueError(f"{name} must be a non-negative number of bytes, got {value!r}")
+
+
+def kv_bytes_per_token(config, kv_cache_dtype: str = "auto", model_dtype: str = "bf16") -> int:
+    """Bytes one token occupies in the KV pool, summed over layers:
+    ``layers · 2 · kv_heads · head_dim · bytes`` (``auto`` = the model's dtype; ``fp8`` = 1 byte).
+
+    vLLM gives sliding-window layers their own, smaller pools; this planner refuses such configs
+    rather than over-counting them (use :func:`helpers.budget.kv_bytes` for those caches)."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {sorted(KV_CACHE_DTYPES)} (vLLM's --kv-cache-dtype), "
+                         f"got {kv_cache_dtype!r}")
+    if any(w is not None for w in layer_windows(config)):
+        raise ValueError("this config has sliding-window layers: vLLM plans them as separate KV groups, which "
+                         "this planner does not model; plan a full-attention config")
+    s = Shape.from_config(config)
+    fmt = KV_CACHE_DTYPES[kv_cache_dtype] or model_dtype
+    return int(s.layers * 2 * s.kv_heads * s.head_dim * dtype_bytes(fmt))
+
+
+def plan(profile: MemoryProfile, per_token: int, max_model_len: int, block_size: int = 16) -> dict:
+    """vLLM's start-up plan from a memory profile: KV pool bytes, blocks, tokens and concurrency.
+
+    Raises :class:`EngineStartupError` where vLLM refuses to start."""
+    if not isinstance(max_model_len, int) or max_model_len <= 0:
+        raise ValueError(f"max_model_len must be a positive int, got {max_model_len!r}")
+    if not isinstance(block_size, int) or block_size <= 0:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if per_token <= 0:
+        raise ValueError(f"per_token must be positive bytes, got {per_token}")
+    usable = profile.utilization * profile.total
+    pool = usable - profile.weights - profile.activation_peak - profile.non_torch
+    block_bytes = per_token * block_size
+    if pool <= 0:
+        raise EngineStartupError(
+            f"No available memory for the cache blocks: usable {usable / GiB:.2f} GiB − weights "
+            f"{profile.weights / GiB:.2f} − activation peak {profile.activation_peak / GiB:.2f} − non-torch "
+            f"{profile.non_torch / GiB:.2f} = {pool / GiB:.2f} GiB. Try increasing `gpu_memory_utilization` "
+            "when initializing the engine (or a smaller/quantized model, or a smaller --max-num-batched-tokens).")
+    blocks = int(pool // block_bytes)
+    max_tokens = blocks * block_size
+    needed = math.ceil(max_model_len / block_size) * block_bytes
+    if needed > pool:
+        raise EngineStartupError(
+            f"To serve at least one request with the model's max seq len ({max_model_len}), "
+            f"({needed / GiB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({pool / GiB:.2f} GiB). Based on the available memory, the estimated maximum model length is "
+            f"{max_tokens}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+            "initializing the engine.")
+    return {"usable": usable, "kv_pool": pool, "block_bytes": block_bytes, "blocks": blocks,
+            "max_tokens": max_tokens, "concurrency": max_tokens / max_model_len, **asdict(profile)}
+
+
+_LOG_FIELDS = {
+    "total": r"total_gpu_memory \(([\d.]+)GiB\)",
+    "utilization": r"gpu_memory_utilization \(([\d.]+)\)",
+    "weights": r"model weights take ([\d.]+)GiB",
+    "non_torch": r"non_torch_memory takes ([\d.]+)GiB",
+    "activation_peak": r"activation peak memory takes ([\d.]+)GiB",
+}
+
+
+def parse_vllm_log(text: str) -> dict:
+    """The profile, the reported KV pool, blocks and concurrency from vLLM's start-up log lines
+    (the ``worker.py`` "Memory profiling" format of vLLM 0.6–0.8; GiB values are rounded to 0.01)."""
+    out = {}
+    for key, pattern in _LOG_FIELDS.items():
+        m = re.search(pattern, text)
+        if not m:
+            raise ValueError(f"the log has no {key!r} field (looked for /{pattern}/): paste the lines starting at "
+                             "'the current vLLM instance can use total_gpu_memory'")
+        out[key] = float(m.group(1)) * (1 if key == "utilization" else GiB)
+    if m := re.search(r"reserved for KV Cache is ([\d.]+)GiB", text):
+        out["kv_pool"] = float(m.group(1)) * GiB
+    if m := re.search(r"# GPU blocks: (\d+)", text):
+        out["blocks"] = int(m.group(1))
+    if m := re.search(r"Maximum concurrency for (\d+) tokens per request: ([\d.]+)x", text):
+        out["max_model_len"], out["concurrency"] = int(m.group(1)), float(m.group(2))
+    return out
+
+
+def profile_from_log(parsed: dict) -> MemoryProfile:
+    return MemoryProfile(**{k: parsed[k] for k in ("total", "utilization", "weights", "activation_peak",
+                                                   "non_torch")})
+
+
+def rounding_bounds(parsed: dict, per_token: int, block_size: int = 16) -> tuple[int, int]:
+    """The block counts the log's rounded GiB values allow: each of the four byte fields is known to
+    ±0.005 GiB, so the pool to ±0.005·(0.9 + 3) GiB around ``usable − weights − activation − non-torch``."""
+    p = profile_from_log(parsed)
+    pool = p.utilization * p.total - p.weights - p.activation_peak - p.non_torch
+    slack = 0.005 * GiB * (p.utilization + 3)
+    block = per_token * block_size
+    return int((pool - slack) // block), int((pool + slack) // block)

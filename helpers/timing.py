@@ -1,0 +1,72 @@
+"""Timing GPU work honestly: CUDA events, warm-up, the L2 cache flushed, and the bandwidth limit.
+
+A decode-shaped matmul reads every weight byte once, so its speed limit is
+``bytes read / bandwidth``. The bandwidth a kernel can reach is measured, not taken from the data
+sheet: a device-to-device copy of a buffer much larger than L2 reads and writes every byte once,
+so ``copy GB/s = 2 · bytes / time`` (the convention of NVIDIA's ``bandwidthTest`` and of
+``torch.cuda`` memory benchmarks). Between timed calls a 256 MiB buffer is overwritten so the
+weights come from HBM, not from the L2 cache (50–60 MB on an H100/H200), as they would in a model
+whose layers are far larger than L2.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+L2_FLUSH_BYTES = 256 * 1024**2
+
+
+def _flush(buf: torch.Tensor | None) -> None:
+    if buf is not None:
+        buf.zero_()
+
+
+def gpu_ms(fn, iters: int = 50, warmup: int = 5, flush_l2: bool = True) -> float:
+    """Median milliseconds of ``fn()`` on the current CUDA device (CUDA events around each call).
+
+    With ``flush_l2`` a 256 MiB buffer is zeroed before every call (outside the timed region)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("gpu_ms times CUDA work; on CPU use cpu_ms")
+    buf = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        _flush(buf)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def cpu_ms(fn, iters: int = 5, warmup: int = 1) -> float:
+    """Median wall-clock milliseconds of ``fn()`` (CPU work)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbps(nbytes: int = 2 * 1024**3, iters: int = 20) -> float:
+    """Device-to-device copy bandwidth in GB/s: ``2 · nbytes / time`` (each byte read once, written once)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = gpu_ms(lambda: dst.copy_(src), iters=iters, flush_l2=False)
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def roofline_tokens_per_s(weight_bytes: float, bandwidth_gbps: float, kv_bytes: float = 0.0) -> float:
+    """Decode's upper bound: every step reads all weights (and the KV cache) once, so
+    ``tokens/s ≤ bandwidth / (weight bytes + KV bytes)`` per sequence (batch 1)."""
+    if weight_bytes <= 0 or bandwidth_gbps <= 0:
+        raise ValueError(f"weight_bytes and bandwidth_gbps must be positive, got {weight_bytes}, {bandwidth_gbps}")
+    return bandwidth_gbps * 1e9 / (weight_bytes + kv_bytes)
