@@ -15,9 +15,10 @@ bytes into time (the lesson of notebook 08, measured one by one in ``benchmarks/
 
 1. ``BLOCK_K`` spans several groups and the codes arrive as int32 words (wide loads);
 2. split-K (``SPLIT_K`` programs along ``K``, fp32 atomics) so every SM streams even when ``N`` is small;
-3. nibble → fp16 without a per-element integer-to-float convert: ``0x6400 | q`` *is* the fp16 number
-   ``1024 + q`` (the trick in Marlin and FasterTransformer's ``lop3`` dequantizers), so
-   ``(1024 + q) − (1024 + z)`` is exact in fp16 (``MAGIC=True``);
+3. nibble → float without an integer-to-float convert (a quarter-rate instruction): ``0x4B000000 | q``
+   *is* the float32 number ``2^23 + q``, so one OR and one subtraction give ``q`` exactly — the fp32
+   form of the ``0x6400 | q`` = fp16 ``1024 + q`` trick in Marlin and FasterTransformer's ``lop3``
+   dequantizers (``MAGIC=True``);
 4. the block shape tuned per matrix shape (``triton.autotune``).
 
 The readable reference is :func:`reference_matmul` (dequantize, then matmul); the kernel is tested
@@ -112,28 +113,28 @@ if triton is not None:
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
         NG: tl.constexpr = BLOCK_K // GROUP
-        WPG: tl.constexpr = GROUP // 8                     # int32 words per group
-        shifts = tl.arange(0, 8) * 4
+        NW: tl.constexpr = BLOCK_K // 8                   # int32 words per row and step
+        WPG: tl.constexpr = GROUP // 8                    # int32 words per group
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
         k_span = K // SPLIT_K
         for k0 in range(pid_k * k_span, (pid_k + 1) * k_span, BLOCK_K):
-            words = tl.load(w_ptr + offs_n[:, None] * stride_wn + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :],
-                            mask=mask_n[:, None], other=0)                             # [BN, BK/8] int32
-            nib = (words[:, :, None] >> shifts[None, None, :]) & 0xF                  # [BN, BK/8, 8]
-            if MAGIC:   # 0x6400 | q is the fp16 number 1024 + q (no integer→float convert)
-                qf = (nib | 0x6400).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            else:
-                qf = nib.to(tl.float32)
-            x = tl.load(x_ptr + k0 + tl.arange(0, BLOCK_K)).to(tl.float32)
-            x2 = tl.reshape(x, (BLOCK_K // 8, 8))
-            part = tl.sum(qf * x2[None, :, :], axis=2)                                  # [BN, BK/8]
+            words = tl.load(w_ptr + offs_n[:, None] * stride_wn + (k0 // 8 + tl.arange(0, NW))[None, :],
+                            mask=mask_n[:, None], other=0)                             # [BN, NW] int32
+            part = tl.zeros((BLOCK_N, NW), dtype=tl.float32)
+            for j in tl.static_range(8):                  # nibble j of every word: codes 8w + j
+                nib = (words >> (4 * j)) & 0xF
+                if MAGIC:   # 0x4B000000 | q is the float32 2^23 + q: no (quarter-rate) int→float convert
+                    qf = (nib | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+                else:
+                    qf = nib.to(tl.float32)
+                xj = tl.load(x_ptr + k0 + tl.arange(0, NW) * 8 + j).to(tl.float32)
+                part += qf * xj[None, :]
             part = tl.sum(tl.reshape(part, (BLOCK_N, NG, WPG)), axis=2)                 # [BN, NG] Σ x·q per group
+            x = tl.load(x_ptr + k0 + tl.arange(0, BLOCK_K)).to(tl.float32)
             xs = tl.sum(tl.reshape(x, (NG, GROUP)), axis=1)                             # [NG]    Σ x per group
             g = k0 // GROUP + tl.arange(0, NG)
             sc = tl.load(s_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
             z = tl.load(z_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
-            if MAGIC:
-                z = z + 1024.0
             acc += tl.sum(sc * (part - z * xs[None, :]), axis=1)
         if SPLIT_K == 1:
             tl.store(y_ptr + offs_n, acc, mask=mask_n)
@@ -153,16 +154,20 @@ if triton is not None:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         mask_n = offs_n < N
         mask_m = offs_m < M
-        shifts = tl.arange(0, 8) * 4
+        WPG: tl.constexpr = GROUP // 8
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         k_span = K // SPLIT_K
         for k0 in range(pid_k * k_span, (pid_k + 1) * k_span, GROUP):
-            words = tl.load(w_ptr + offs_n[:, None] * stride_wn + (k0 // 8 + tl.arange(0, GROUP // 8))[None, :],
-                            mask=mask_n[:, None], other=0)
-            q = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_N, GROUP))
+            words = tl.load(w_ptr + offs_n[:, None] * stride_wn + (k0 // 8 + tl.arange(0, WPG))[None, :],
+                            mask=mask_n[:, None], other=0)                             # [BN, WPG] int32
+            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for j in tl.static_range(8):                  # codes 8w + j: a [BN, WPG] tile per nibble
+                xj = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + tl.arange(0, WPG) * 8 + j)[None, :],
+                             mask=mask_m[:, None], other=0.0)
+                qj = ((words >> (4 * j)) & 0xF).to(xj.dtype)
+                part += tl.dot(xj, tl.trans(qj))                                         # exact codes
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + tl.arange(0, GROUP))[None, :],
                         mask=mask_m[:, None], other=0.0)
-            part = tl.dot(x, tl.trans(q.to(x.dtype)))                                  # [BM, BN], exact codes
             xs = tl.sum(x.to(tl.float32), axis=1)
             g = k0 // GROUP
             sc = tl.load(s_ptr + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
@@ -220,6 +225,9 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
                                  GROUP=p.group_size, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
                                  SPLIT_K=cfg["SPLIT_K"], MAGIC=cfg["MAGIC"], **extra)
     else:
+        if x.is_cuda and p.group_size < 128:
+            raise ValueError(f"the tensor-core path (M > 1) needs group_size ≥ 128 (16 words per dot), got "
+                             f"{p.group_size}: pack with group_size=128, or call one row at a time")
         block_m = block_rows(m)
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), cfg["SPLIT_K"], triton.cdiv(m, block_m))
         _w4a16_gemm_kernel[grid](x, p.words, p.scale, p.zero, y, m, n, k, x.stride(0), p.words.stride(0),
@@ -237,8 +245,8 @@ def block_rows(m: int) -> int:
 def candidate_configs(p: W4Weight, m: int) -> list[dict]:
     """Block shapes worth timing for one weight and row count (all valid for its K and group)."""
     if block_rows(m) == 1:
-        grid = [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, MAGIC=False, num_warps=4)
-                for bn in (16, 32, 64) for bk in (256, 512, 1024) for sk in (1, 4, 8)]
+        grid = [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, MAGIC=True, num_warps=4)
+                for bn in (16, 32, 64, 128) for bk in (256, 512, 1024) for sk in (1, 4, 8)]
     else:
         grid = [dict(BLOCK_N=bn, BLOCK_K=p.group_size, SPLIT_K=sk, MAGIC=False, num_warps=w)
                 for bn in (32, 64, 128) for sk in (1, 2, 4) for w in (4, 8)]
