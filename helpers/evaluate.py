@@ -57,6 +57,14 @@ def windows(n_tokens: int, seq_len: int, stride: int | None = None, bos: bool = 
     return out
 
 
+def window_nll(logits: torch.Tensor, tokens: torch.Tensor, n: int, stop: int) -> float:
+    """``Σ −log p(tokens[t+1] | tokens[≤t])`` over the ``n`` positions ``t`` ending at ``stop − 1``
+    (``logits[t]`` predicts token ``t + 1``): the scored part of one window, in nats, summed in fp64."""
+    lg = logits[stop - n:stop].float()
+    tgt = tokens[stop - n + 1:stop + 1]
+    return -torch.log_softmax(lg, -1).gather(-1, tgt[:, None]).double().sum().item()
+
+
 def check_token_stream(model, ids) -> torch.Tensor:
     """``ids`` must be a 1-D integer tensor of the model's token ids: checked here, so a wrong input
     fails with its shape or range instead of "index out of range in self" deep in the embedding."""
@@ -93,10 +101,7 @@ def perplexity(model, ids: torch.Tensor, seq_len: int = 512, stride: int | None 
         logits = model(x.to(dev)).logits
         off = 1 if bos_token_id is not None else 0
         for j, (b, e, n) in enumerate(chunk):
-            stop = off + (e - b) - 1                 # logits[t] predicts token t + 1
-            lg = logits[j, stop - n:stop].to(logits_dtype).float()
-            tgt = x[j, stop - n + 1:stop + 1].to(dev)
-            total += -torch.log_softmax(lg, -1).gather(-1, tgt[:, None]).double().sum().item()
+            total += window_nll(logits[j].to(logits_dtype), x[j].to(dev), n, off + (e - b) - 1)
             count += n
         del logits
     nll = total / count

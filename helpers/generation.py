@@ -272,3 +272,26 @@ def kv_quality(model, prompts: torch.Tensor, continuation: torch.Tensor, kinds=N
                      "continuation": continuation.shape[1], "top1_agreement": q["token_agreement"],
                      "mean_kl": q["kl"], "ppl": float(torch.exp(nll))})
     return rows
+
+
+@torch.no_grad()
+def decode_speed(model, prompt: torch.Tensor, new_tokens: int = 64) -> dict:
+    """Greedy decode of one sequence with transformers' growing cache: prefill tokens/s (the 1-D
+    ``prompt``) and decode tokens/s (the ``new_tokens − 1`` steps after the first token)."""
+    if prompt.dim() != 1 or len(prompt) < 1:
+        raise ValueError(f"prompt must be a non-empty 1-D tensor of token ids, got shape {tuple(prompt.shape)}")
+    if new_tokens < 2:
+        raise ValueError(f"new_tokens must be ≥ 2 (one step after the first token), got {new_tokens}")
+    dev = next(model.parameters()).device
+    t0 = time.perf_counter()
+    out = model(prompt[None].to(dev), use_cache=True)
+    tok = out.logits[:, -1:].argmax(-1)
+    t1 = time.perf_counter()
+    cache = out.past_key_values
+    for _ in range(new_tokens - 1):
+        out = model(tok, past_key_values=cache, use_cache=True)
+        tok = out.logits[:, -1:].argmax(-1)
+    t2 = time.perf_counter()
+    return {"prefill_tok_s": len(prompt) / (t1 - t0), "decode_tok_s": (new_tokens - 1) / (t2 - t1),
+            "new_tokens": new_tokens}
+

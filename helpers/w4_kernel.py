@@ -22,7 +22,7 @@ bytes into time (the lesson of notebook 08, measured one by one in ``benchmarks/
 4. the block shape tuned per matrix shape (``triton.autotune``).
 
 The readable reference is :func:`reference_matmul` (dequantize, then matmul); the kernel is tested
-against it exactly on small shapes in Triton's interpreter on CPU (``TRITON_INTERPRET=1``).
+against it exactly on small shapes in Triton's interpreter on CPU.
 """
 from __future__ import annotations
 
@@ -31,8 +31,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .qspec import QuantSpec
-from .quant import check_finite, quantize_tensor
+if not torch.cuda.is_available():  # no GPU: the same kernel source runs in Triton's interpreter (numpy),
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # exact and slow; read when triton is first imported
+
+from .qspec import QuantSpec  # noqa: E402
+from .quant import check_finite, quantize_tensor  # noqa: E402
 
 try:  # Triton is optional: CPU installs without it still import this module (the kernel then refuses)
     import triton
@@ -103,7 +106,6 @@ def reference_matmul(x: torch.Tensor, p: W4Weight) -> torch.Tensor:
 
 
 if triton is not None:
-    @triton.jit
     def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K, stride_wn, stride_sn,
                            GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                            SPLIT_K: tl.constexpr, MAGIC: tl.constexpr):
@@ -141,7 +143,6 @@ if triton is not None:
         else:
             tl.atomic_add(y_ptr + offs_n, acc, mask=mask_n)
 
-    @triton.jit
     def _w4a16_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
                            GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            SPLIT_K: tl.constexpr):
@@ -180,6 +181,14 @@ if triton is not None:
         else:
             tl.atomic_add(y_ptrs, acc, mask=mask)
 
+    _w4a16_gemv_kernel = triton.jit(_w4a16_gemv_kernel)
+    _w4a16_gemm_kernel = triton.jit(_w4a16_gemm_kernel)
+
+
+def _interpreted() -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(_w4a16_gemv_kernel, InterpretedFunction)
+
 
 DEFAULT_CONFIG = dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, MAGIC=False, num_warps=4)
 
@@ -203,17 +212,18 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
     default ``x.dtype``).
 
     ``config`` (``BLOCK_N, BLOCK_K, SPLIT_K, MAGIC, num_warps``) defaults to :data:`DEFAULT_CONFIG`;
-    :func:`tuned_config` measures the best one per shape on a GPU. On CPU the kernel runs only in
-    Triton's interpreter (set ``TRITON_INTERPRET=1`` before importing triton)."""
+    :func:`tuned_config` measures the best one per shape on a GPU. Without CUDA the kernel runs in
+    Triton's interpreter (exact, slow: small shapes only)."""
     if triton is None:
         raise RuntimeError("w4a16_matmul needs Triton: pip install triton (Linux), or use reference_matmul")
     if x.dim() != 2 or x.shape[1] != p.shape[1]:
         raise ValueError(f"x must be [M, K={p.shape[1]}], got {tuple(x.shape)}")
+    if x.device.type != "cuda" and not _interpreted():
+        raise RuntimeError("without CUDA the kernel runs only in Triton's interpreter, and triton was imported "
+                           "before TRITON_INTERPRET=1 was set: restart and import helpers.w4_kernel first "
+                           "(or export TRITON_INTERPRET=1), or call reference_matmul")
     if x.device != p.words.device:
         raise ValueError(f"x is on {x.device} but the packed weight on {p.words.device}: move one (p.to(device))")
-    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("on CPU the Triton kernel runs only in the interpreter: set TRITON_INTERPRET=1 "
-                           "before importing triton (the tests do), or call reference_matmul")
     cfg = _check_config({**DEFAULT_CONFIG, **(config or {})}, p, x.shape[0])
     m, (n, k) = x.shape[0], p.shape
     x = x.contiguous()

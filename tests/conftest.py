@@ -2,6 +2,10 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+
+if not torch.cuda.is_available():  # helpers.w4_kernel's Triton kernel then runs in Triton's interpreter,
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # which must be chosen before anything imports triton
 
 SHARED_TEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"
 
