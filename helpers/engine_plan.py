@@ -23,6 +23,8 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
+import torch
+
 from .budget import Shape, dtype_bytes, layer_windows
 
 GiB = 1024**3
@@ -143,3 +145,26 @@ def rounding_bounds(parsed: dict, per_token: int, block_size: int = 16) -> tuple
     slack = 0.005 * GiB * (p.utilization + 3)
     block = per_token * block_size
     return int((pool - slack) // block), int((pool + slack) // block)
+
+
+@torch.no_grad()
+def measure_profile(model, max_num_batched_tokens: int = 2048, utilization: float = 0.9) -> MemoryProfile:
+    """vLLM's start-up profile, measured the same way on a model already on the GPU: weights =
+    allocated bytes now; activation peak = the allocator's peak during one forward over
+    ``max_num_batched_tokens`` tokens, minus the weights; non-torch = device memory in use
+    (``cudaMemGetInfo``) minus what PyTorch reserved (context, cuBLAS workspaces, other processes)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("measure_profile needs a CUDA device (on CPU, plan from a vLLM log or from budget())")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    weights = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    ids = torch.randint(0, model.config.vocab_size, (1, max_num_batched_tokens), device="cuda")
+    model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    torch.cuda.synchronize()
+    activation = torch.cuda.max_memory_allocated() - weights
+    free, total = torch.cuda.mem_get_info()
+    non_torch = max(0, (total - free) - torch.cuda.memory_reserved())
+    return MemoryProfile(total=total, utilization=utilization, weights=weights, activation_peak=activation,
+                         non_torch=non_torch)
+

@@ -32,13 +32,14 @@ def available_kinds() -> tuple[str, ...]:
 class FP8Layer(DynamicLayer):
     """One layer's K/V in FP8 with a static per-KV-head scale (see module docstring)."""
 
-    def __init__(self, fmt: str = "e4m3fn", margin: float = 2.0):
+    def __init__(self, fmt: str = "e4m3fn", margin: float = 2.0, unit_scale: bool = False):
         super().__init__()
         if fmt not in FP8_FORMATS:
             raise ValueError(f"unknown FP8 format {fmt!r}; use one of {sorted(FP8_FORMATS)}")
         self.fp8 = FP8_FORMATS[fmt]
         self.fmax = torch.finfo(self.fp8).max
         self.margin = margin
+        self.unit_scale = unit_scale   # scale 1.0: what vLLM/SGLang use when a checkpoint has no k/v scales
         self.length = 0
 
     def lazy_initialization(self, key_states, value_states):
@@ -53,6 +54,8 @@ class FP8Layer(DynamicLayer):
         self.is_initialized = True
 
     def _scale(self, x):
+        if self.unit_scale:
+            return torch.ones((1, x.shape[1], 1, 1), device=x.device)
         amax = x.detach().abs().amax(dim=(0, 2, 3), keepdim=True).float()
         return (amax * self.margin / self.fmax).clamp(min=1e-8)
 
@@ -120,11 +123,11 @@ def make_cache(kind: str, config, max_cache_len: int | None = None, **kw) -> Cac
         if not max_cache_len:
             raise ValueError("a static cache needs max_cache_len")
         return StaticCache(config=config, max_cache_len=max_cache_len)
-    if kind.startswith("fp8-"):
-        fmt = {"fp8-e4m3": "e4m3fn", "fp8-e5m2": "e5m2"}.get(kind)
+    if kind.startswith("fp8-"):   # "-unit": scale 1.0 instead of the calibrated per-head scale
+        fmt = {"fp8-e4m3": "e4m3fn", "fp8-e5m2": "e5m2"}.get(kind.removesuffix("-unit"))
         if fmt is None:
-            raise ValueError(f"unknown FP8 cache {kind!r}; use fp8-e4m3 or fp8-e5m2")
-        return Cache(layers=[FP8Layer(fmt, **kw) for _ in range(n)])
+            raise ValueError(f"unknown FP8 cache {kind!r}; use fp8-e4m3 or fp8-e5m2 (optionally with -unit)")
+        return Cache(layers=[FP8Layer(fmt, unit_scale=kind.endswith("-unit"), **kw) for _ in range(n)])
     if kind == "int4":
         return Cache(layers=[Int4Layer(**kw) for _ in range(n)])
     if kind == "int4-hqq":  # transformers' QuantizedCache, HQQ backend (pip install hqq==0.2.8.post1)

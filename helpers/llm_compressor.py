@@ -21,6 +21,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from . import calib as C
+from .config import cache_dir
+from .models import model_from_config, unreadable_safetensors
 from .qspec import QuantSpec
 
 # _LAZY: llmcompressor, compressed-tensors and datasets are imported inside the functions that use
@@ -172,6 +174,23 @@ def save_compressed(model, tokenizer, out_dir) -> dict:
         tokenizer.save_pretrained(out)
     files = {p.name: p.stat().st_size for p in out.glob("*.safetensors")}
     return {"dir": str(out), "safetensors_bytes": sum(files.values()), "files": files}
+
+
+def demo_checkpoints(arch: str = "SmolLM2-135M", spec: QuantSpec | None = None) -> dict[str, Path]:
+    """A dense bf16 checkpoint of ``arch`` (random weights) and the same weights as a W4 compressed-tensors
+    checkpoint (llm-compressor round-to-nearest: the bytes do not depend on the algorithm), built once into
+    the course cache and shared by notebooks 07 and 08. Returns ``{"bf16": dir, "w4gG": dir}``."""
+    spec = spec or QuantSpec(4, 64)
+    root = cache_dir("checkpoints", arch)
+    dirs = {"bf16": root / "bf16", f"w{spec.bits}g{spec.group_size}": root / f"w{spec.bits}g{spec.group_size}"}
+    if all((d / "config.json").exists() and list(d.glob("*.safetensors")) and not unreadable_safetensors(d)
+           for d in dirs.values()):
+        return dirs
+    src = model_from_config(arch, device="cpu", dtype=torch.bfloat16)
+    src.save_pretrained(dirs["bf16"], safe_serialization=True)
+    oneshot_quantize(src, torch.randint(3, 1000, (2, 64), generator=torch.Generator().manual_seed(0)), "rtn", spec)
+    save_compressed(src, None, list(dirs.values())[1])
+    return dirs
 
 
 def load_compressed(path, device="cpu", dtype=torch.float32):

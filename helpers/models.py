@@ -135,7 +135,7 @@ def offline_model_dir() -> Path:
     gguf = find_offline_gguf()
     out = cache_dir("models") / (gguf.stem + "-hf")
     if (out / "config.json").exists() and any(out.glob("*.safetensors")):
-        problem = _unreadable_safetensors(out)
+        problem = unreadable_safetensors(out)
         if problem is None:
             return out
         print(f"[model] the converted offline model in {out} is unusable ({problem}); converting again.")
@@ -158,7 +158,7 @@ def offline_model_dir() -> Path:
     return out
 
 
-def _unreadable_safetensors(folder: Path) -> str | None:
+def unreadable_safetensors(folder: Path) -> str | None:
     """None when every ``*.safetensors`` in ``folder`` opens and its tensors' bytes fit the file;
     otherwise what is wrong (a truncated copy, a foreign file)."""
     from safetensors import safe_open

@@ -287,9 +287,15 @@ def tuned_config(x: torch.Tensor, p: W4Weight, time_fn, configs: list[dict] | No
 class W4Linear(torch.nn.Module):
     """A ``Linear`` whose weight lives packed (0.5 byte per weight + 4 bytes per group, registered as
     buffers so ``state_dict`` and byte counts see them) and runs through :func:`w4a16_matmul` with one
-    configuration per row tile (``configs``: :func:`block_rows` value → config)."""
+    configuration per row tile (``configs``: :func:`block_rows` value → config).
 
-    def __init__(self, linear: torch.nn.Linear, group_size: int = 128, configs: dict | None = None):
+    Above ``dense_above`` rows (prefill, large batches) the int4 kernels lose to a 16-bit GEMM (the
+    crossover measured in notebook 08), so the layer dequantizes its weight for that call and uses
+    cuBLAS — what engines do too (vLLM's AWQ path dequantizes from 256 tokens); the cost is one
+    transient dense copy of this layer's weight."""
+
+    def __init__(self, linear: torch.nn.Linear, group_size: int = 128, configs: dict | None = None,
+                 dense_above: int = 16):
         super().__init__()
         p = pack_w4(linear.weight.data, group_size)
         self.register_buffer("words", p.words)
@@ -298,6 +304,7 @@ class W4Linear(torch.nn.Module):
         self.group_size, self.shape = group_size, p.shape
         self.bias = linear.bias
         self.configs = configs or {}
+        self.dense_above = dense_above
 
     @property
     def p(self) -> W4Weight:
@@ -306,7 +313,10 @@ class W4Linear(torch.nn.Module):
     def forward(self, x):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        y = w4a16_matmul(x2, self.p, self.configs.get(block_rows(x2.shape[0])))
+        if x2.shape[0] > self.dense_above:
+            y = x2 @ dequantize_w4(self.p, x2.dtype).T
+        else:
+            y = w4a16_matmul(x2, self.p, self.configs.get(block_rows(x2.shape[0])))
         y = y.reshape(*shape[:-1], self.shape[0])
         return y + self.bias if self.bias is not None else y
 

@@ -398,7 +398,7 @@ def test_truncated_converted_model_is_detected(tmp_path):
     from safetensors.torch import save_file
 
     save_file({"w": torch.zeros(1000)}, str(tmp_path / "model.safetensors"))
-    assert models._unreadable_safetensors(tmp_path) is None
+    assert models.unreadable_safetensors(tmp_path) is None
     data = (tmp_path / "model.safetensors").read_bytes()
     (tmp_path / "model.safetensors").write_bytes(data[: len(data) // 2])
-    assert "model.safetensors" in models._unreadable_safetensors(tmp_path)
+    assert "model.safetensors" in models.unreadable_safetensors(tmp_path)

@@ -2,7 +2,7 @@
 import pytest
 
 from helpers import engine_plan, models
-from helpers.engine_plan import GiB, EngineStartupError, MemoryProfile
+from helpers.engine_plan import EngineStartupError, GiB, MemoryProfile
 
 # vllm-project/vllm#12330 (Meta-Llama-3-8B, one A100 40GB, vLLM 0.6.x), verbatim log lines
 LOG_12330 = """INFO 01-13 11:35:23 worker.py:241] the current vLLM instance can use total_gpu_memory (39.50GiB) x gpu_memory_utilization (0.90) = 35.55GiB

@@ -8,12 +8,13 @@ from pathlib import Path
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 
 LAYERS = {
-    0: {"config", "device", "qspec", "cuda_graphs", "plots", "envcheck", "key_numbers"},
+    0: {"config", "device", "qspec", "cuda_graphs", "plots", "envcheck", "key_numbers", "timing", "solutions"},
     1: {"models", "data", "allocator_sim"},
     2: {"quant", "measure", "budget", "calib", "leaks"},
-    3: {"gptq", "awq", "kvcache", "evaluate", "llm_compressor", "course_model"},
-    4: {"generation", "variants"},
-    5: {"flow", "budget_check", "widgets"},
+    3: {"gptq", "awq", "kvcache", "evaluate", "llm_compressor", "course_model", "w4_kernel", "engine_plan",
+        "loading"},
+    4: {"generation", "variants", "gguf_run", "decode_bench"},
+    5: {"flow", "budget_check", "widgets", "exercises", "clinic"},
 }
 
 

