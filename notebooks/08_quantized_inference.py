@@ -336,11 +336,12 @@ if cuda:
     m = models.model_from_config("TinyLlama-1.1B", device="cuda", dtype=torch.bfloat16)
     measured = engine_plan.measure_profile(m, 2048, 0.9)
     cfg = m.config
+    key_numbers.record("08_quantized_inference", measured_profile=vars(measured))
     print({k: f"{v / GiB:.3f} GiB" if k != "utilization" else v for k, v in vars(measured).items()})
     print("planned:", {k: round(v, 2) for k, v in engine_plan.plan(measured, engine_plan.kv_bytes_per_token(cfg),
                                                                    2048).items() if k in ("blocks", "concurrency")})
     print("01's formula for that activation peak:",
-          f"{budget.activation_bytes(cfg, 2048, 1, 'bf16') / GiB:.3f} GiB (measured {measured.activation_peak / GiB:.3f})")
+          f"{budget.activation_bytes(cfg, 2048, 1, 'bf16')['peak'] / GiB:.3f} GiB (measured {measured.activation_peak / GiB:.3f})")
     del m
     torch.cuda.empty_cache()
 else:

@@ -11,8 +11,8 @@ case "${1:-kernels}" in
   notebooks)  # the suite and notebooks 07–09 on the GPU, CI profile
     python3 -m ipykernel install --user --name python3 >/dev/null
     timeout 200 python3 -m pytest tests -q -p no:cacheprovider -x 2>&1 | tee "$OUT/pytest_h200.txt" | tail -5
-    COURSE_PROFILE=ci timeout "${NB_TIMEOUT:-360}" python3 -m pytest notebooks/07_kv_cache_ab.ipynb notebooks/08_quantized_inference.ipynb \
-      notebooks/09_clinic.ipynb --nbmake --nbmake-timeout=300 -q -p no:cacheprovider --durations=0 2>&1 \
+    COURSE_REPORT="$OUT/key_numbers.json" COURSE_PROFILE=ci timeout "${NB_TIMEOUT:-360}" python3 -m pytest ${NOTEBOOKS:-notebooks/07_kv_cache_ab.ipynb notebooks/08_quantized_inference.ipynb \
+      notebooks/09_clinic.ipynb} --nbmake --nbmake-timeout=300 -q -p no:cacheprovider --durations=0 2>&1 \
       | tee "$OUT/notebooks_h200.log" | tail -25 ;;
   *) echo "unknown part $1"; exit 2 ;;
 esac

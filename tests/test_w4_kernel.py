@@ -70,9 +70,9 @@ def test_candidate_configs_all_valid():
     (dict(BLOCK_Q=4), "unknown keys"),
 ])
 def test_bad_config_is_refused(bad, match):
-    p = w4_kernel.pack_w4(weight(16, 512), 128)
+    p = w4_kernel.pack_w4(weight(16, 512).to(DEV), 128)
     with pytest.raises(ValueError, match=match):
-        w4_kernel.w4a16_matmul(torch.randn(1, 512), p, {**w4_kernel.DEFAULT_CONFIG, **bad})
+        w4_kernel.w4a16_matmul(torch.randn(1, 512, device=DEV), p, {**w4_kernel.DEFAULT_CONFIG, **bad})
 
 
 def test_bad_input():
