@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import timing, w4_kernel  # noqa: E402
+from helpers import decode_bench, timing, w4_kernel  # noqa: E402
 
 SHAPES = {"8B q/o 4096x4096": (4096, 4096), "8B gate/up 4096x14336": (4096, 14336),
           "8B down 14336x4096": (14336, 4096), "70B gate/up 8192x28672": (8192, 28672),
@@ -33,10 +33,7 @@ STEPS = {  # our kernel, one optimisation at a time (helpers/w4_kernel.py docstr
 
 
 def torchao_linear(w: torch.Tensor, config) -> torch.nn.Module | None:
-    try:
-        from torchao.quantization import quantize_
-    except ImportError:
-        return None
+    from torchao.quantization import quantize_
     lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device="cuda", dtype=torch.bfloat16)
     lin.weight.data.copy_(w)
     quantize_(lin, config)
@@ -72,7 +69,7 @@ def main():
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("kernels.py times CUDA kernels; there is no CUDA device here")
-    from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig
+    from torchao.quantization import Int8WeightOnlyConfig
     cap = torch.cuda.get_device_capability()
     copy = timing.copy_bandwidth_gbps()
     print(f"copy bandwidth {copy:.0f} GB/s on {torch.cuda.get_device_name()}", flush=True)
@@ -89,7 +86,7 @@ def main():
         torch.manual_seed(0)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         p = w4_kernel.pack_w4(w, args.group)
-        int4 = torchao_linear(w, Int4WeightOnlyConfig(group_size=args.group, int4_packing_format="tile_packed_to_4d"))
+        int4 = decode_bench.tinygemm_linear(w, args.group)
         int8 = torchao_linear(w, Int8WeightOnlyConfig())
         fp8, fp8_bytes = fp8_rowwise(w) if cap >= (8, 9) else (None, 0)
         ms_rows = sorted({int(r) for r in args.rows.split(",")} | {int(r) for r in args.crossover_rows.split(",")})

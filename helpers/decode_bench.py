@@ -23,6 +23,27 @@ def model_bytes(model) -> int:
     return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
 
 
+def tinygemm_config(group_size: int = 128):
+    """torchao's int4 weight-only config on tinygemm (``_weight_int4pack_mm``), or None without torchao."""
+    try:
+        from torchao.quantization import Int4WeightOnlyConfig
+    except ImportError:
+        return None
+    return Int4WeightOnlyConfig(group_size=group_size, int4_packing_format="tile_packed_to_4d")
+
+
+def tinygemm_linear(w: torch.Tensor, group_size: int = 128):
+    """A bias-free bf16 ``Linear`` holding ``w [N, K]``, quantized by torchao for tinygemm (None without torchao)."""
+    config = tinygemm_config(group_size)
+    if config is None:
+        return None
+    from torchao.quantization import quantize_
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=torch.bfloat16)
+    lin.weight.data.copy_(w)
+    quantize_(lin, config)
+    return lin
+
+
 def resident_bytes(model) -> int:
     """What the model occupies on the GPU, as the allocator counts it (a tensor subclass such as
     torchao's packed int4 weight reports its dense size through ``numel``; the allocator does not lie)."""
@@ -59,8 +80,8 @@ def build(arch: str, fmt: str, tuned: dict | None = None):
     if fmt == "W4A16 ours":
         w4_kernel.swap_linears(model, 128, tuned)
     elif fmt == "W4A16 tinygemm":
-        from torchao.quantization import Int4WeightOnlyConfig, quantize_
-        quantize_(model.model.layers, Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d"))
+        from torchao.quantization import quantize_
+        quantize_(model.model.layers, tinygemm_config(128))
     torch.cuda.empty_cache()
     return model
 

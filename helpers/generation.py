@@ -226,8 +226,9 @@ def load_under_cap(cap_gib: float, dtype, arch: str = "SmolLM2-135M", kv: str = 
 def load_checkpoint(path, device, dtype=torch.bfloat16) -> dict:
     """Load a checkpoint directory with plain transformers (``from_pretrained``, safetensors) and
     measure: bytes on disk, bytes resident as parameters, and on CUDA the allocator's peak during
-    the load. A compressed-tensors checkpoint is packed on disk (INT4 codes + scales); transformers
-    *decompresses* it on load, so the resident bytes are those of a dense model."""
+    the load. A compressed-tensors checkpoint is packed on disk (INT4 codes + scales); transformers 5
+    with compressed-tensors keeps its linears packed after loading (``param_dtypes`` shows the int32
+    words) and dequantizes each weight when its layer runs, so the resident bytes follow the checkpoint."""
     path = Path(path)
     disk = sum(f.stat().st_size for f in path.glob("*.safetensors"))
     if not disk:

@@ -194,7 +194,8 @@ def demo_checkpoints(arch: str = "SmolLM2-135M", spec: QuantSpec | None = None) 
 
 
 def load_compressed(path, device="cpu", dtype=torch.float32):
-    """Reload a compressed-tensors checkpoint with plain transformers (decompressed on load)."""
+    """Reload a compressed-tensors checkpoint with plain transformers (linears stay packed; each is
+    dequantized when it runs)."""
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False,
                                                 use_safetensors=True).to(device).eval()
 

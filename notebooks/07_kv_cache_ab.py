@@ -112,7 +112,8 @@ else:
 # pool when it starts (`gpu_memory_utilization × total − weights − profiled activation peak`, cut
 # into blocks of 16 tokens; vLLM docs, "Engine arguments" and its memory profiling log), and refuses to
 # start when one sequence of `max_model_len` does not fit — there `--kv-cache-dtype fp8` halves the
-# pool's bytes per token. (Notebook 08, planned, will re-implement that plan.)
+# pool's bytes per token. Notebook 08 re-implements that plan (`helpers.engine_plan`), checks it against
+# a log vLLM printed and against vLLM's own CPU engine, and shows the three knobs that fix it.
 #
 # ### A real quantized checkpoint at load time
 # A W4 checkpoint in the compressed-tensors format (what llm-compressor saves, as in notebooks 04 and
@@ -121,16 +122,9 @@ else:
 # with plain transformers:
 
 # %%
-import tempfile, pathlib
-ckpt_root = pathlib.Path(tempfile.mkdtemp(prefix="course-07-"))
-src = models.model_from_config("SmolLM2-135M", device="cpu", dtype=torch.bfloat16)
-src.save_pretrained(ckpt_root / "bf16", safe_serialization=True)
-llm_compressor.oneshot_quantize(src, torch.randint(3, 1000, (2, 64), generator=torch.Generator().manual_seed(0)),
-                                "rtn", QuantSpec(4, 64))
-llm_compressor.save_compressed(src, None, ckpt_root / "w4g64")
-del src
-ckpt_rows = [{"checkpoint": name, **generation.load_checkpoint(ckpt_root / name, dev, torch.bfloat16)}
-             for name in ("bf16", "w4g64")]
+ckpts = llm_compressor.demo_checkpoints("SmolLM2-135M", QuantSpec(4, 64))   # built once, shared with notebook 08
+ckpt_rows = [{"checkpoint": name, **generation.load_checkpoint(path, dev, torch.bfloat16)}
+             for name, path in ckpts.items()]
 ckpt = pd.DataFrame(ckpt_rows)
 disk_ratio = ckpt.disk_bytes[1] / ckpt.disk_bytes[0]
 resident_ratio = ckpt.resident_param_bytes[1] / ckpt.resident_param_bytes[0]
@@ -147,7 +141,7 @@ ckpt
 # dense model (the ratios printed above; the embeddings stay 16-bit, which is why the ratio is well
 # above 4/16). On a GPU, `peak_bytes` is the allocator's peak during the load. Dequantizing in every
 # forward costs time, not memory — whether it is *faster* than bf16 takes low-bit kernels
-# (notebook 08, planned).
+# (notebook 08 measures real int4 kernels, ours in Triton among them).
 
 # %% [markdown]
 # What does help at load time: a smaller weight dtype (bf16, int8, int4), `device_map="auto"` with

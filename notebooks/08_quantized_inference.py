@@ -155,8 +155,8 @@ exercises.check("w4_gemv", my_w4_gemv)
 
 # %% [markdown]
 # ### Measured on this device
-# bf16 (cuBLAS), tinygemm (the int4 kernel behind torchao's `Int4WeightOnlyConfig`, tile-packed), and
-# ours, tuned per shape, on Llama-3-8B's gate/up projection (4096 → 14336), the L2 cache flushed
+# bf16 (cuBLAS), ours tuned per shape, and tinygemm (the int4 kernel behind torchao's
+# `Int4WeightOnlyConfig`, tile-packed) where torchao is installed, on Llama-3-8B's gate/up projection (4096 → 14336), the L2 cache flushed
 # before every call:
 
 # %%
@@ -164,12 +164,16 @@ def live_kernels(k=4096, n=14336, rows=(1, 16)):
     bw = timing.copy_bandwidth_gbps()
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
     p = w4_kernel.pack_w4(w, 128)
+    tiny = decode_bench.tinygemm_linear(w, 128)
     out = []
     for m in rows:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         cfg, _ = w4_kernel.tuned_config(x, p, lambda fn: timing.gpu_ms(fn, iters=10, warmup=2))
-        for name, fn, nbytes in (("bf16 cuBLAS", lambda x=x: x @ w.t(), w.numel() * 2),
-                                 ("ours W4A16 (Triton)", lambda x=x, cfg=cfg: w4_kernel.w4a16_matmul(x, p, cfg), p.nbytes)):
+        kernels = [("bf16 cuBLAS", lambda x=x: x @ w.t(), w.numel() * 2),
+                   ("ours W4A16 (Triton)", lambda x=x, cfg=cfg: w4_kernel.w4a16_matmul(x, p, cfg), p.nbytes)]
+        if tiny is not None:   # the maintained kernel next to ours (torchao installed)
+            kernels.append(("tinygemm W4A16 (torchao)", lambda x=x: tiny(x), p.nbytes))
+        for name, fn, nbytes in kernels:
             ms = timing.gpu_ms(fn)
             out.append({"kernel": name, "M": m, "ms": ms, "GBps": nbytes / ms / 1e6, "of_copy_bw": nbytes / ms / 1e6 / bw})
     return pd.DataFrame(out)
