@@ -196,3 +196,17 @@ def kv_magnitudes(model, prompts: torch.Tensor) -> dict:
     tiny = 2.0 ** -6
     return {"max_abs_k": ks.abs().max().item(), "max_abs_v": vs.abs().max().item(),
             "k_subnormal": (ks.abs() < tiny).float().mean().item(), "v_subnormal": (vs.abs() < tiny).float().mean().item()}
+
+
+@torch.no_grad()
+def decode_until_oom(model, batch: int, prompt_len: int, max_new: int = 1_000_000) -> int:
+    """Prefill, then decode with a growing cache until CUDA runs out (the OOM is *not* caught here, so
+    :func:`caught_oom` can diagnose it); returns the tokens generated if ``max_new`` is reached first."""
+    dev = next(model.parameters()).device
+    ids = torch.randint(3, model.config.vocab_size - 1, (batch, prompt_len), device=dev)
+    out = model(ids, use_cache=True, logits_to_keep=1)
+    cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    for _ in range(max_new):
+        out = model(nxt, past_key_values=cache, use_cache=True)
+        nxt = out.logits[:, -1:].argmax(-1)
+    return max_new

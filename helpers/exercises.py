@@ -57,7 +57,119 @@ def _free_after_loop(fn) -> str | None:
     return None if alive == 0 else f"{alive} of 2 tensors are still alive: something still references them"
 
 
+def _close(a, b, rel=1e-6) -> bool:
+    return abs(float(a) - float(b)) <= rel * max(1.0, abs(float(b)))
+
+
+def _param_count(fn) -> str | None:
+    from .budget import param_counts
+    from .models import architecture_config
+    for arch in ("SmolLM2-135M", "TinyLlama-1.1B"):
+        c = architecture_config(arch)
+        want = param_counts(c)["total"]
+        got = fn(c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
+                 c.num_key_value_heads, c.tie_word_embeddings)
+        if got != want:
+            return f"{arch}: expected {want:,} parameters (helpers.budget.param_counts), got {got}"
+    return None
+
+
+def _kv_cache_bytes(fn) -> str | None:
+    from .budget import kv_bytes
+    from .models import architecture_config
+    for arch, L, b in (("SmolLM2-135M", 2048, 4), ("Llama-3.1-8B", 8192, 2)):
+        c = architecture_config(arch)
+        want = kv_bytes(c, L, b, "bf16")
+        got = fn(c.num_hidden_layers, c.num_key_value_heads, c.hidden_size // c.num_attention_heads, L, b, 2)
+        if not _close(got, want):
+            return f"{arch} at {L} tokens × batch {b}: expected {want:,.0f} bytes (helpers.budget.kv_bytes), got {got}"
+    return None
+
+
+def _round_alloc(fn) -> str | None:
+    from .allocator_sim import round_size
+    for n in (1, 511, 512, 513, 1000, 2**20 + 1):
+        if fn(n) != round_size(n):
+            return f"round_alloc({n}) should be {round_size(n)} (helpers.allocator_sim.round_size), got {fn(n)}"
+    return None
+
+
+def _group_fake_quant(fn) -> str | None:
+    from .quant import fake_quantize
+    w = torch.randn(16, 256, generator=torch.Generator().manual_seed(1))
+    want = fake_quantize(w, bits=4, symmetric=False, granularity="group", group_size=64)
+    got = fn(w, 4, 64)
+    err = (torch.as_tensor(got).float() - want).abs().max().item()
+    return None if err < 1e-5 else f"max difference {err:.3g} from helpers.quant.fake_quantize"
+
+
+def _gptq_column_step(fn) -> str | None:
+    from .gptq import column_step
+    from .qspec import QuantSpec
+    from .quant import compute_qparams
+    g = torch.Generator().manual_seed(2)
+    W = torch.randn(8, 16, generator=g)
+    A = torch.randn(16, 16, generator=g)
+    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(A @ A.T + 16 * torch.eye(16))),
+                                 upper=True)
+    spec = QuantSpec(4, None)
+    scale, zero = compute_qparams(W.amin(1), W.amax(1), 4, False)
+    ref = W.clone()
+    q, _ = column_step(ref, Hinv, 3, scale, zero, spec)
+    got = fn(W.clone(), Hinv, 3, q)
+    err = (got - ref).abs().max().item()
+    return None if err < 1e-5 else f"max difference {err:.3g} from helpers.gptq.column_step"
+
+
+def _awq_alpha_error(fn) -> str | None:
+    from .quant import fake_quantize
+    g = torch.Generator().manual_seed(3)
+    w, X = torch.randn(32, 128, generator=g), torch.randn(64, 128, generator=g) * torch.linspace(0.1, 5, 128)
+    for alpha in (0.0, 0.5):
+        s = X.abs().mean(0).pow(alpha).clamp(min=1e-4)
+        s = s / (s.max() * s.min()).sqrt()
+        E = fake_quantize(w * s, bits=3, symmetric=False, granularity="group", group_size=64) / s - w
+        want = ((X @ E.T) ** 2).sum().item() / (64 * 32)
+        if not _close(fn(w, X, alpha, 3, 64), want, 1e-4):
+            return f"α={alpha}: expected {want:.6g}, got {fn(w, X, alpha, 3, 64)}"
+    return None
+
+
+def _ppl_from_logits(fn) -> str | None:
+    import math
+
+    from .evaluate import window_nll
+    g = torch.Generator().manual_seed(4)
+    logits, tokens = torch.randn(20, 50, generator=g), torch.randint(0, 50, (20,), generator=g)
+    want = math.exp(window_nll(logits, tokens, 19, 19) / 19)
+    return None if _close(fn(logits, tokens), want, 1e-6) else f"expected {want:.6f} (helpers.evaluate.window_nll), got {fn(logits, tokens)}"
+
+
+def _int4_kv(fn) -> str | None:
+    from .budget import kv_bytes
+    from .models import architecture_config
+    c = architecture_config("SmolLM2-135M")
+    want = kv_bytes(c, 1, 1, "int4", group_size=64, residual_tokens=0)
+    got = fn(c.num_hidden_layers, c.num_key_value_heads, c.hidden_size // c.num_attention_heads, 64)
+    return None if _close(got, want) else f"expected {want:,.0f} bytes per token (helpers.budget.kv_bytes), got {got}"
+
+
 EXERCISES = {
+    "param_count": (_param_count, solutions.param_count, "embeddings (×2 unless tied) + per layer: q, k, v, o "
+                    "(k and v have only kv_heads heads), gate/up/down, two norms; plus the final norm"),
+    "kv_cache_bytes": (_kv_cache_bytes, solutions.kv_cache_bytes, "K and V → a factor 2; every layer, KV head, "
+                       "head dimension, position and sequence"),
+    "round_alloc": (_round_alloc, solutions.round_alloc, "round up to a multiple of 512; never below 512"),
+    "group_fake_quant": (_group_fake_quant, solutions.group_fake_quant, "reshape to [rows, groups, group]; "
+                         "min/max per group widened to include 0; scale = (max − min)/(2^b − 1); integer zero"),
+    "gptq_column_step": (_gptq_column_step, solutions.gptq_column_step, "err = (w − q) / Hinv[i, i]; "
+                         "W[:, i:] −= err ⊗ Hinv[i, i:]"),
+    "awq_alpha_error": (_awq_alpha_error, solutions.awq_alpha_error, "s = mean|x|^α normalised by √(max·min); "
+                        "quantize W·s per group, divide by s; error of X against the original"),
+    "ppl_from_logits": (_ppl_from_logits, solutions.ppl_from_logits, "logits[t] predicts token t+1: "
+                        "log_softmax, gather the next tokens, mean, exp"),
+    "int4_kv_bytes_per_token": (_int4_kv, solutions.int4_kv_bytes_per_token, "half a byte per value, plus 4 bytes "
+                                "(scale + minimum) per group, for K and V"),
     "w4_gemv": (_w4_gemv, solutions.w4_gemv, "reshape to [rows, groups, group]; sum x·q per group; "
                                                "subtract zero · Σx per group; multiply by the scale; sum groups"),
     "kv_pool_blocks": (_kv_pool_blocks, solutions.kv_pool_blocks,

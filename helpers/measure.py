@@ -199,7 +199,9 @@ def diagnose_oom(stats: dict | None = None, request: int | None = None, echo: bo
     """The OOM decision tree with live (or given) numbers; returns the branch taken and why.
 
     ``stats`` keys (bytes): total, allocated, reserved, driver_used; optional shm, top (list of
-    top_tensors rows). Without ``stats`` the numbers are read from the live device.
+    top_tensors rows), card_total (the physical card when ``total`` is an allocator cap: memory
+    outside the allocator is judged against the card). Without ``stats`` the numbers are read from
+    the live device.
 
     1. Driver memory used far beyond our reserved → another process / context holds it.
     2. ``reserved − allocated`` ≥ the request → **fragmentation**: cached but split free blocks;
@@ -214,7 +216,8 @@ def diagnose_oom(stats: dict | None = None, request: int | None = None, echo: bo
             raise RuntimeError("diagnose_oom() needs a CUDA device, or pass stats={...} explicitly")
         v = views()
         stats = {"total": v["driver_total"], "allocated": v["allocated"], "reserved": v["reserved"],
-                 "driver_used": v["driver_used"], "shm": shm_bytes(), "top": top_tensors(5, "cuda")}
+                 "driver_used": v["driver_used"], "shm": shm_bytes(), "top": top_tensors(5, "cuda"),
+                 "card_total": v["driver_total"]}
         cap = memory_cap()
         if cap:
             stats["total"] = cap
@@ -228,7 +231,7 @@ def diagnose_oom(stats: dict | None = None, request: int | None = None, echo: bo
     param_share = (sum(t["bytes"] for t in top if t.get("parameter")) / max(1, sum(t["bytes"] for t in top))
                    if top else None)
     others = used - res
-    if others > 0.25 * total:
+    if others > 0.25 * stats.get("card_total", total):   # under a cap, judged against the physical card
         branch, why = "other-process", (f"{fmt_bytes(others)} is used on the device outside this process's "
                                         f"allocator ({util:.0%} of the card in use): another process or "
                                         "a leaked context. Check nvidia-smi; one model copy per GPU.")

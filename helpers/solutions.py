@@ -28,3 +28,66 @@ def correct_vocab_check(tokenizer_len: int, embedding_rows: int) -> bool:
 def free_after_loop(tensors: list) -> None:
     """09 repair: the list holds the references, so empty it (deleting the loop variable frees nothing)."""
     tensors.clear()
+
+
+def param_count(vocab: int, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int,
+                tied: bool) -> int:
+    """00: a Llama-style decoder's parameters from its config: embeddings, per layer q/k/v/o + gate/up/down
+    + two RMSNorms, the final norm, and the LM head unless tied to the embeddings."""
+    head_dim = hidden // heads
+    attn = hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
+    mlp = 3 * hidden * intermediate
+    return vocab * hidden * (1 if tied else 2) + layers * (attn + mlp + 2 * hidden) + hidden
+
+
+def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, seq_len: int, batch: int, bytes_per_value: float) -> float:
+    """01: keys and values of every layer, KV head, position and sequence."""
+    return 2 * layers * kv_heads * head_dim * seq_len * batch * bytes_per_value
+
+
+def round_alloc(size: int) -> int:
+    """02: the caching allocator rounds every request up to a multiple of 512 bytes (512 at least)."""
+    return max(512, 512 * ((size + 511) // 512))
+
+
+def group_fake_quant(w, bits: int, group: int):
+    """03: asymmetric round-to-nearest per group of ``group`` columns, dequantized back."""
+    import torch
+    rows, cols = w.shape
+    g = w.float().reshape(rows, cols // group, group)
+    lo, hi = g.amin(-1, keepdim=True).clamp(max=0), g.amax(-1, keepdim=True).clamp(min=0)
+    qmax = 2 ** bits - 1
+    scale = ((hi - lo) / qmax).clamp(min=1e-8)
+    zero = torch.round(-lo / scale)
+    q = torch.clamp(torch.round(g / scale) + zero, 0, qmax)
+    return ((q - zero) * scale).reshape(rows, cols)
+
+
+def gptq_column_step(W1, Hinv1, i: int, q):
+    """04: GPTQ's error feedback for column ``i`` already quantized to ``q``: the error, divided by the
+    inverse Hessian's diagonal, is spread over the later columns (Frantar et al. 2022, Algorithm 1)."""
+    err = (W1[:, i] - q) / Hinv1[i, i]
+    W1[:, i:] -= err[:, None] @ Hinv1[i, i:][None, :]
+    return W1
+
+
+def awq_alpha_error(w, X, alpha: float, bits: int, group: int) -> float:
+    """05: the output error of one linear for one α: ``s = mean|x|^α`` (normalised), quantize ``W·diag(s)``,
+    undo the scale, and measure ``‖X (Ŵ − W)ᵀ‖² / (tokens · outputs)`` (Lin et al. 2023, eq. 5)."""
+    s = X.abs().mean(0).pow(alpha).clamp(min=1e-4)
+    s = s / (s.max() * s.min()).sqrt()
+    E = group_fake_quant(w * s, bits, group) / s - w
+    return ((X @ E.T) ** 2).sum().item() / (X.shape[0] * w.shape[0])
+
+
+def ppl_from_logits(logits, tokens) -> float:
+    """06: ``exp`` of the mean negative log-likelihood of ``tokens[1:]`` under ``logits[:-1]``."""
+    import torch
+    nll = -torch.log_softmax(logits[:-1].double(), -1).gather(-1, tokens[1:, None]).mean()
+    return float(torch.exp(nll))
+
+
+def int4_kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, group: int) -> float:
+    """07: an INT4 KV cache stores half a byte per value plus an fp16 scale and an fp16 minimum per group
+    of ``group`` values, for K and V of every layer and KV head."""
+    return 2 * layers * kv_heads * (head_dim / 2 + (head_dim // group) * 4)

@@ -433,8 +433,9 @@ print(f"perplexity ranks {'MLP-only' if mlp.ppl > a.ppl else 'attention-only'} a
 # measured. (On random weights the columns mean nothing.)
 #
 # ### `diagnose_oom` on real out-of-memory errors
-# On a GPU, four real OOMs caught and diagnosed at the moment they happen (the decision tree of
-# notebook 02). On the CPU, the same tree on the simulator's numbers at the failing allocation
+# On a GPU, four real OOMs — loading, prefill, decode, fragmentation — caught and diagnosed at the
+# moment they happen (the decision tree of notebook 02; `tests/test_clinic.py` checks each verdict on a
+# GPU). On the CPU, the same tree on the simulator's numbers at the failing allocation
 # (the `diagnose_oom` column of case 2).
 
 # %%
@@ -449,8 +450,7 @@ if cuda:
         small(torch.randint(0, 1000, (64, 4096), device="cuda"), use_cache=False)
 
     def decode_long():
-        generation.tokens_until_oom(small, "baseline", 64, 256, 100000)
-        raise torch.OutOfMemoryError("decode: see tokens_until_oom")  # it catches its own OOM; re-raise to diagnose
+        clinic.decode_until_oom(small, batch=64, prompt_len=256)
 
     def fragment():
         keep = {}
@@ -461,13 +461,16 @@ if cuda:
                 keep.pop(op[1])
     diag = []
     for name, fn, cap in (("load (fp32 1.1B under 2 GiB)", load_big, 2.0), ("prefill 64 × 4096", prefill_big, w + 1.0),
+                          ("decode, batch 64", decode_long, w + 0.5),
                           ("fragmentation", fragment, torch.cuda.memory_allocated() / GiB + 17 * 16 / 1024)):
         torch.cuda.empty_cache()
         with memory_limit(cap):
             diag.append({"scenario": name, **clinic.caught_oom(fn)})
     del small
     measure.free_memory()
-    display(pd.DataFrame(diag)[["scenario", "oom", "branch", "why"]])
+    diag = pd.DataFrame(diag)
+    key_numbers.record("09_clinic", diagnose_real=diag)
+    display(diag[["scenario", "oom", "branch", "why"]])
 else:
     print("No CUDA device: the decision tree ran on simulated OOMs in case 2.")
 

@@ -4,6 +4,23 @@ import pytest
 from helpers import exercises, solutions
 
 
+def _no_hinv_diag(W1, Hinv1, i, q):
+    err = W1[:, i] - q
+    W1[:, i:] -= err[:, None] @ Hinv1[i, i:][None, :]
+    return W1
+
+
+def _no_unscale(w, X, alpha, bits, group):
+    s = X.abs().mean(0).pow(alpha).clamp(min=1e-4)
+    E = solutions.group_fake_quant(w * s, bits, group) - w
+    return ((X @ E.T) ** 2).sum().item() / (X.shape[0] * w.shape[0])
+
+
+def _off_by_one(logits, tokens):
+    import torch
+    return float(torch.exp(-torch.log_softmax(logits[1:].double(), -1).gather(-1, tokens[1:, None]).mean()))
+
+
 @pytest.mark.parametrize("name", sorted(exercises.EXERCISES))
 def test_solution_passes_and_wrong_answer_fails(name, capsys, monkeypatch):
     monkeypatch.setenv("COURSE_PROFILE", "full")
@@ -12,7 +29,15 @@ def test_solution_passes_and_wrong_answer_fails(name, capsys, monkeypatch):
     wrong = {"w4_gemv": lambda x, c, s, z, g: (c.float() * s.repeat_interleave(g, 1)) @ x,   # forgot the zero
              "kv_pool_blocks": lambda u, w, a, n, b, bs=16: int((u - w - n) // (b * bs)),  # forgot activations
              "correct_vocab_check": lambda t, e: t == e,                                  # the seed's check
-             "free_after_loop": lambda items: [None for t in items]}[name]                 # "del t" frees nothing
+             "free_after_loop": lambda items: [None for t in items],                       # "del t" frees nothing
+             "param_count": lambda *a: solutions.param_count(*a[:-1], False),            # ignores tied embeddings
+             "kv_cache_bytes": lambda L, h, d, s, b, by: L * h * d * s * b * by,          # forgot K and V
+             "round_alloc": lambda n: 256 * ((n + 255) // 256),                           # wrong granularity
+             "group_fake_quant": lambda w, b, g: w,                                       # does nothing
+             "gptq_column_step": _no_hinv_diag,                                           # forgot ÷ Hinv[i, i]
+             "awq_alpha_error": _no_unscale,                                              # forgot ÷ s
+             "ppl_from_logits": _off_by_one,                                              # logits[t] vs token t
+             "int4_kv_bytes_per_token": lambda L, h, d, g: 2 * L * h * d / 2}[name]       # forgot the scales
     assert exercises.check(name, wrong) is False
     assert "✗" in capsys.readouterr().out
 
