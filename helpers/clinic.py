@@ -169,16 +169,17 @@ def _requested_bytes(message: str) -> int | None:
     return int(float(m.group(1)) * {"GiB": GiB, "MiB": 2**20, "KiB": 2**10, "B": 1}[m.group(2)])
 
 
-def caught_oom(fn) -> dict:
+def caught_oom(fn, need: float | None = None) -> dict:
     """Run ``fn()``; if it raises a real CUDA OOM, diagnose it *at that moment* (the failing frame's
-    tensors are still alive inside the ``except``) with :func:`helpers.measure.diagnose_oom`, then free
-    everything. Returns ``{"oom", "branch", "why", "request"}``."""
+    tensors are still alive inside the ``except``) with :func:`helpers.measure.diagnose_oom` — given
+    ``need``, the bytes the phase needs by :mod:`helpers.budget` — then free everything.
+    Returns ``{"oom", "branch", "why", "request"}``."""
     try:
         fn()
         return {"oom": False, "branch": None, "why": None, "request": None}
     except torch.OutOfMemoryError as e:
         request = _requested_bytes(str(e))
-        d = measure.diagnose_oom(request=request, echo=False)
+        d = measure.diagnose_oom(request=request, need=need, echo=False)
         out = {"oom": True, "branch": d["branch"], "why": d["why"], "request": request}
     measure.free_memory()
     return out
@@ -199,7 +200,7 @@ def kv_magnitudes(model, prompts: torch.Tensor) -> dict:
 
 
 @torch.no_grad()
-def decode_until_oom(model, batch: int, prompt_len: int, max_new: int = 1_000_000) -> int:
+def decode_until_oom(model, batch: int, prompt_len: int, max_new: int = 4096) -> int:
     """Prefill, then decode with a growing cache until CUDA runs out (the OOM is *not* caught here, so
     :func:`caught_oom` can diagnose it); returns the tokens generated if ``max_new`` is reached first."""
     dev = next(model.parameters()).device

@@ -195,7 +195,8 @@ def shm_bytes() -> int | None:
         return None
 
 
-def diagnose_oom(stats: dict | None = None, request: int | None = None, echo: bool = True) -> dict:
+def diagnose_oom(stats: dict | None = None, request: int | None = None, need: float | None = None,
+                 echo: bool = True) -> dict:
     """The OOM decision tree with live (or given) numbers; returns the branch taken and why.
 
     ``stats`` keys (bytes): total, allocated, reserved, driver_used; optional shm, top (list of
@@ -204,6 +205,10 @@ def diagnose_oom(stats: dict | None = None, request: int | None = None, echo: bo
     the live device.
 
     1. Driver memory used far beyond our reserved → another process / context holds it.
+    1b. ``need`` (what the failing phase needs in all, predicted by :mod:`helpers.budget`: the weights
+       for a load, weights + activations for a prefill, weights + the KV of the target length for a
+       decode) exceeds the card → **too big**, whatever the allocator's state at that instant (a heap
+       can look fragmented on the way to a wall it would hit anyway — measured in notebook 09).
     2. ``reserved − allocated`` ≥ the request → **fragmentation**: cached but split free blocks;
        try ``expandable_segments:True``, fewer distinct shapes, ``empty_cache`` between phases.
     3. allocated close to total → **genuinely too big**: smaller batch/sequence, lower precision,
@@ -235,6 +240,10 @@ def diagnose_oom(stats: dict | None = None, request: int | None = None, echo: bo
         branch, why = "other-process", (f"{fmt_bytes(others)} is used on the device outside this process's "
                                         f"allocator ({util:.0%} of the card in use): another process or "
                                         "a leaked context. Check nvidia-smi; one model copy per GPU.")
+    elif need is not None and need > total:
+        branch, why = "too-big", (f"the phase needs {fmt_bytes(need)} (predicted) but the card holds {fmt_bytes(total)}: "
+                                  "no allocator setting helps; smaller batch/context/model, lower precision, "
+                                  "quantized KV cache or offload.")
     elif request is not None and gap >= request:
         branch, why = "fragmentation", (f"reserved − allocated = {fmt_bytes(gap)} ≥ request {fmt_bytes(request)}: "
                                         "the memory is cached but split into blocks too small. Set "

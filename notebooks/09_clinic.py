@@ -434,23 +434,18 @@ print(f"perplexity ranks {'MLP-only' if mlp.ppl > a.ppl else 'attention-only'} a
 #
 # ### `diagnose_oom` on real out-of-memory errors
 # On a GPU, four real OOMs — loading, prefill, decode, fragmentation — caught and diagnosed at the
-# moment they happen (the decision tree of notebook 02; `tests/test_clinic.py` checks each verdict on a
-# GPU). On the CPU, the same tree on the simulator's numbers at the failing allocation
+# moment they happen (the decision tree of notebook 02; `tests/test_clinic.py` checks the verdicts on
+# a GPU). Each diagnosis is given what the phase *needs* by the budget: at the instant of a load or
+# decode OOM the heap can look fragmented (freed temporaries, a cache grown by copying) on the way to
+# a wall it would hit anyway — without the budget's number the tree called two of these three
+# "fragmentation" on the course's H200. On the CPU, the same tree on the simulator's numbers at the failing allocation
 # (the `diagnose_oom` column of case 2).
 
 # %%
 if cuda:
-    def load_big():
-        models.model_from_config("TinyLlama-1.1B", device="cuda", dtype=torch.float32)
-
+    tiny_cfg = models.architecture_config("TinyLlama-1.1B")
     small = models.model_from_config("SmolLM2-135M", device="cuda", dtype=torch.bfloat16)
-    w = torch.cuda.memory_allocated() / GiB
-
-    def prefill_big():
-        small(torch.randint(0, 1000, (64, 4096), device="cuda"), use_cache=False)
-
-    def decode_long():
-        clinic.decode_until_oom(small, batch=64, prompt_len=256)
+    w = torch.cuda.memory_allocated()
 
     def fragment():
         keep = {}
@@ -459,13 +454,20 @@ if cuda:
                 keep[op[1]] = torch.empty(op[2], dtype=torch.uint8, device="cuda")
             else:
                 keep.pop(op[1])
+    # (scenario, what runs, its cap in GiB — computed just before it runs, what it needs by helpers.budget)
+    scenarios = [
+        ("load: fp32 TinyLlama under 2 GiB", lambda: models.model_from_config("TinyLlama-1.1B", device="cuda", dtype=torch.float32),
+         lambda: 2.0, budget.weight_bytes(tiny_cfg, "fp32")),
+        ("prefill 64 × 4096", lambda: small(torch.randint(0, 1000, (64, 4096), device="cuda"), use_cache=False),
+         lambda: w / GiB + 1.0, w + budget.activation_bytes(small.config, 4096, 64)["peak"]),
+        ("decode 4096 tokens, batch 64", lambda: clinic.decode_until_oom(small, 64, 256, 4096),
+         lambda: w / GiB + 0.5, w + budget.kv_bytes(small.config, 256 + 4096, 64)),
+        ("fragmentation", fragment, lambda: torch.cuda.memory_reserved() / GiB + 17 * 16 / 1024, None)]
     diag = []
-    for name, fn, cap in (("load (fp32 1.1B under 2 GiB)", load_big, 2.0), ("prefill 64 × 4096", prefill_big, w + 1.0),
-                          ("decode, batch 64", decode_long, w + 0.5),
-                          ("fragmentation", fragment, torch.cuda.memory_allocated() / GiB + 17 * 16 / 1024)):
-        torch.cuda.empty_cache()
-        with memory_limit(cap):
-            diag.append({"scenario": name, **clinic.caught_oom(fn)})
+    for name, fn, cap, need in scenarios:
+        measure.free_memory()
+        with memory_limit(cap()):
+            diag.append({"scenario": name, **clinic.caught_oom(fn, need=need)})
     del small
     measure.free_memory()
     diag = pd.DataFrame(diag)

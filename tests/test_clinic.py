@@ -80,16 +80,21 @@ def test_requested_bytes_parsing():
 
 @cuda
 def test_real_ooms_are_diagnosed_right():
+    from helpers import budget
     from helpers.device import memory_limit
     from helpers.measure import free_memory
+    free_memory()
+    tiny_cfg = models.architecture_config("TinyLlama-1.1B")
     with memory_limit(2.0):
-        load = clinic.caught_oom(lambda: models.model_from_config("TinyLlama-1.1B", device="cuda", dtype=torch.float32))
-    assert load["oom"] and load["branch"] == "too-big" and "weights" in load["why"]
+        load = clinic.caught_oom(lambda: models.model_from_config("TinyLlama-1.1B", device="cuda", dtype=torch.float32),
+                                 need=budget.weight_bytes(tiny_cfg, "fp32"))
+    assert load["oom"] and load["branch"] == "too-big", load
     small = models.model_from_config("SmolLM2-135M", device="cuda", dtype=torch.bfloat16)
-    w = torch.cuda.memory_allocated() / GiB
-    with memory_limit(w + 0.5):
-        dec = clinic.caught_oom(lambda m=small: clinic.decode_until_oom(m, batch=64, prompt_len=256))
-    assert dec["oom"] and dec["branch"] == "too-big" and "KV" in dec["why"]
+    w = torch.cuda.memory_allocated()
+    with memory_limit(w / GiB + 0.5):
+        dec = clinic.caught_oom(lambda m=small: clinic.decode_until_oom(m, batch=64, prompt_len=256, max_new=4096),
+                                need=w + budget.kv_bytes(small.config, 256 + 4096, 64))
+    assert dec["oom"] and dec["branch"] == "too-big", dec
     small = None
     free_memory()
 
