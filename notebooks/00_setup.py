@@ -116,6 +116,20 @@ for nb, needs in [("01", True), ("02", True), ("03", False), ("04", False), ("05
     print(f"{nb}: {'full' if (gpu or not needs) else 'CPU path (prediction / simulation)'}")
 
 # %% [markdown]
+# ### Your turn: count the parameters from the config
+# Write `param_count` for a Llama-style decoder (SmolLM2 is one): embeddings, the attention and MLP
+# projections and norms of every layer, the final norm, and the LM head unless it is tied to the
+# embeddings. It is checked against `helpers.budget.param_counts` on two architectures.
+# (Stuck? `helpers/solutions.py` has an answer; in the CI profile it is checked instead of an unwritten cell.)
+
+# %%
+from helpers import exercises
+def param_count(vocab, hidden, intermediate, layers, heads, kv_heads, tied):
+    raise NotImplementedError   # your code here
+
+exercises.check("param_count", param_count)
+
+# %% [markdown]
 # ### Check yourself
 # The model has 30 layers, 3 KV heads of dimension 64. How many bytes does its KV cache take per
 # token in bf16? (Answer in notebook 01: `2 · 30 · 3 · 64 · 2` = 23,040 bytes.)

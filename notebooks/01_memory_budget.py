@@ -293,6 +293,19 @@ else:
     print("No CUDA device: nothing to run out of. (On a GPU this cell triggers and catches a real OOM.)")
 
 # %% [markdown]
+# ### Your turn: the KV-cache formula
+# Write the KV-cache bytes of a plain (bf16) cache from the config's numbers; it is checked against
+# `helpers.budget.kv_bytes` for SmolLM2 and Llama-3.1-8B.
+# (Stuck? `helpers/solutions.py` has an answer; in the CI profile it is checked instead of an unwritten cell.)
+
+# %%
+from helpers import exercises
+def kv_cache_bytes(layers, kv_heads, head_dim, seq_len, batch, bytes_per_value):
+    raise NotImplementedError   # your code here
+
+exercises.check("kv_cache_bytes", kv_cache_bytes)
+
+# %% [markdown]
 # ### Check yourself
 # 1. SmolLM2-135M: KV bytes per token in bf16?
 # 2. Llama-2-70B in INT4 (g128) — weights in GB?

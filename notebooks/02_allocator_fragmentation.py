@@ -288,6 +288,19 @@ else:
     print("The memory history needs CUDA. On a GPU this cell plots the forward/backward timeline.")
 
 # %% [markdown]
+# ### Your turn: the allocator's rounding rule
+# Every request is rounded up before the allocator looks for a block. Write the rule; it is checked
+# against the simulator's `round_size`.
+# (Stuck? `helpers/solutions.py` has an answer; in the CI profile it is checked instead of an unwritten cell.)
+
+# %%
+from helpers import exercises
+def round_alloc(size):
+    raise NotImplementedError   # your code here
+
+exercises.check("round_alloc", round_alloc)
+
+# %% [markdown]
 # ### Check yourself
 # Under the simulator: allocate 30 MiB, free it, allocate 12 MiB then 17 MiB. How many segments and
 # how many reserved MiB? (Answer: the 12 MiB block is carved from the cached 30 MiB segment, the

@@ -289,7 +289,21 @@ preview
 # W3 g64) — small models are much more sensitive than 7B+ ones, where W4 RTN costs a few percent.
 # Notebooks 04 and 05 try to recover that with GPTQ and AWQ, and print from their own runs whether
 # they did.
-#
+
+# %% [markdown]
+# ### Your turn: a group quantizer
+# Asymmetric round-to-nearest per group of columns, dequantized back (`w` is `[rows, cols]`); checked
+# against `helpers.quant.fake_quantize`.
+# (Stuck? `helpers/solutions.py` has an answer; in the CI profile it is checked instead of an unwritten cell.)
+
+# %%
+from helpers import exercises
+def group_fake_quant(w, bits, group):
+    raise NotImplementedError   # your code here
+
+exercises.check("group_fake_quant", group_fake_quant)
+
+# %% [markdown]
 # ### Check yourself
 # 1. Bits per weight of INT4 g64 with an fp16 scale and an fp16 zero per group?
 # 2. The INT4 g64 bytes of a 576 × 576 matrix stored as GPTQ does (packed codes, fp16 scales, zeros

@@ -202,6 +202,19 @@ for path in ("../results/cpu/quantizers.json", "../results/h200/quantizers.json"
         display(ref[ref.method.isin(["baseline", "rtn", "gptq"])][["model", "method", "impl", "bits", "group_size", "calib_tokens", "seconds", "ppl"]])
 
 # %% [markdown]
+# ### Your turn: one GPTQ column update
+# Column `i` of the block `W1` has been quantized to `q`. Spread its error over the later columns
+# (Algorithm 1) and return `W1`; checked against `helpers.gptq.column_step`.
+# (Stuck? `helpers/solutions.py` has an answer; in the CI profile it is checked instead of an unwritten cell.)
+
+# %%
+from helpers import exercises
+def gptq_column_step(W1, Hinv1, i, q):
+    raise NotImplementedError   # your code here
+
+exercises.check("gptq_column_step", gptq_column_step)
+
+# %% [markdown]
 # ### Check yourself
 # 1. In `run()` above, why does GPTQ's weight MSE exceed RTN's while its output error is lower?
 # 2. What breaks if $H$ has a zero on its diagonal, and what does the code do about it?

@@ -247,6 +247,19 @@ del small
 pd.DataFrame([r for r in llm_compressor.API_MAP if r[0] == "AutoAWQ"], columns=["library", "archived API", "maintained equivalent"])
 
 # %% [markdown]
+# ### Your turn: the AWQ loss for one α
+# For one linear with weight `w` and calibration inputs `X`, compute the output error AWQ minimises
+# for one α (paper eq. 5).
+# (Stuck? `helpers/solutions.py` has an answer; in the CI profile it is checked instead of an unwritten cell.)
+
+# %%
+from helpers import exercises
+def awq_alpha_error(w, X, alpha, bits, group):
+    raise NotImplementedError   # your code here
+
+exercises.check("awq_alpha_error", awq_alpha_error)
+
+# %% [markdown]
 # ### Check yourself
 # 1. Folding: after `apply_scale`, does the unquantized block compute the same function? Check it.
 # 2. Why is α = 0 the same as RTN?

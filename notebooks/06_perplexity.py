@@ -233,6 +233,19 @@ pd.DataFrame(flow.recommended_flow(bench, max_increase_pct=pick(full=3.0, ci=100
 
 
 # %% [markdown]
+# ### Your turn: perplexity from logits
+# One window's perplexity from its logits `[T, vocab]` and its tokens `[T]`; checked against
+# `helpers.evaluate.window_nll`.
+# (Stuck? `helpers/solutions.py` has an answer; in the CI profile it is checked instead of an unwritten cell.)
+
+# %%
+from helpers import exercises
+def ppl_from_logits(logits, tokens):
+    raise NotImplementedError   # your code here
+
+exercises.check("ppl_from_logits", ppl_from_logits)
+
+# %% [markdown]
 # ### Check yourself
 # A model predicting the uniform distribution over its vocabulary: what is its perplexity? Compute
 # it with `evaluate.perplexity` and a model whose logits are all zero.

@@ -283,6 +283,19 @@ else:
           "scales default to 1.0 unless the checkpoint carries k/v scales or --calculate-kv-scales is given.")
 
 # %% [markdown]
+# ### Your turn: the INT4 cache's real bytes
+# Bytes per token of the INT4 KV cache (codes, plus an fp16 scale and minimum per group); checked
+# against `helpers.budget.kv_bytes`.
+# (Stuck? `helpers/solutions.py` has an answer; in the CI profile it is checked instead of an unwritten cell.)
+
+# %%
+from helpers import exercises
+def int4_kv_bytes_per_token(layers, kv_heads, head_dim, group):
+    raise NotImplementedError   # your code here
+
+exercises.check("int4_kv_bytes_per_token", int4_kv_bytes_per_token)
+
+# %% [markdown]
 # ### Check yourself
 # Llama-3.1-8B at 32k context, batch 4: how many GiB of KV in bf16, and in FP8?
 
