@@ -211,3 +211,14 @@ def decode_until_oom(model, batch: int, prompt_len: int, max_new: int = 4096) ->
         out = model(nxt, past_key_values=cache, use_cache=True)
         nxt = out.logits[:, -1:].argmax(-1)
     return max_new
+
+
+def fragment_on_gpu(block: int = 16 * 2**20, n: int = 16) -> None:
+    """Replay :func:`helpers.allocator_sim.fragmenting_sequence` with real CUDA tensors (under a cap of
+    the arena plus one block, its last request runs out: the real-allocator twin of case 2)."""
+    keep = {}
+    for op in allocator_sim.fragmenting_sequence(block, n):
+        if op[0] == "alloc":
+            keep[op[1]] = torch.empty(op[2], dtype=torch.uint8, device="cuda")
+        else:
+            keep.pop(op[1])

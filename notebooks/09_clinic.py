@@ -438,8 +438,9 @@ print(f"perplexity ranks {'MLP-only' if mlp.ppl > a.ppl else 'attention-only'} a
 # a GPU). Each diagnosis is given what the phase *needs* by the budget: at the instant of a load or
 # decode OOM the heap can look fragmented (freed temporaries, a cache grown by copying) on the way to
 # a wall it would hit anyway — without the budget's number the tree called two of these three
-# "fragmentation" on the course's H200. On the CPU, the same tree on the simulator's numbers at the failing allocation
-# (the `diagnose_oom` column of case 2).
+# "fragmentation" on the course's H200 (`results/h200/diagnose_without_need_2026-12-01.json`). On the
+# CPU, the same tree runs on the simulator's numbers at the failing allocation (the `diagnose_oom`
+# column of case 2).
 
 # %%
 if cuda:
@@ -447,13 +448,6 @@ if cuda:
     small = models.model_from_config("SmolLM2-135M", device="cuda", dtype=torch.bfloat16)
     w = torch.cuda.memory_allocated()
 
-    def fragment():
-        keep = {}
-        for op in allocator_sim.fragmenting_sequence(16 * MiB, 16):
-            if op[0] == "alloc":
-                keep[op[1]] = torch.empty(op[2], dtype=torch.uint8, device="cuda")
-            else:
-                keep.pop(op[1])
     # (scenario, what runs, its cap in GiB — computed just before it runs, what it needs by helpers.budget)
     scenarios = [
         ("load: fp32 TinyLlama under 2 GiB", lambda: models.model_from_config("TinyLlama-1.1B", device="cuda", dtype=torch.float32),
@@ -462,7 +456,7 @@ if cuda:
          lambda: w / GiB + 1.0, w + budget.activation_bytes(small.config, 4096, 64)["peak"]),
         ("decode 4096 tokens, batch 64", lambda: clinic.decode_until_oom(small, 64, 256, 4096),
          lambda: w / GiB + 0.5, w + budget.kv_bytes(small.config, 256 + 4096, 64)),
-        ("fragmentation", fragment, lambda: torch.cuda.memory_reserved() / GiB + 17 * 16 / 1024, None)]
+        ("fragmentation", clinic.fragment_on_gpu, lambda: torch.cuda.memory_reserved() / GiB + 17 * 16 / 1024, None)]
     diag = []
     for name, fn, cap, need in scenarios:
         measure.free_memory()

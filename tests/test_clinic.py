@@ -97,17 +97,8 @@ def test_real_ooms_are_diagnosed_right():
     assert dec["oom"] and dec["branch"] == "too-big", dec
     small = None
     free_memory()
-
-    def fragment():
-        keep = {}
-        for op in allocator_sim.fragmenting_sequence(16 * MiB, 16):
-            if op[0] == "alloc":
-                keep[op[1]] = torch.empty(op[2], dtype=torch.uint8, device="cuda")
-            else:
-                keep.pop(op[1])
-    torch.cuda.empty_cache()
     with memory_limit(torch.cuda.memory_reserved() / GiB + 17 * 16 / 1024):
-        frag = clinic.caught_oom(fragment)
+        frag = clinic.caught_oom(clinic.fragment_on_gpu)
     assert frag["oom"] and frag["branch"] == "fragmentation"
 
 
