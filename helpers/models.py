@@ -212,9 +212,12 @@ def is_offline_q4_1(model_or_path) -> bool:
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU (fast and exact there)."""
+    """bf16 on GPUs with native bf16 (compute capability ≥ 8.0: Ampere and later), fp16 on older ones,
+    fp32 on CPU (fast and exact there). ``torch.cuda.is_bf16_supported()`` alone says True on a T4
+    (7.5), where bf16 is *emulated* — slower than fp16 — so the capability decides."""
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.bfloat16 if torch.cuda.get_device_capability(idx) >= (8, 0) else torch.float16
     return torch.float32
 
 

@@ -79,3 +79,16 @@ def test_tokens_cached_and_calibration(text_available, offline_model, tmp_path, 
     assert b1.shape == (4, 128) and torch.equal(b1, b2)
     with pytest.raises(ValueError, match="positive"):
         data.calibration_batch(tok, 0, 128)
+
+
+def test_default_dtype_follows_native_bf16(monkeypatch):
+    import torch
+
+    from helpers import models
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)     # what a T4 reports (emulated)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    assert models.default_dtype(torch.device("cuda")) == torch.float16
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert models.default_dtype(torch.device("cuda")) == torch.bfloat16
+    assert models.default_dtype(torch.device("cpu")) == torch.float32
