@@ -329,6 +329,43 @@ def run_real(ops: list, cap: int | None = None, expandable: bool = False, timeou
     return json.loads(line[len("RESULT"):])
 
 
+_UNITS = {"b": 1, "kib": KB, "kb": KB, "mib": MB, "mb": MB, "gib": GB, "gb": GB}
+
+
+def parse_ops(text: str) -> list:
+    """Ops from a line a learner types: ``"a=300MiB; b=20MiB; free a; c=250MiB; empty_cache"``
+    (``;`` or newlines between ops; sizes in B, KiB, MiB or GiB — KB/MB/GB are read as binary units,
+    as PyTorch reports them). Raises ValueError naming the op it cannot read."""
+    import re
+
+    if not isinstance(text, str):
+        raise ValueError(f"ops must be text such as 'a=300MiB; free a', got {type(text).__name__}")
+    ops, live = [], set()
+    for raw in re.split(r"[;\n]", text):
+        op = raw.strip()
+        if not op:
+            continue
+        if op == "empty_cache":
+            ops.append(["empty_cache"])
+        elif op.startswith("free "):
+            name = op[5:].strip()
+            if name not in live:
+                raise ValueError(f"op {op!r}: nothing named {name!r} is allocated (allocate it first: {name}=100MiB)")
+            live.discard(name)
+            ops.append(["free", name])
+        elif m := re.fullmatch(r"(\w+)\s*=\s*([\d.]+)\s*([KMG]i?B|B)", op, flags=re.I):
+            size = float(m.group(2)) * _UNITS[m.group(3).lower()]
+            if not size >= 1:
+                raise ValueError(f"op {op!r}: the size must be at least 1 B")
+            if m.group(1) in live:
+                raise ValueError(f"op {op!r}: {m.group(1)!r} is already allocated (free it first, or pick another name)")
+            live.add(m.group(1))
+            ops.append(["alloc", m.group(1), int(size)])
+        else:
+            raise ValueError(f"cannot read op {op!r}: write name=SIZE (a=300MiB), free NAME, or empty_cache")
+    return ops
+
+
 # ------------------------------------------------------------------ the notebook's sequences
 def seed_snippet(n: int = 20, big: int = 1 * GB, small: int = 256 * MB, request: int = 2 * GB,
                  as_written: bool = True) -> list:

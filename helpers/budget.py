@@ -96,7 +96,7 @@ class Shape:
 
 
 FAMILIES = {  # model_type → what its decoder layer holds beyond the Llama layout
-    "llama": {}, "mistral": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True}, "phi3": {},
+    "llama": {}, "mistral": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True}, "phi3": {"fused": True},
     "gemma": {}, "gemma2": {"sandwich_norms": True}, "gemma3_text": {"sandwich_norms": True, "qk_norm": True},
     "mixtral": {"moe": "mixtral"}, "qwen2_moe": {"qkv_bias": True, "moe": "qwen2_moe"},
     "qwen3_moe": {"qk_norm": True, "moe": "qwen3_moe"}, "deepseek_v2": {"mla": True, "moe": "deepseek"},
@@ -266,39 +266,76 @@ def int4_residual_tokens(decode_steps: int, residual_length: int = 16) -> int:
     return decode_steps % residual_length
 
 
+def eager_score_bytes(act_dtype="bf16", device: str = "cuda") -> float:
+    """Bytes per element of the ``batch × heads × q × k`` score matrix at eager attention's widest point.
+
+    transformers' ``eager_attention_forward`` computes ``softmax(q·kᵀ·s + mask, dtype=float32).to(dtype)``.
+    ATen's ``softmax(x, dtype=float32)`` fuses the up-cast only for fp16 on CUDA (``half_to_float``);
+    otherwise it first copies ``x`` to fp32 and then writes a new fp32 result (``SoftMax.cpp``). So at
+    the softmax, live at once: the ``b``-byte scores + the fp32 copy + the fp32 output = ``b + 8``
+    (bf16 anywhere, fp16 on a CPU); fused fp16 on CUDA: ``b + 4``, then ``b`` more for ``.to(dtype)``
+    = 8; fp32: input and output only = 8. (Measured on CPU by :mod:`helpers.host_alloc`:
+    tests/test_budget_measured.py.)"""
+    b = dtype_bytes(act_dtype)
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    if b == 4:
+        return 8.0
+    if b == 2 and device == "cuda" and act_dtype in ("fp16", torch.float16):
+        return 8.0
+    return b + 8.0
+
+
 def activation_bytes(config, positions: int, batch: int = 1, act_dtype="bf16", attention: str = "sdpa",
-                     keep_all_logits: bool = False) -> dict:
+                     keep_all_logits: bool = False, device: str = "cuda") -> dict:
     """Transient bytes at the widest point of one forward over ``positions`` tokens.
 
     Per block, with ``n = batch · positions`` tokens and ``b`` bytes per element:
     hidden-size tensors ``3·n·hidden·b`` that stay alive across the block (the embeddings, still
     referenced by the model's forward; the block's input, held by the caller's loop; the residual
     sum), the rotary ``cos``/``sin`` ``2·n·head_dim·b`` shared by all layers, then the larger of
-    MLP ``n·(3·intermediate + hidden)·b`` (gate/up/product live at once, plus the normed input) and
-    attention ``n·(2·heads + 2·kv_heads)·head_dim·b`` (q, k, v, attention output) — plus, for eager
-    attention, the ``batch·heads·positions²`` scores and their softmax. (Checked against the H200:
-    ``results/h200/budget_accuracy.json``.)
+    MLP ``n·(3·intermediate + hidden)·b`` (gate/up/product live at once, plus the normed input;
+    ``4·intermediate`` where gate and up come out of one fused projection, Phi-3) and attention
+    (a fused ``qkv_proj``, Phi-3, keeps its output alive beside the rotated q and k):
+
+    * SDPA (fused kernels never hold the scores): ``n·(2·heads + 2·kv_heads)·head_dim·b`` (q, k, v,
+      attention output);
+    * eager, at its softmax: q, k, v ``n·(heads + 2·kv_heads)·head_dim·b``, the K and V repeated to
+      every query head when ``kv_heads < heads`` (``repeat_kv``: ``2·n·heads·head_dim·b``), the scores
+      ``batch·heads·positions²`` × :func:`eager_score_bytes`, and the additive masks the model built
+      once for the whole forward, ``batch·positions²·b`` per kind of layer (full, sliding).
+
     Logits: ``batch·vocab·(b + 4)`` for the last position (model output + fp32 copy in generate),
     or ``batch·positions·vocab·(b + 4)`` when all positions are kept (training, perplexity).
+    Checked against measurement: the H200 (``results/h200/budget_accuracy.json``) and, without a GPU,
+    the CPU allocation tracker on nine architectures (tests/test_budget_measured.py).
     """
     _check_positive(positions=positions, batch=batch)
     if attention not in ("sdpa", "eager"):
-        raise ValueError(f"attention must be 'sdpa' or 'eager', got {attention!r}")
+        raise ValueError(f"attention must be 'sdpa' or 'eager' (the implementations budget models), got {attention!r}")
     s = Shape.from_config(config)
+    fused = FAMILIES.get(getattr(config, "model_type", ""), {}).get("fused", False)
     b = dtype_bytes(act_dtype)
     n = batch * positions
     residual = 3 * n * s.hidden * b + 2 * n * s.head_dim * b
-    mlp = n * (3 * s.intermediate + s.hidden) * b
-    attn = n * (2 * s.heads + 2 * s.kv_heads) * s.head_dim * b
-    scores = 2 * batch * s.heads * positions**2 * b if attention == "eager" else 0
+    mlp = n * ((4 if fused else 3) * s.intermediate + s.hidden) * b
+    qkv = n * (s.heads + 2 * s.kv_heads) * s.head_dim * b
+    qk = qkv - n * s.kv_heads * s.head_dim * b if fused else 0  # rotated q, k beside the fused output
+    if attention == "sdpa":
+        attn = qkv + qk + n * s.heads * s.head_dim * b
+    else:
+        repeated = 2 * n * s.heads * s.head_dim * b if s.kv_heads < s.heads else 0
+        masks = len({w is None for w in layer_windows(config)}) * batch * positions**2 * b
+        scores = batch * s.heads * positions**2 * eager_score_bytes(act_dtype, device)
+        attn = qkv + qk + repeated + scores + masks
     logits = batch * (positions if keep_all_logits else 1) * s.vocab * (b + 4)
-    block = residual + max(mlp, attn + scores)
-    return {"residual": residual, "mlp": mlp, "attention": attn + scores, "logits": logits,
+    block = residual + max(mlp, attn)
+    return {"residual": residual, "mlp": mlp, "attention": attn, "logits": logits,
             "peak": max(block, residual + logits)}
 
 
 def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, act_dtype="bf16",
-                    kv_dtype="bf16", cache: str = "dynamic") -> dict:
+                    kv_dtype="bf16", cache: str = "dynamic", attention: str = "sdpa", device: str = "cuda") -> dict:
     """Predicted peak memory *over the weights* during ``generate`` (prefill, then decode).
 
     prefill: KV of the prompt + the prefill activations; decode ends with the KV of
@@ -306,6 +343,9 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     layer's K being re-allocated by ``torch.cat`` (dynamic cache), the last-token logits, and the
     previous step's fp32 logits ``batch·vocab·4`` that generate's loop still holds while the next
     forward runs. A static cache allocates ``prompt_len + new_tokens`` positions up front.
+    ``attention`` (``"sdpa"`` or ``"eager"``) is the model's ``attn_implementation``: eager's scores
+    dominate the prefill (:func:`activation_bytes`); a decode step's ``batch·heads·positions`` scores
+    are small next to the KV cache and are not counted.
     """
     _check_positive(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch)
     if cache not in ("dynamic", "static"):
@@ -313,7 +353,7 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     s = Shape.from_config(config)
     total = prompt_len + new_tokens - (1 if cache == "dynamic" else 0)
     kv_full = kv_bytes(config, total, batch, kv_dtype, cache=cache)
-    act = activation_bytes(config, prompt_len, batch, act_dtype)
+    act = activation_bytes(config, prompt_len, batch, act_dtype, attention, device=device)
     kv_prompt = kv_full if cache == "static" else kv_bytes(config, prompt_len, batch, kv_dtype)
     prefill = kv_prompt + act["peak"]
     layer_kv = kv_full / s.layers / 2

@@ -4,16 +4,20 @@ One environment variable, ``COURSE_PROFILE``, selects how much work every notebo
 
 * ``full`` (default): the learner profile — real calibration sizes, full grids, whole evaluations.
 * ``ci``: the fast profile CI runs under nbmake — fewer tokens and smaller grids, same code paths.
+* ``workshop``: an instructor's half-day session (docs/workshop.md): the learner's code with a
+  smaller calibration and evaluation, every quantized variant prebuilt into a shared cache
+  (``scripts/prebuild.py``) so that no notebook quantizes with a library during the session.
 
 Notebooks never read the variable themselves; they call :func:`pick`.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
 
-PROFILES = ("full", "ci")
+PROFILES = ("full", "ci", "workshop")
 # Where the course lives: the one place to change when it is published. Every notebook's set-up cell and
 # Colab badge must agree with it (scripts/check_notebooks.py checks, and --fix rewrites them).
 COURSE_REPO = "https://github.com/gpu-quant-course/gpu-quant-course"
@@ -32,19 +36,27 @@ def is_ci() -> bool:
     return profile() == "ci"
 
 
-def pick(full, ci):
-    """Return ``ci`` under the CI profile, ``full`` otherwise: ``n = pick(full=128, ci=8)``."""
-    return ci if is_ci() else full
+def pick(full, ci, workshop=None):
+    """The value for the active profile: ``n = pick(full=128, ci=8)``; ``workshop`` defaults to ``full``."""
+    name = profile()
+    if name == "ci":
+        return ci
+    if name == "workshop" and workshop is not None:
+        return workshop
+    return full
 
 
 def quality_settings(gpu: bool) -> dict:
     """Profile-sized work for the quality notebooks (03–06): the full profile is the course as a
     learner runs it (on a GPU the papers' 128 × 512 calibration tokens; on a CPU 16 × 512, minutes
-    instead of hours); CI is a smoke test with the same code paths."""
+    instead of hours); CI is a smoke test with the same code paths on the model's first ``layers``
+    decoder blocks (:func:`helpers.course_model.setup` cuts it); the workshop profile keeps the model
+    whole and the calibration small."""
     full_gpu = {"calib_samples": 128, "seq_len": 512, "eval_tokens": 128 * 512, "n_grid": 20}
     full_cpu = {"calib_samples": 16, "seq_len": 512, "eval_tokens": 32 * 512, "n_grid": 20}
     return pick(full=full_gpu if gpu else full_cpu,
-                ci={"calib_samples": 4, "seq_len": 128, "eval_tokens": 8 * 128, "n_grid": 4})
+                ci={"calib_samples": 4, "seq_len": 128, "eval_tokens": 8 * 128, "n_grid": 4, "layers": 8},
+                workshop={"calib_samples": 32 if gpu else 8, "seq_len": 512, "eval_tokens": 32 * 512, "n_grid": 10})
 
 
 def cache_dir(*parts: str) -> Path:
@@ -64,3 +76,24 @@ def read_json(path: Path | str) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON ({e}). It is a file the course writes: delete it "
                          f"(rm '{path}') and run the cell again to rebuild it.") from None
+
+
+@contextlib.contextmanager
+def file_lock(path: Path | str):
+    """Hold an exclusive lock on ``path`` (created if missing) for the block: two processes that build
+    the same cached file — two notebooks under ``pytest -n 2``, workshop participants sharing one
+    cache — take turns instead of both building it and racing to write it. POSIX ``flock``; where
+    there is none (Windows) the block runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock, the cache's own checks still catch a torn write
+        yield
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

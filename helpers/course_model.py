@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import data, models
-from .config import quality_settings
+from .config import profile, quality_settings
 from .device import get_device
 from .qspec import positive_int
 
@@ -26,6 +26,7 @@ class Bench:
     eval_ids: torch.Tensor
     name: str
     settings: dict = field(default_factory=dict)
+    cut_from: int | None = None   # decoder layers the model had before the CI profile cut it (None: whole)
 
     def calib(self, n_samples: int | None = None, seq_len: int | None = None, seed: int = 0) -> torch.Tensor:
         """Calibration windows [n, seq_len] from the calibration split (disjoint from eval)."""
@@ -38,8 +39,8 @@ class Bench:
 
     @property
     def quality_meaningful(self) -> bool:
-        """True only with real weights and real text: otherwise perplexities measure nothing."""
-        return self.real_weights and self.real_text
+        """True only with real weights, real text and the whole model: otherwise perplexities measure nothing."""
+        return self.real_weights and self.real_text and self.cut_from is None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -64,5 +65,13 @@ def setup(name: str | None = None, device=None, dtype=None) -> Bench:
         print("[text] no text source → random token ids: perplexities below measure nothing.")
         ids = torch.randint(3, model.config.vocab_size - 1, (200_000,), generator=torch.Generator().manual_seed(0))
     label = getattr(model.config, "_name_or_path", "") or "random-weights"
-    return Bench(model, tok, real, real_text, ids, label.rstrip("/").split("/")[-1] or "model",
-                 quality_settings(torch.cuda.is_available()))
+    label = label.rstrip("/").split("/")[-1] or "model"
+    settings = quality_settings(torch.cuda.is_available())
+    keep = settings.get("layers")
+    total = len(models.decoder_layers(model))
+    if keep and keep < total:
+        models.keep_first_layers(model, keep)
+        label += f"-first{keep}"
+        print(f"[{profile()} profile] smoke test: the model keeps its first {keep} of {total} decoder layers "
+              "(same code, less work); its quality numbers mean nothing — run the full profile for them.")
+    return Bench(model, tok, real, real_text, ids, label, settings, cut_from=total if keep and keep < total else None)

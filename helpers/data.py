@@ -87,7 +87,7 @@ def tokens(tokenizer, split: str = "eval") -> torch.Tensor:
         print(f"[data] token cache {path} is unusable: {problem}; re-tokenizing.")
         path.unlink()
     ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")   # one per process: two notebooks may tokenize at once
     torch.save(ids, tmp)
     tmp.replace(path)  # atomic: an interrupted write never leaves a half file under the real name
     return ids

@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from .config import read_json
+from .config import file_lock, read_json
 
 ENV_VAR = "COURSE_REPORT"
 
@@ -38,8 +38,9 @@ def record(notebook: str, **numbers) -> Path | None:
     if not isinstance(notebook, str) or not notebook:
         raise ValueError(f"notebook must be a non-empty name such as '01_memory_budget', got {notebook!r}")
     p = Path(path)
-    data = read_json(p) if p.exists() else {}
-    data.setdefault(notebook, {}).update({k: _plain(v) for k, v in numbers.items()})
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(data, indent=1, default=str))
+    with file_lock(p.with_suffix(".lock")):   # notebooks run in parallel (pytest -n 2) report into one file
+        data = read_json(p) if p.exists() else {}
+        data.setdefault(notebook, {}).update({k: _plain(v) for k, v in numbers.items()})
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(data, indent=1, default=str))
     return p

@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from . import calib as C
-from .config import cache_dir
+from .config import cache_dir, file_lock
 from .models import model_from_config, unreadable_safetensors
 from .qspec import QuantSpec
 
@@ -59,20 +59,122 @@ def cpu_pin_memory_workaround():
         IntermediatesCache.pin_memory = original
 
 
+LIBRARIES = ("llmcompressor", "compressed_tensors")
+_BAR_MODULES = ("compressed_tensors.offload.dispatch", "compressed_tensors.compressors.model_compressors.model_compressor",
+                "compressed_tensors.quantization.lifecycle.apply", "llmcompressor.pipelines.sequential.pipeline",
+                "llmcompressor.pipelines.basic.pipeline", "llmcompressor.pipelines.cache",
+                "llmcompressor.modifiers.transform.awq.base")
+
+
+def _one_bar_tqdm(bar):
+    """A stand-in for the libraries' ``tqdm``: their per-layer bars ("(k/n): Calibrating", "Propagating",
+    "Dispatching model", …) draw nothing; each "(k/n): Calibrating" moves ``bar`` to k of n."""
+    import re
+
+    def fake(iterable=None, *args, desc="", **kwargs):
+        m = re.match(r"\((\d+)/(\d+)\): Calibrating", str(desc or ""))
+        if m and bar is not None:
+            bar.total = int(m.group(2))
+            bar.update(int(m.group(1)) - bar.n)
+        return _NoBar(iterable)
+    return fake
+
+
+class _NoBar:
+    """A bar that draws nothing: iterates over what it wraps; every bar method (``update``,
+    ``set_postfix``, ``close``, …) does nothing."""
+    n = 0
+
+    def __init__(self, iterable=None):
+        self.iterable = iterable
+
+    def __iter__(self):
+        return iter(self.iterable if self.iterable is not None else ())
+
+    def __len__(self):
+        return len(self.iterable)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
 @contextlib.contextmanager
-def quiet_logs(names=("llmcompressor", "compressed_tensors")):
-    """Silence the libraries' loguru messages (hundreds of INFO/METRIC lines per ``oneshot``, which push
-    a notebook cell's own table below JupyterLab's "Show more outputs") for the duration of the block;
-    what was enabled before is enabled again on exit. Errors still raise as usual."""
+def quiet_logs(desc: str | None = None):
+    """Quiet llm-compressor and compressed-tensors for the duration of the block, so a notebook cell's
+    own table stays within a screenful (JupyterLab folds after 50 outputs):
+
+    * their loguru messages (hundreds of INFO/METRIC lines per ``oneshot``, the repeated "No
+      accelerator available!"): disabled, and ``LLM_COMPRESSOR_LOG_DISABLED=true`` so that
+      ``oneshot``'s own ``configure_logger`` call does not enable them again;
+    * their progress bars (two per decoder layer): replaced by one bar, ``desc``, that counts the
+      layers ``oneshot`` has calibrated (no bar when ``desc`` is None);
+    * torch.fx's tracing warning, logged once per trace.
+
+    Everything is restored on exit; errors still raise as usual."""
+    import importlib
+    import logging
+    import os
+    import sys
+
+    import tqdm as tqdm_module
     from loguru import logger  # with llmcompressor (see _LAZY)
 
-    for name in names:
+    try:  # the library logs at its own METRIC level, which only its (now skipped) configure_logger creates
+        logger.level("METRIC")
+    except ValueError:
+        logger.level("METRIC", no=38)
+    env = os.environ.get("LLM_COMPRESSOR_LOG_DISABLED")
+    os.environ["LLM_COMPRESSOR_LOG_DISABLED"] = "true"
+    for name in LIBRARIES:
         logger.disable(name)
+    fx_log = logging.getLogger("torch.fx._symbolic_trace")
+    fx_level = fx_log.level
+    fx_log.setLevel(logging.ERROR)
+    bar = tqdm_module.tqdm(desc=desc, unit="layer") if desc else None
+    fake = _one_bar_tqdm(bar)
+    for name in _BAR_MODULES:   # imported now, so that their bars are found and replaced below
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    patched = []
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is None or not mod_name.startswith(LIBRARIES):
+            continue
+        attr = getattr(mod, "tqdm", None)
+        if attr is tqdm_module.tqdm:
+            patched.append((mod, attr))
+            mod.tqdm = fake
+        elif attr is tqdm_module:
+            patched.append((mod, attr))
+            mod.tqdm = _Namespace(tqdm=fake)
     try:
         yield
     finally:
-        for name in names:
+        for mod, attr in patched:
+            mod.tqdm = attr
+        if bar is not None:
+            bar.close()
+        fx_log.setLevel(fx_level)
+        for name in LIBRARIES:
             logger.enable(name)
+        if env is None:
+            os.environ.pop("LLM_COMPRESSOR_LOG_DISABLED", None)
+        else:
+            os.environ["LLM_COMPRESSOR_LOG_DISABLED"] = env
+
+
+class _Namespace:
+    """``import tqdm; tqdm.tqdm(…)`` in a library module: a module-like object with one attribute."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
 
 
 def scheme(spec: QuantSpec | None = None, **spec_kw):
@@ -94,9 +196,10 @@ def oneshot_quantize(model, calib: torch.Tensor, method: str = "gptq", spec: Qua
     library does it). Returns ``{"seconds", "calib_tokens"}``. The calibration set is already
     tokenized, so no tokenizer is needed; ``oneshot`` insists on a processor object, and without
     one it tries to load one from the model's path, so a placeholder stands in."""
-    from llmcompressor import oneshot  # optional heavy dependency (see _LAZY)
-    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
-    from llmcompressor.modifiers.transform import AWQModifier
+    with quiet_logs():  # importing the modifiers logs "No accelerator available!" three times on a CPU
+        from llmcompressor import oneshot  # optional heavy dependency (see _LAZY)
+        from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+        from llmcompressor.modifiers.transform import AWQModifier
 
     spec = QuantSpec.of(spec, **spec_kw)
     C.check_calib(model, calib)
@@ -113,7 +216,7 @@ def oneshot_quantize(model, calib: torch.Tensor, method: str = "gptq", spec: Qua
         raise ValueError(f"method must be 'rtn', 'gptq' or 'awq', got {method!r}")
     _give_path(model)
     t0 = time.perf_counter()
-    with cpu_pin_memory_workaround(), quiet_logs():
+    with cpu_pin_memory_workaround(), quiet_logs(f"llm-compressor {method}"):
         if method == "rtn":  # llm-compressor's data-free pipeline: observers on the weights alone
             oneshot(model=model, recipe=recipe, pipeline="datafree")
         else:
@@ -168,8 +271,14 @@ class _PreTokenized:
 
 def save_compressed(model, tokenizer, out_dir) -> dict:
     """Write a real compressed-tensors checkpoint (packed int weights) and report its bytes."""
+    import warnings
+
     out = Path(out_dir)
-    model.save_pretrained(out, save_compressed=True)
+    with quiet_logs(), warnings.catch_warnings():
+        # compressed-tensors keeps parameters "offloaded" after oneshot; transformers warns about the shard
+        # size of offloaded saves, which does not apply to models that fit in memory like these
+        warnings.filterwarnings("ignore", message="Attempting to save a model with offloaded modules")
+        model.save_pretrained(out, save_compressed=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     files = {p.name: p.stat().st_size for p in out.glob("*.safetensors")}
@@ -183,23 +292,23 @@ def demo_checkpoints(arch: str = "SmolLM2-135M", spec: QuantSpec | None = None) 
     spec = spec or QuantSpec(4, 64)
     root = cache_dir("checkpoints", arch)
     dirs = {"bf16": root / "bf16", f"w{spec.bits}g{spec.group_size}": root / f"w{spec.bits}g{spec.group_size}"}
-    if all((d / "config.json").exists() and list(d.glob("*.safetensors")) and not unreadable_safetensors(d)
-           for d in dirs.values()):
-        return dirs
-    src = model_from_config(arch, device="cpu", dtype=torch.bfloat16)
-    src.save_pretrained(dirs["bf16"], safe_serialization=True)
-    oneshot_quantize(src, torch.randint(3, 1000, (2, 64), generator=torch.Generator().manual_seed(0)), "rtn", spec)
-    save_compressed(src, None, list(dirs.values())[1])
+    with file_lock(root / ".lock"):   # notebooks 07-09 in parallel: one builds, the others wait
+        if all((d / "config.json").exists() and list(d.glob("*.safetensors")) and not unreadable_safetensors(d)
+               for d in dirs.values()):
+            return dirs
+        src = model_from_config(arch, device="cpu", dtype=torch.bfloat16)
+        src.save_pretrained(dirs["bf16"], safe_serialization=True)
+        oneshot_quantize(src, torch.randint(3, 1000, (2, 64), generator=torch.Generator().manual_seed(0)), "rtn", spec)
+        save_compressed(src, None, list(dirs.values())[1])
     return dirs
 
 
 def load_compressed(path, device="cpu", dtype=torch.float32):
     """Reload a compressed-tensors checkpoint with plain transformers (linears stay packed; each is
     dequantized when it runs)."""
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False,
-                                                use_safetensors=True).to(device).eval()
-
-
+    with quiet_logs():
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False,
+                                                    use_safetensors=True).to(device).eval()
 
 
 @torch.no_grad()
@@ -212,7 +321,8 @@ def roundtrip(model, tokenizer, out_dir, probe: torch.Tensor) -> dict:
     before = model(probe).logits.float()
     info = save_compressed(model, tokenizer, out_dir)
     back = load_compressed(info["dir"], device=p.device, dtype=p.dtype)
-    after = back(probe).logits.float()
+    with quiet_logs():   # the first forward decompresses the weights (compressed-tensors' hook, with bars)
+        after = back(probe).logits.float()
     del back
     return {**info, "max_abs_logit_diff": (after - before).abs().max().item(),
             "agreement": (after.argmax(-1) == before.argmax(-1)).float().mean().item()}

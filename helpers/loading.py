@@ -28,6 +28,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from .config import file_lock
+
 _HWM = Path("/proc/self/status")
 _CLEAR = Path("/proc/self/clear_refs")
 
@@ -154,17 +156,19 @@ def load_peaks(folder, device="cpu", dtype=torch.bfloat16) -> list[dict]:
 
 def remembered_load_peaks(folder, device="cpu", dtype=torch.bfloat16) -> list[dict]:
     """:func:`load_peaks`, measured once per checkpoint and device and kept next to the checkpoint
-    (``load_peaks.json``): notebooks 08 and 09 share one measurement instead of repeating it."""
+    (``load_peaks.json``): notebooks 08 and 09 share one measurement instead of repeating it (one
+    process measures; another that asks meanwhile waits for it)."""
     import json
     path = Path(folder) / "load_peaks.json"
     key = f"{device}:{str(dtype).replace('torch.', '')}"
-    try:
-        known = json.loads(path.read_text()) if path.exists() else {}
-    except ValueError:          # a corrupt file is re-measured, not trusted
-        known = {}
-    if key not in known:
-        if not (Path(folder) / "pytorch_model.bin").exists():
-            write_pickle_copy(folder)
-        known[key] = load_peaks(folder, device, dtype)
-        path.write_text(json.dumps(known, indent=1))
+    with file_lock(path.with_suffix(".lock")):
+        try:
+            known = json.loads(path.read_text()) if path.exists() else {}
+        except ValueError:          # a corrupt file is re-measured, not trusted
+            known = {}
+        if key not in known:
+            if not (Path(folder) / "pytorch_model.bin").exists():
+                write_pickle_copy(folder)
+            known[key] = load_peaks(folder, device, dtype)
+            path.write_text(json.dumps(known, indent=1))
     return known[key]

@@ -264,6 +264,21 @@ def decoder_layers(model) -> torch.nn.ModuleList:
     return layers
 
 
+def keep_first_layers(model, n: int):
+    """Cut ``model`` down to its first ``n`` decoder blocks, in place (config included), and return it.
+    The CI profile's smoke test does this to the course model: the same code on a quarter of the
+    work. The result is a worse language model — its quality numbers mean nothing."""
+    layers = decoder_layers(model)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= len(layers):
+        raise ValueError(f"n must be an int in [1, {len(layers)}] (the model's decoder layers), got {n!r}")
+    model.model.layers = torch.nn.ModuleList(list(layers)[:n])
+    model.config.num_hidden_layers = n
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = list(model.config.layer_types)[:n]
+    model.config._name_or_path = ""   # its folder's config.json describes the whole model: nothing may re-read it
+    return model
+
+
 def load_for_memory(name: str | None = None, arch: str = "SmolLM2-135M", device=None, dtype=None):
     """``(model, tokenizer_or_None, real_weights)`` for memory/speed experiments.
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from . import awq, evaluate, gptq, llm_compressor
-from .config import cache_dir, profile, read_json
+from .config import cache_dir, file_lock, profile, read_json
 from .course_model import Bench
 from .qspec import QuantSpec
 from .quant import quantizable_linears, rtn_model
@@ -152,11 +153,12 @@ def variant(bench: Bench, method: str, impl: str = "ours", spec: QuantSpec | Non
     calib = None if method == "rtn" else bench.calib()
     key = bench_key(bench, method, impl, spec, calib, **kw)
     model = copy.deepcopy(bench.model)
-    meta = None if rebuild else load(model, key)
-    if meta is not None:
-        return model, {**meta, "cached": True}, key
-    meta = apply_quantizer(model, calib, method, impl, spec, **kw)
-    save(model, key, meta)
+    with file_lock(_store() / f"{key}.lock"):   # another process building the same variant: wait for it
+        meta = None if rebuild else load(model, key)
+        if meta is not None:
+            return model, {**meta, "cached": True}, key
+        meta = {**apply_quantizer(model, calib, method, impl, spec, **kw), "profile": profile()}
+        save(model, key, meta)
     return model, {**meta, "cached": False}, key
 
 
@@ -218,6 +220,10 @@ def perplexity(bench: Bench, model=None, label: str | None = None, **protocol) -
         return table[key]["ppl"]
     seq_len = protocol.pop("seq_len")
     r = evaluate.perplexity(model, bench.eval_ids, seq_len, progress=False, **protocol)
-    table[key] = {"ppl": r["ppl"], "scored_tokens": r["scored_tokens"], "label": label or "baseline"}
-    _scores_path().write_text(json.dumps(table, indent=1))
+    with file_lock(_scores_path().with_suffix(".lock")):   # read again: another process may have added scores
+        table = {**remembered_scores(), key: {"ppl": r["ppl"], "scored_tokens": r["scored_tokens"],
+                                              "label": label or "baseline"}}
+        tmp = _scores_path().with_suffix(f".json.{os.getpid()}")
+        tmp.write_text(json.dumps(table, indent=1))
+        tmp.replace(_scores_path())                         # atomic: a reader never sees half a file
     return r["ppl"]

@@ -1,4 +1,5 @@
-"""Interactive widgets: move seq_len and batch, see predicted (and on CUDA, measured) memory.
+"""Interactive widgets: move seq_len and batch, see predicted (and on CUDA, measured) memory; an
+allocator playground (allocations and frees → segments and blocks).
 
 A :class:`BudgetExplorer` owns the model it measures (one architecture at a time), so nothing is
 cached at module level: make one per notebook, drop it to free the GPU.
@@ -112,3 +113,54 @@ def kv_widget(archs=tuple(models.ARCHITECTURES)):
     return W.interactive(draw, arch=list(archs),
                          seq_len=W.IntSlider(value=4096, min=256, max=131072, step=256, continuous_update=False),
                          batch=W.IntSlider(value=8, min=1, max=128, continuous_update=False))
+
+
+def allocator_run(ops_text: str, cap_mib: float | None = None, expandable: bool = False,
+                  on_device: bool | None = None) -> dict:
+    """One run of the allocator playground: the ops (:func:`helpers.allocator_sim.parse_ops`) in the
+    simulator and, on a CUDA machine, on the real allocator (a fresh process). Returns
+    ``{"sim": …, "real": … or None, "note": …}``."""
+    from . import allocator_sim
+
+    ops = allocator_sim.parse_ops(ops_text)
+    cap = None if cap_mib in (None, 0) else int(cap_mib * allocator_sim.MB)
+    on_device = has_cuda() if on_device is None else on_device
+    out = {"sim": allocator_sim.simulate(ops, cap, expandable), "real": None,
+           "note": "the real allocator, in a fresh process, next to the simulator" if on_device else
+           "no CUDA device here: the simulator only (it predicts; notebook 02 shows where it agrees with the GPU)"}
+    if on_device:
+        out["real"] = allocator_sim.run_real(ops, cap, expandable)
+    return out
+
+
+def allocator_playground(ops_text: str = "a=300MiB; b=20MiB; c=300MiB; free a; d=310MiB"):
+    """Type allocations and frees, see segments and blocks: the simulator everywhere, the real
+    allocator beside it on a GPU. One run per click of "run" (nothing runs while typing)."""
+    import ipywidgets as W  # optional (the course extra): only the interactive views need it
+
+    text = W.Text(value=ops_text, description="ops", layout=W.Layout(width="90%"))
+    cap = W.FloatText(value=0, description="cap MiB (0 = none)")
+    expandable = W.Checkbox(value=False, description="expandable_segments")
+    button, out = W.Button(description="run"), W.Output()
+
+    def draw(_=None):
+        out.clear_output(wait=True)
+        with out:
+            try:
+                r = allocator_run(text.value, cap.value, expandable.value)
+            except ValueError as e:
+                print(e)
+                return
+            print(r["note"])
+            runs = [("simulator", r["sim"])] + ([("real allocator", r["real"])] if r["real"] else [])
+            fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 2.4), squeeze=False)
+            for ax, (name, res) in zip(axes[0], runs):
+                plots.segments(res["snapshot"], ax=ax, title=f"{name}: allocated {res['allocated'] / 2**20:.0f} MiB, "
+                               f"reserved {res['reserved'] / 2**20:.0f} MiB" + (" — OOM at op "
+                               f"{res['failed_at'] + 1}" if res["oom"] else ""))
+            plt.tight_layout()
+            plt.show()
+
+    button.on_click(draw)
+    draw()
+    return W.VBox([text, W.HBox([cap, expandable, button]), out])

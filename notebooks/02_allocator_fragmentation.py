@@ -206,6 +206,18 @@ if ref.exists():
               f"{r['real_reserved'] / MB:8.0f}/{r['sim_reserved'] / MB:<8.0f} MiB  {'agree' if same else 'DIFFER'}")
 
 # %% [markdown]
+# ### Your playground
+# Type allocations and frees (`name=SIZE`, `free name`, `empty_cache`, separated by `;`), set a cap,
+# switch `expandable_segments`, and press **run**: the segments and blocks of the simulator — and,
+# on a GPU, of the real allocator in a fresh process beside it. Try to make an OOM happen while
+# reserved − allocated is larger than the request. (On a machine without CUDA the widget says it
+# shows the simulator only: a prediction.)
+
+# %%
+from helpers import widgets
+widgets.allocator_playground("a=300MiB; b=20MiB; c=300MiB; free a; d=310MiB")
+
+# %% [markdown]
 # ## 6. Leaks: three patterns, measured, and their fixes
 # Each demo measures the growth of live tensor bytes over 8 steps, then again with the fix, and
 # returns memory to where it started.

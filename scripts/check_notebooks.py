@@ -54,7 +54,7 @@ def cells(nb) -> list[tuple[str, str]]:
 
 def problems(folder: Path = NOTEBOOKS) -> list[str]:
     out = []
-    ipynbs, pys = sorted(folder.glob("*.ipynb")), sorted(folder.glob("*.py"))
+    ipynbs, pys = sorted(folder.glob("*.ipynb")), sorted(p for p in folder.glob("*.py") if p.name != "conftest.py")
     for text_file in pys + ([ROOT / "README.md"] if folder == NOTEBOOKS else []):
         out += repo_problems(text_file.read_text(), text_file.name)
     for py in pys:
@@ -75,7 +75,7 @@ def problems(folder: Path = NOTEBOOKS) -> list[str]:
 
 
 def fix(folder: Path = NOTEBOOKS) -> None:
-    for text_file in sorted(folder.glob("*.py")) + ([ROOT / "README.md"] if folder == NOTEBOOKS else []):
+    for text_file in sorted(p for p in folder.glob("*.py") if p.name != "conftest.py") + ([ROOT / "README.md"] if folder == NOTEBOOKS else []):
         text_file.write_text(rewrite_repo(text_file.read_text()))
     for path in sorted(folder.glob("*.ipynb")):
         py = path.with_suffix(".py")

@@ -56,7 +56,7 @@ def offenders(py: Path) -> list[str]:
 
 
 def main() -> int:
-    bad = [o for py in sorted((ROOT / "notebooks").glob("*.py")) for o in offenders(py)]
+    bad = [o for py in sorted((ROOT / "notebooks").glob("[0-9]*.py")) for o in offenders(py)]
     for o in bad:
         print(o)
     print(f"{len(bad)} unsourced measured-looking numbers in markdown")

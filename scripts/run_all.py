@@ -2,7 +2,7 @@
 sampled peak GPU memory per notebook, device, versions, and the key numbers: the main tables each
 notebook measured; rewritten after each notebook), key_numbers.json and plots/ (every figure, as PNG).
 
-    python scripts/run_all.py [--out build] [--profile full|ci] [notebooks...]
+    python scripts/run_all.py [--out build] [--profile full|ci|workshop] [--progress] [notebooks...]
     COURSE_GPU_GIB=15 python scripts/run_all.py --out build-t4     # as on a 16 GB T4 (15 GiB usable)
 
 Several GPUs: run a share of the notebooks on each (``CUDA_VISIBLE_DEVICES=k``, its own ``--out``),
@@ -40,6 +40,7 @@ def main():
     ap.add_argument("--note", action="append", default=[], help="key=text added to the merged report")
     ap.add_argument("--supersede", action="store_true", help="merge: a later part's run of a notebook replaces an earlier one")
     ap.add_argument("--attach", action="append", default=[], help="merge: name=DIR embeds DIR/run_all.json under name")
+    ap.add_argument("--progress", action="store_true", help="one progress bar over every code cell")
     ap.add_argument("notebooks", nargs="*")
     args = ap.parse_args()
     if args.merge:
@@ -48,26 +49,40 @@ def main():
             notes[name] = json.loads((Path(folder) / "run_all.json").read_text())
         merge([Path(p) for p in args.notebooks], Path(args.out), notes, supersede=args.supersede)
         return
-    os.environ["COURSE_PROFILE"] = args.profile
-    out = Path(args.out)
+    nbs = [Path(n) for n in args.notebooks] or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    rows = run(nbs, Path(args.out), args.profile, args.timeout, progress=args.progress)
+    raise SystemExit(0 if all(r["ok"] for r in rows) else 1)
+
+
+def run(nbs: list[Path], out: Path, profile: str, timeout: int = 3600, progress: bool = False) -> list[dict]:
+    """Execute ``nbs`` in order under ``profile`` into ``out`` (executed copies, plots, run_all.json);
+    ``progress`` draws one bar over all their code cells. Returns the per-notebook rows."""
+    os.environ["COURSE_PROFILE"] = profile
     out.mkdir(parents=True, exist_ok=True)
     os.environ["COURSE_REPORT"] = str((out / "key_numbers.json").resolve())  # helpers.report writes here
     (out / "key_numbers.json").unlink(missing_ok=True)
-    nbs = [Path(n) for n in args.notebooks] or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     # versions and device from a child process: no CUDA context in this one while notebooks measure memory
     probe = ("import json, torch, transformers; print(json.dumps({'device': torch.cuda.get_device_name() "
              "if torch.cuda.is_available() else 'cpu', 'torch': torch.__version__, 'transformers': transformers.__version__}))")
     env = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout)
-    report = {"profile": args.profile, **env, "card_gib": os.environ.get("COURSE_GPU_GIB") or None,
+    report = {"profile": profile, **env, "card_gib": os.environ.get("COURSE_GPU_GIB") or None,
               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"), "notebooks": []}
     rows = report["notebooks"]
-    for nb_path in nbs:
-        nb = nbformat.read(nb_path, as_version=4)
+    books = [(p, nbformat.read(p, as_version=4)) for p in nbs]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=sum(c.cell_type == "code" for _, nb in books for c in nb.cells), unit="cell")
+    for nb_path, nb in books:
         peak = GpuPeak()
         t0, ok, err = time.perf_counter(), True, None
+        client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                resources={"metadata": {"path": str(nb_path.parent)}})
+        if bar is not None:
+            bar.set_description(nb_path.stem)
+            client.on_cell_executed = lambda **kw: bar.update(1)
         try:
-            NotebookClient(nb, timeout=args.timeout, kernel_name="python3",
-                           resources={"metadata": {"path": str(nb_path.parent)}}).execute()
+            client.execute()
         except Exception as e:  # keep going: the report says which notebook failed and why
             ok, err = False, str(e).splitlines()[-1][:300] if str(e) else type(e).__name__
         secs = time.perf_counter() - t0
@@ -78,8 +93,10 @@ def main():
         kn = out / "key_numbers.json"
         report["key_numbers"] = json.loads(kn.read_text()) if kn.exists() else {}
         (out / "run_all.json").write_text(json.dumps(report, indent=1))
-        print(f"{nb_path.name:<36} {'ok ' if ok else 'FAIL'} {secs:7.1f} s", flush=True)
-    raise SystemExit(0 if all(r["ok"] for r in rows) else 1)
+        (bar.write if bar is not None else print)(f"{nb_path.name:<36} {'ok ' if ok else 'FAIL'} {secs:7.1f} s")
+    if bar is not None:
+        bar.close()
+    return rows
 
 
 SAME = ("profile", "device", "torch", "transformers", "card_gib")  # what parts of one report must share

@@ -42,6 +42,13 @@ def make_tiny_llama(layers: int = 2, seed: int = 0, kv_heads: int = 2):
 
 
 @pytest.fixture
+def tiny_llama_factory():
+    """:func:`make_tiny_llama` itself, for tests that need another shape (``from conftest import`` is
+    ambiguous: notebooks/ has a conftest.py too)."""
+    return make_tiny_llama
+
+
+@pytest.fixture
 def tiny_llama():
     return make_tiny_llama()
 

@@ -79,3 +79,27 @@ def test_oversize_blocks_not_split():
     s.malloc(200 * MB, "big"); s.free("big")
     s.malloc(50 * MB, "small")                # may not take the oversize cached block
     assert len(s.segments) == 2
+
+
+def test_playground_ops_are_read_as_typed():
+    from helpers.allocator_sim import parse_ops
+    assert parse_ops("a=300MiB; b = 1.5 KiB\nfree a; empty_cache; a=2GB") == [
+        ["alloc", "a", 300 * MB], ["alloc", "b", 1536], ["free", "a"], ["empty_cache"], ["alloc", "a", 2 * 1024**3]]
+
+
+@pytest.mark.parametrize("text, match", [
+    ("a=3XB", "cannot read op 'a=3XB'"), ("free z", "nothing named 'z'"), ("a=1MiB; a=2MiB", "already allocated"),
+    ("a=0B", "at least 1 B"), (None, "ops must be text")])
+def test_playground_ops_bad_input(text, match):
+    from helpers.allocator_sim import parse_ops
+    with pytest.raises(ValueError, match=match):
+        parse_ops(text)
+
+
+def test_playground_run_on_cpu_says_it_predicts():
+    from helpers import widgets
+    r = widgets.allocator_run("a=300MiB; b=20MiB; c=300MiB; free a; d=310MiB", cap_mib=650, on_device=False)
+    assert r["real"] is None and "simulator only" in r["note"]
+    # the 300 MiB hole cannot take 310 MiB; a new segment would pass the cap, so the wholly free one goes
+    assert not r["sim"]["oom"] and r["sim"]["reserved"] == 630 * MB and r["sim"]["allocated"] == 630 * MB
+    assert widgets.allocator_run("a=300MiB; b=300MiB", cap_mib=500, on_device=False)["sim"]["oom"]

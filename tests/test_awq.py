@@ -20,11 +20,9 @@ def test_scale_folding_keeps_outputs(tiny_llama, tiny_calib):
     assert torch.allclose(out, ref, atol=1e-4)
 
 
-def test_gqa_has_no_v_to_o_mapping_but_mha_does(tiny_llama):
-    from conftest import make_tiny_llama
-
+def test_gqa_has_no_v_to_o_mapping_but_mha_does(tiny_llama, tiny_llama_factory):
     assert [m["inspect"] for m in A.mappings(decoder_layers(tiny_llama)[0])] == ["attn", "mlp", "down"]
-    mha = make_tiny_llama(kv_heads=4)
+    mha = tiny_llama_factory(kv_heads=4)
     assert [m["inspect"] for m in A.mappings(decoder_layers(mha)[0])] == ["attn", "o", "mlp", "down"]
 
 

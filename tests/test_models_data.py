@@ -92,3 +92,18 @@ def test_default_dtype_follows_native_bf16(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     assert models.default_dtype(torch.device("cuda")) == torch.bfloat16
     assert models.default_dtype(torch.device("cpu")) == torch.float32
+
+
+def test_keep_first_layers_cuts_model_and_config(tiny_llama_factory):
+    from helpers.models import decoder_layers, keep_first_layers
+    m = tiny_llama_factory(layers=3)
+    m.config._name_or_path = "/somewhere/with/the/whole/config"
+    first = decoder_layers(m)[0]
+    keep_first_layers(m, 2)
+    assert len(decoder_layers(m)) == 2 and decoder_layers(m)[0] is first and m.config.num_hidden_layers == 2
+    assert m.config._name_or_path == ""   # nothing re-reads the 3-layer config.json (llm-compressor would)
+    import torch
+    assert m(torch.randint(0, 128, (1, 8))).logits.shape == (1, 8, 128)
+    for bad in (0, 3, 2.0, True):
+        with pytest.raises(ValueError, match="n must be an int in \\[1, 2\\]"):
+            keep_first_layers(m, bad)

@@ -1,0 +1,85 @@
+"""The budget's activation formulas against measurement, without a GPU.
+
+:mod:`helpers.host_alloc` reads the C allocator's live bytes after every aten operator: on a CPU it is
+``max_memory_allocated``. Real transformers architectures (small random-weight configs of each
+family: memory depends on shapes only) run one prefill forward with SDPA and with eager attention;
+the prediction of :func:`helpers.budget.activation_bytes` must match the measured peak.
+
+CPU and CUDA differ in one place the formulas know: fp16 softmax is fused only on CUDA (bf16 — used
+here — takes the same path on both). SDPA on a CPU falls back to the score-materialising math kernel
+when q/k and v head sizes differ (DeepSeek's MLA), so MLA is checked with eager attention only.
+"""
+import sys
+
+import pytest
+import torch
+import transformers as T
+
+from helpers import budget, host_alloc
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="host_alloc needs glibc (Linux)")
+
+BASE = dict(hidden_size=256, intermediate_size=640, num_attention_heads=8, num_key_value_heads=2,
+            num_hidden_layers=2, vocab_size=1000, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+CONFIGS = {
+    "llama": lambda: T.LlamaConfig(**BASE, head_dim=32),
+    "qwen2": lambda: T.Qwen2Config(**BASE),
+    "qwen3": lambda: T.Qwen3Config(**BASE, head_dim=32),
+    "gemma2 (local/global)": lambda: T.Gemma2Config(**BASE, head_dim=32, sliding_window=128),
+    "gemma3": lambda: T.Gemma3TextConfig(**BASE, head_dim=32, sliding_window=128, sliding_window_pattern=2),
+    "mistral (sliding)": lambda: T.MistralConfig(**BASE, head_dim=32, sliding_window=128),
+    "phi3 (MHA, fused)": lambda: T.Phi3Config(**{**BASE, "num_key_value_heads": 8}),
+}
+POINTS = [(96, 1), (384, 2)]   # 384 > the 128-token windows: past the sliding window
+
+
+def measured(model, positions, batch):
+    ids = torch.randint(3, 1000, (batch, positions), generator=torch.Generator().manual_seed(0))
+    return host_alloc.peak_bytes(lambda: model(ids, use_cache=False, logits_to_keep=1).logits)["peak"]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_activation_peak_matches_measurement(family, attention):
+    cfg = CONFIGS[family]()
+    torch.manual_seed(0)
+    model = T.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation=attention).eval()
+    for positions, batch in POINTS:
+        pred = budget.activation_bytes(cfg, positions, batch, attention=attention, device="cpu")["peak"]
+        meas = measured(model, positions, batch)
+        assert abs(pred - meas) <= 0.05 * meas, \
+            f"{family} {attention} {positions}×{batch}: predicted {pred:,.0f} B, measured {meas:,.0f} B"
+
+
+def test_eager_scores_dominate_and_the_old_formula_missed_them():
+    """The point of the eager term: at 384×2 the scores and their fp32 softmax copies are most of the
+    peak — counting them once, as scores plus one softmax in bf16, missed more than half."""
+    cfg = CONFIGS["llama"]()
+    model = T.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    meas = measured(model, 384, 2)
+    scores = 2 * 8 * 384**2
+    assert meas > 10 * scores * 0.9                      # ≈ 10 bytes per score element (bf16 + 2 × fp32)
+    assert 2 * scores * 2 < 0.5 * meas                   # the former "2 copies in bf16" is under half
+
+
+def test_score_bytes_per_element():
+    assert budget.eager_score_bytes("bf16", "cuda") == budget.eager_score_bytes("bf16", "cpu") == 10
+    assert budget.eager_score_bytes("fp16", "cuda") == 8 and budget.eager_score_bytes("fp16", "cpu") == 10
+    assert budget.eager_score_bytes("fp32") == 8
+    with pytest.raises(ValueError, match="device must be"):
+        budget.eager_score_bytes("bf16", "tpu")
+
+
+def test_tracker_sees_a_planted_peak():
+    def f():
+        a = torch.ones(1 << 20)           # 4 MiB
+        b = torch.ones(1 << 21)           # 8 MiB, both alive
+        del a
+        return b
+    r = host_alloc.peak_bytes(f)
+    assert abs(r["peak"] - 12 * 2**20) < 2**16 and abs(r["end"] - 8 * 2**20) < 2**16   # b is the result, alive
+
+
+def test_tracker_refuses_a_non_callable():
+    with pytest.raises(TypeError, match="fn must be a callable"):
+        host_alloc.peak_bytes(42)
