@@ -80,6 +80,7 @@ class Segment:
     size: int
     blocks: list = field(default_factory=list)
     expandable: bool = False
+    unmapped: set = field(default_factory=set)   # expandable: indices of PAGE-sized pages not backed by memory
 
     @property
     def wholly_free(self) -> bool:
@@ -108,16 +109,18 @@ class CachingAllocatorSim:
 
     @property
     def reserved(self) -> int:
-        """Bytes held from the driver: segment sizes, less the unmapped pages of expandable holes."""
-        return sum(s.size - sum(getattr(b, "unmapped", 0) for b in s.blocks if b.free) for s in self.segments)
+        """Bytes held from the driver: segment sizes, less the unmapped pages of expandable segments."""
+        return sum(s.size - PAGE * len(s.unmapped) for s in self.segments)
 
     # ---------------------------------------------------------------- policy
     def _pool(self, size: int) -> str:
         return "small" if size <= K_SMALL_SIZE else "large"
 
     def _should_split(self, block: Block, size: int, pool: str) -> bool:
+        """``shouldSplit``: the small pool, and every pool under ``expandable_segments``, splits whenever
+        ≥ 512 B would remain; the large pool otherwise only when more than 1 MiB would remain."""
         remaining = block.size - size
-        if pool == "small":
+        if pool == "small" or self.expandable:
             return remaining >= K_MIN_BLOCK
         if self.max_split is not None and block.size >= self.max_split:
             return False
@@ -181,37 +184,66 @@ class CachingAllocatorSim:
         self._take(*found, size, name, pool)
 
     def _malloc_expandable(self, size: int, name: str) -> None:
-        """Large pool as one growing segment mapped in pages; free pages inside holes can be unmapped."""
+        """Large pool as one growing segment mapped in ``PAGE``s. A request takes the best-fitting free
+        block (growing the segment at its end when none fits); the pages its bytes touch must be mapped
+        — pages of a hole that were unmapped are mapped again, only those the request covers. When the
+        cap would be passed, whole free pages inside holes are unmapped first (``release_cached``)."""
         seg = next((s for s in self.segments if s.pool == "large" and s.expandable), None)
         if seg is None:
             seg = Segment("large", 0, [], expandable=True)
             self.segments.append(seg)
         found = self._best_fit(size, "large")
-        if found is None:
+        if found is None:   # grow: the free tail (if any) plus new pages at the end
             tail = seg.blocks[-1] if seg.blocks and seg.blocks[-1].free else None
             grow = size - (tail.size if tail else 0)
             grow = PAGE * ((grow + PAGE - 1) // PAGE)
-            if self.cap is not None and self.reserved + grow > self.cap:
-                self._unmap_holes(seg)
-            if self.cap is not None and self.reserved + grow > self.cap:
-                raise SimOutOfMemory(f"cannot map {grow} B more: reserved {self.reserved}, cap {self.cap}")
             if tail is None:
                 tail = Block(seg.size, 0, True)
                 seg.blocks.append(tail)
+            new_pages = set(range(seg.size // PAGE, (seg.size + grow) // PAGE))
+            seg.unmapped |= new_pages          # added to the address space, mapped below as needed
             tail.size += grow
             seg.size += grow
-            self.peak_reserved = max(self.peak_reserved, self.reserved)
             found = (seg, tail)
+        blk = found[1]
+        need = self._pages(blk.offset, size) & seg.unmapped
+        if self.cap is not None and self.reserved + PAGE * len(need) > self.cap:
+            self._unmap_holes(seg)
+            need = self._pages(blk.offset, size) & seg.unmapped
+        if self.cap is not None and self.reserved + PAGE * len(need) > self.cap:
+            self._trim_tail(seg)
+            raise SimOutOfMemory(f"cannot map {PAGE * len(need)} B more: reserved {self.reserved}, cap {self.cap}")
+        seg.unmapped -= need
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
         self._take(*found, size, name, "large")
+
+    @staticmethod
+    def _pages(offset: int, size: int) -> set:
+        """Indices of the pages that the bytes ``[offset, offset + size)`` touch."""
+        return set(range(offset // PAGE, (offset + size + PAGE - 1) // PAGE))
+
+    @staticmethod
+    def _trim_tail(seg: Segment) -> None:
+        """After a failed growth: drop the unmapped pages added at the end (the address space is
+        reserved virtually; nothing stays mapped)."""
+        while seg.blocks and seg.blocks[-1].free:
+            tail = seg.blocks[-1]
+            last = seg.size // PAGE - 1
+            if last < 0 or last not in seg.unmapped or tail.size < PAGE or (seg.size - PAGE) < tail.offset:
+                break
+            seg.unmapped.discard(last)
+            seg.size -= PAGE
+            tail.size -= PAGE
+            if tail.size == 0:
+                seg.blocks.pop()
 
     def _unmap_holes(self, seg: Segment) -> None:
         """Unmap whole free pages inside holes: the hole stays in the address space, costs nothing."""
         for blk in seg.blocks:
             if blk.free and blk.size:
-                start = PAGE * ((blk.offset + PAGE - 1) // PAGE)
-                end = PAGE * ((blk.offset + blk.size) // PAGE)
-                if end > start:
-                    blk.unmapped = end - start
+                first = (blk.offset + PAGE - 1) // PAGE
+                last = (blk.offset + blk.size) // PAGE
+                seg.unmapped |= set(range(first, last))
 
     def free(self, name: str) -> None:
         """Free a named allocation; the block coalesces with free neighbours in its segment."""
@@ -223,11 +255,9 @@ class CachingAllocatorSim:
         if i + 1 < len(seg.blocks) and seg.blocks[i + 1].free:
             nxt = seg.blocks.pop(i + 1)
             blk.size += nxt.size
-            blk.unmapped = getattr(blk, "unmapped", 0) + getattr(nxt, "unmapped", 0)
         if i > 0 and seg.blocks[i - 1].free:
             prev = seg.blocks[i - 1]
             prev.size += blk.size
-            prev.unmapped = getattr(prev, "unmapped", 0) + getattr(blk, "unmapped", 0)
             seg.blocks.pop(i)
 
     def empty_cache(self) -> None:
@@ -364,6 +394,31 @@ def parse_ops(text: str) -> list:
         else:
             raise ValueError(f"cannot read op {op!r}: write name=SIZE (a=300MiB), free NAME, or empty_cache")
     return ops
+
+
+def random_sequence(seed: int, n_ops: int = 48) -> tuple[list, int]:
+    """``(ops, cap)``: a seeded random workload for checking the simulator against the real allocator —
+    allocations of small (512 B – 1 MiB), mid (1 – 10 MiB) and large (10 – 300 MiB) sizes, frees of
+    random live tensors in random order, and a cap between 0.7 and 1.4 × the peak of live bytes (so
+    some sequences run out and some do not)."""
+    import random
+
+    rng = random.Random(seed)
+    ops, live, now, peak = [], {}, 0, 0
+    for i in range(n_ops):
+        if live and rng.random() < 0.4:
+            name = rng.choice(sorted(live))
+            now -= live.pop(name)
+            ops.append(["free", name])
+            continue
+        kind = rng.random()
+        size = (rng.randint(512, MB) if kind < 0.3 else rng.randint(MB, 10 * MB) if kind < 0.6
+                else rng.randint(10 * MB, 300 * MB))
+        live[f"t{i}"] = size
+        now += size
+        peak = max(peak, now)
+        ops.append(["alloc", f"t{i}", size])
+    return ops, int(peak * rng.uniform(0.7, 1.4))
 
 
 # ------------------------------------------------------------------ the notebook's sequences

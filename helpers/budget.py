@@ -286,6 +286,34 @@ def eager_score_bytes(act_dtype="bf16", device: str = "cuda") -> float:
     return b + 8.0
 
 
+def _has_dense_mlp(config, fam: dict) -> bool:
+    """Whether any layer runs a dense MLP of ``intermediate_size`` (every layer of a dense model; the
+    first ``first_k_dense_replace`` of DeepSeek; Qwen-MoE's ``mlp_only_layers``)."""
+    moe = fam.get("moe")
+    if not moe:
+        return True
+    if moe == "deepseek":
+        return config.first_k_dense_replace > 0
+    if moe in ("qwen2_moe", "qwen3_moe"):
+        return bool(getattr(config, "mlp_only_layers", None)) or getattr(config, "decoder_sparse_step", 1) > 1
+    return False
+
+
+def _moe_bytes(config, fam: dict, n: int, b: float) -> float:
+    """A mixture-of-experts block at its widest (transformers' ``grouped_mm`` experts): with ``k``
+    experts per token and expert width ``I``, the normed input ``h``, the ``k·h`` gathered token copies
+    and the ``k·2I`` gate|up projection twice over (``masked_fill`` writes a new copy) — per token
+    ``h + k·h + 4·k·I`` elements — plus the shared expert's ``h``-wide output where there is one
+    (Qwen-MoE, DeepSeek). Measured on CPU for Mixtral, Qwen2-MoE and DeepSeek-V2 shapes."""
+    moe = fam.get("moe")
+    if not moe:
+        return 0
+    k = config.num_experts_per_tok
+    width = config.intermediate_size if moe == "mixtral" else config.moe_intermediate_size
+    shared = 0 if moe == "mixtral" else config.hidden_size
+    return n * (config.hidden_size + k * config.hidden_size + 4 * k * width + shared) * b
+
+
 def activation_bytes(config, positions: int, batch: int = 1, act_dtype="bf16", attention: str = "sdpa",
                      keep_all_logits: bool = False, device: str = "cuda") -> dict:
     """Transient bytes at the widest point of one forward over ``positions`` tokens.
@@ -302,32 +330,51 @@ def activation_bytes(config, positions: int, batch: int = 1, act_dtype="bf16", a
       attention output);
     * eager, at its softmax: q, k, v ``n·(heads + 2·kv_heads)·head_dim·b``, the K and V repeated to
       every query head when ``kv_heads < heads`` (``repeat_kv``: ``2·n·heads·head_dim·b``), the scores
-      ``batch·heads·positions²`` × :func:`eager_score_bytes`, and the additive masks the model built
-      once for the whole forward, ``batch·positions²·b`` per kind of layer (full, sliding).
+      ``batch·heads·positions²`` × :func:`eager_score_bytes`; and, alive beside the MLP too, the
+      additive masks the model built once for the whole forward (``batch·positions²·b`` per kind of
+      layer, full and sliding) and the layer's returned attention weights (``batch·heads·positions²·b``,
+      bound to ``_`` in the decoder layer until it returns).
 
     Logits: ``batch·vocab·(b + 4)`` for the last position (model output + fp32 copy in generate),
     or ``batch·positions·vocab·(b + 4)`` when all positions are kept (training, perplexity).
     Checked against measurement: the H200 (``results/h200/budget_accuracy.json``) and, without a GPU,
-    the CPU allocation tracker on nine architectures (tests/test_budget_measured.py).
+    the CPU allocation tracker on ten model families (tests/test_budget_measured.py).
     """
     _check_positive(positions=positions, batch=batch)
     if attention not in ("sdpa", "eager"):
         raise ValueError(f"attention must be 'sdpa' or 'eager' (the implementations budget models), got {attention!r}")
     s = Shape.from_config(config)
-    fused = FAMILIES.get(getattr(config, "model_type", ""), {}).get("fused", False)
+    fam = FAMILIES.get(getattr(config, "model_type", ""), {})
+    fused = fam.get("fused", False)
     b = dtype_bytes(act_dtype)
     n = batch * positions
-    residual = 3 * n * s.hidden * b + 2 * n * s.head_dim * b
-    mlp = n * ((4 if fused else 3) * s.intermediate + s.hidden) * b
-    qkv = n * (s.heads + 2 * s.kv_heads) * s.head_dim * b
-    qk = qkv - n * s.kv_heads * s.head_dim * b if fused else 0  # rotated q, k beside the fused output
-    if attention == "sdpa":
-        attn = qkv + qk + n * s.heads * s.head_dim * b
+    rope_dim = config.qk_rope_head_dim if fam.get("mla") else s.head_dim
+    residual = 3 * n * s.hidden * b + 2 * n * rope_dim * b
+    mlp = max(n * ((4 if fused else 3) * s.intermediate + s.hidden) * b if _has_dense_mlp(config, fam) else 0,
+              _moe_bytes(config, fam, n, b))
+    if fam.get("mla"):   # multi-head latent attention (arXiv:2405.04434 §2.1), as transformers computes it
+        qk_dim, v_dim, rope = config.qk_nope_head_dim + config.qk_rope_head_dim, config.v_head_dim, config.qk_rope_head_dim
+        r = config.kv_lora_rank
+        # per token: q_proj's output (its q_nope view keeps it), the rotated q_pe, the query cat; the
+        # latent (r + rope) and its normed copy r, the rotated k_pe; kv_b_proj's per-head output
+        # (k_nope, v are views of it) and the key cat
+        qkv = n * (s.heads * qk_dim + s.heads * rope + s.heads * qk_dim + (r + rope) + r + rope
+                   + s.heads * (config.qk_nope_head_dim + v_dim) + s.heads * qk_dim) * b
+        out, qk, repeated = n * s.heads * v_dim * b, 0, 0
     else:
+        qkv = n * (s.heads + 2 * s.kv_heads) * s.head_dim * b
+        qk = qkv - n * s.kv_heads * s.head_dim * b if fused else 0  # rotated q, k beside the fused output
+        out = n * s.heads * s.head_dim * b
         repeated = 2 * n * s.heads * s.head_dim * b if s.kv_heads < s.heads else 0
-        masks = len({w is None for w in layer_windows(config)}) * batch * positions**2 * b
+    if attention == "sdpa":
+        attn = qkv + qk + out
+    else:
+        # the masks live through the whole forward; the layer keeps the returned attention weights
+        # (``hidden_states, _ = self.self_attn(...)``: ``_`` holds them) while its MLP runs
+        residual += len({w is None for w in layer_windows(config)}) * batch * positions**2 * b
+        mlp += batch * s.heads * positions**2 * b
         scores = batch * s.heads * positions**2 * eager_score_bytes(act_dtype, device)
-        attn = qkv + qk + repeated + scores + masks
+        attn = qkv + qk + repeated + scores
     logits = batch * (positions if keep_all_logits else 1) * s.vocab * (b + 4)
     block = residual + max(mlp, attn)
     return {"residual": residual, "mlp": mlp, "attention": attn, "logits": logits,
@@ -363,14 +410,34 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     return {"prefill": prefill, "decode": decode, "peak": max(prefill, decode), "kv": kv_full}
 
 
+def device_footprint(config, prompt_len: int, new_tokens: int, batch: int = 1, context_bytes: int = 0,
+                     workspace_bytes: int = 0, attention: str = "sdpa", dtype=torch.bfloat16) -> dict:
+    """What ``nvidia-smi`` should show for the process at the generation peak: the CUDA context
+    (measured once per device: :func:`helpers.measure.overhead`), plus the allocator's *reserved*
+    memory — the weights replayed through the allocator simulator, then the generation peak as
+    large-pool segments — plus library workspaces (cuBLAS, measured by
+    :func:`helpers.measure.warmup_cublas`). A first model of the device-level number, checked by
+    ``benchmarks/budget_accuracy.py`` (``smi_pred`` vs ``smi_meas``)."""
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    ops = [["alloc", name, t.numel() * t.element_size()]
+           for name, t in list(model.named_parameters()) + list(model.named_buffers())]
+    gen = generation_peak(config, prompt_len, new_tokens, batch, attention=attention)
+    ops.append(["alloc", "generation peak", int(gen["peak"])])
+    reserved = simulate(ops)["reserved"]
+    return {"context": context_bytes, "reserved": reserved, "workspace": workspace_bytes,
+            "total": context_bytes + reserved + workspace_bytes}
+
+
 def budget(config, dtype: str = "bf16", seq_len: int = 2048, batch: int = 1, kv_dtype: str | None = None,
-           overhead: float = 0.0, new_tokens: int = 1) -> dict:
+           overhead: float = 0.0, new_tokens: int = 1, attention: str = "sdpa") -> dict:
     """The four parts of the budget (bytes): weights, KV cache, activations, overhead, and the total.
 
     ``seq_len`` counts the prompt; ``new_tokens`` the generated tokens (the KV holds both).
     ``dtype`` is the weight format; weight-only formats (int4, int8, …) keep a 16-bit KV cache and
     16-bit activations unless ``kv_dtype`` asks for a KV format (fp32 weights: fp32 KV).
     ``overhead`` is the measured CUDA context + allocator slack (``helpers.measure.overhead``).
+    ``attention`` is the model's ``attn_implementation`` (``"sdpa"`` or ``"eager"``).
     """
     format_bits(dtype)
     act_dtype = "fp32" if dtype == "fp32" else "bf16"
@@ -379,7 +446,7 @@ def budget(config, dtype: str = "bf16", seq_len: int = 2048, batch: int = 1, kv_
     if not overhead >= 0:
         raise ValueError(f"overhead must be ≥ 0 bytes (measured by helpers.measure.overhead), got {overhead}")
     w = weight_bytes(config, dtype)
-    gen = generation_peak(config, seq_len, new_tokens, batch, act_dtype, kv_dtype)
+    gen = generation_peak(config, seq_len, new_tokens, batch, act_dtype, kv_dtype, attention=attention)
     act = gen["peak"] - gen["kv"]
     return {"weights": w, "kv_cache": gen["kv"], "activations": act, "overhead": float(overhead),
             "total": w + gen["peak"] + overhead}

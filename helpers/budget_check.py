@@ -11,49 +11,75 @@ from pathlib import Path
 from . import budget, generation, measure, models
 from .config import read_json
 
-ARCHS = ["SmolLM2-135M", "Qwen2.5-0.5B", "TinyLlama-1.1B"]
-GRID = [(512, 1), (2048, 1), (8192, 1), (512, 16), (2048, 8), (4096, 16)]
+ARCHS = ["SmolLM2-135M", "Qwen2.5-0.5B", "TinyLlama-1.1B",          # the course's first three
+         "Llama-3.2-1B", "Qwen3-1.7B", "Gemma-2-2B", "Mistral-7B", "Phi-3-mini",   # issue 16's families
+         "Qwen1.5-MoE-A2.7B", "DeepSeek-V2-Lite"]
+GRID = [(512, 1), (2048, 1), (8192, 1), (512, 16), (2048, 8), (8192, 2)]   # 8192 × 2: past 4096-token windows
+ATTENTION = ("sdpa", "eager")
 NEW_TOKENS = 32
 
 
 def predicted_vs_measured(archs=ARCHS, grid=GRID, new_tokens=NEW_TOKENS, out: Path | None = None,
-                          echo: bool = True) -> list[dict]:
-    """For each architecture (random weights, bf16, on CUDA) and (seq_len, batch) point: predicted and
-    measured weights, KV cache, and generation peaks (prefill, decode, whole; dynamic and static
-    cache). ``out`` is rewritten after every point, so a cut-off run keeps what it measured."""
+                          echo: bool = True, attentions=ATTENTION) -> list[dict]:
+    """For each architecture (random weights, bf16, on CUDA), attention implementation and (seq_len,
+    batch) point: predicted and measured weights, KV cache, generation peaks (prefill, decode, whole;
+    dynamic and static cache) and the device-level footprint (``smi_pred`` from
+    :func:`helpers.budget.device_footprint`, ``smi_meas`` from NVML's per-process memory, beside
+    ``reserved``). ``out`` is rewritten after every point, so a cut-off run keeps what it measured;
+    a point that runs out of memory is recorded as such (``oom``), not raised."""
     rows = []
+    context = measure.overhead()["context"]          # before anything is allocated: the CUDA context
     workspace = measure.warmup_cublas()  # the first matmul's workspace is overhead, not activations
     for arch in archs:
         cfg = models.architecture_config(arch)
-        model, w_meas = generation.measure_weights(arch)
-        w_pred = budget.weight_allocation(cfg)          # formula bytes + simulated block rounding
-        w_formula = budget.weight_bytes(cfg, "bf16")
-        for seq, batch in grid:
-            pred = budget.generation_peak(cfg, seq, new_tokens, batch)
-            row = {"model": arch, "seq_len": seq, "batch": batch, "new_tokens": new_tokens,
-                   "weights_pred": int(w_pred), "weights_meas": int(w_meas), "weights_formula": int(w_formula),
-                   "cublas_workspace": workspace}
-            m = generation.measure_generate(model, seq, batch, new_tokens, cache="baseline")
-            row.update(kv_pred=int(pred["kv"]), kv_meas=int(m["kv_meas"]), peak_pred=int(pred["peak"]),
-                       peak_meas=int(m["peak_meas"]), prefill_pred=int(pred["prefill"]),
-                       decode_pred=int(pred["decode"]), prefill_meas=int(m["prefill_meas"]),
-                       decode_meas=int(m["decode_meas"]))
-            s = generation.measure_generate(model, seq, batch, new_tokens, cache="static")
-            spred = budget.generation_peak(cfg, seq, new_tokens, batch, cache="static")
-            row.update(static_kv_meas=int(s["kv_meas"]), static_peak_meas=int(s["peak_meas"]),
-                       static_peak_pred=int(spred["peak"]))
-            rows.append(row)
-            if out:  # written after every point, so a cut-off run keeps what it measured
-                out.write_text(json.dumps(rows, indent=1))
-            if echo:
-                print(f"{arch:<15}{seq:>6}{batch:>4}  w {100 * (w_pred / w_meas - 1):+.2f}%  "
-                      f"kv {row['kv_pred'] - row['kv_meas']:+d} B  peak {100 * (row['peak_pred'] / row['peak_meas'] - 1):+.1f}%  "
-                      f"prefill {100 * (row['prefill_pred'] / row['prefill_meas'] - 1):+.1f}%  "
-                      f"decode {100 * (row['decode_pred'] / row['decode_meas'] - 1):+.1f}%  "
-                      f"static {100 * (row['static_peak_pred'] / row['static_peak_meas'] - 1):+.1f}%", flush=True)
-        del model
-        measure.free_memory()
+        for attention in attentions:
+            model, w_meas = generation.measure_weights(arch, attn_implementation=attention)
+            w_pred = budget.weight_allocation(cfg)          # formula bytes + simulated block rounding
+            w_formula = budget.weight_bytes(cfg, "bf16")
+            for seq, batch in grid:
+                rows.append(_point(model, cfg, arch, attention, seq, batch, new_tokens, context, workspace,
+                                   w_pred, w_meas, w_formula))
+                if out:  # written after every point, so a cut-off run keeps what it measured
+                    out.write_text(json.dumps(rows, indent=1))
+                if echo:
+                    _echo(rows[-1])
+            del model
+            measure.free_memory()
     return rows
+
+
+def _point(model, cfg, arch, attention, seq, batch, new_tokens, context, workspace, w_pred, w_meas, w_formula) -> dict:
+    row = {"model": arch, "attention": attention, "seq_len": seq, "batch": batch, "new_tokens": new_tokens,
+           "weights_pred": int(w_pred), "weights_meas": int(w_meas), "weights_formula": int(w_formula),
+           "cublas_workspace": workspace, "context": context}
+    pred = budget.generation_peak(cfg, seq, new_tokens, batch, attention=attention)
+    r = measure.oom_guard(generation.measure_generate, model, seq, batch, new_tokens, cache="baseline")
+    if not r["ok"]:
+        return {**row, "oom": True, "peak_pred": int(pred["peak"])}
+    m = r["result"]
+    foot = budget.device_footprint(cfg, seq, new_tokens, batch, context, workspace, attention)
+    row.update(kv_pred=int(pred["kv"]), kv_meas=int(m["kv_meas"]), peak_pred=int(pred["peak"]),
+               peak_meas=int(m["peak_meas"]), prefill_pred=int(pred["prefill"]), decode_pred=int(pred["decode"]),
+               prefill_meas=int(m["prefill_meas"]), decode_meas=int(m["decode_meas"]),
+               reserved_meas=int(m["reserved"]), smi_pred=int(foot["total"]), smi_meas=m.get("process_gpu_bytes"),
+               new_tokens_generated=int(m["new_tokens"]))
+    s = measure.oom_guard(generation.measure_generate, model, seq, batch, new_tokens, cache="static")
+    spred = budget.generation_peak(cfg, seq, new_tokens, batch, cache="static", attention=attention)
+    if s["ok"]:
+        row.update(static_kv_meas=int(s["result"]["kv_meas"]), static_peak_meas=int(s["result"]["peak_meas"]),
+                   static_peak_pred=int(spred["peak"]))
+    return row
+
+
+def _echo(row: dict) -> None:
+    head = f"{row['model']:<18}{row['attention']:>6}{row['seq_len']:>6}{row['batch']:>4}"
+    if row.get("oom"):
+        print(f"{head}  OOM (predicted peak {row['peak_pred'] / 2**30:.1f} GiB over the weights)", flush=True)
+        return
+    pct = lambda a, b: f"{100 * (row[a] / row[b] - 1):+.1f}%" if row.get(b) else "n/a"
+    print(f"{head}  w {pct('weights_pred', 'weights_meas')}  kv {row['kv_pred'] - row['kv_meas']:+d} B  "
+          f"peak {pct('peak_pred', 'peak_meas')}  prefill {pct('prefill_pred', 'prefill_meas')}  "
+          f"decode {pct('decode_pred', 'decode_meas')}  smi {pct('smi_pred', 'smi_meas')}", flush=True)
 
 
 def repredict(path: Path) -> list[dict]:
@@ -62,8 +88,10 @@ def repredict(path: Path) -> list[dict]:
     rows = read_json(path)
     for r in rows:
         cfg = models.architecture_config(r["model"])
-        pred = budget.generation_peak(cfg, r["seq_len"], r["new_tokens"], r["batch"])
-        spred = budget.generation_peak(cfg, r["seq_len"], r["new_tokens"], r["batch"], cache="static")
+        attention = r.get("attention", "sdpa")     # rows recorded before the attention key were SDPA runs
+        pred = budget.generation_peak(cfg, r["seq_len"], r["new_tokens"], r["batch"], attention=attention)
+        spred = budget.generation_peak(cfg, r["seq_len"], r["new_tokens"], r["batch"], cache="static",
+                                       attention=attention)
         r.update(weights_pred=int(budget.weight_allocation(cfg)), weights_formula=int(budget.weight_bytes(cfg, "bf16")),
                  kv_pred=int(pred["kv"]), peak_pred=int(pred["peak"]), prefill_pred=int(pred["prefill"]),
                  decode_pred=int(pred["decode"]), static_peak_pred=int(spred["peak"]))

@@ -113,6 +113,29 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def process_gpu_bytes(index: int = 0, pid: int | None = None) -> int | None:
+    """What ``nvidia-smi`` lists for this process on GPU ``index`` (NVML's per-process used memory:
+    CUDA context + the allocator's reserved memory + library workspaces); None without NVML, or where
+    the driver does not report per-process memory (some containers, MIG without privileges)."""
+    try:
+        import pynvml  # optional (nvidia-ml-py)
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        me = os.getpid() if pid is None else pid
+        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+            if p.pid == me and p.usedGpuMemory is not None:
+                return int(p.usedGpuMemory)
+        return None
+    except Exception:
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
 def nvml_info(index: int = 0) -> dict | None:
     """The driver's view through NVML (``nvidia-ml-py``): used/total bytes, driver, MIG mode.
 

@@ -19,19 +19,19 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from .device import memory_limit
+from .device import memory_limit, process_gpu_bytes
 from .kvcache import available_kinds, make_cache, stored_bytes
 from .measure import StageProfiler, free_memory, oom_guard, requested_bytes, reset_peak, warmup_cublas
 from .models import model_from_config
 from .qspec import positive_int
 
 
-def measure_weights(arch: str, device="cuda", dtype=torch.bfloat16):
+def measure_weights(arch: str, device="cuda", dtype=torch.bfloat16, attn_implementation: str | None = None):
     """Instantiate architecture ``arch`` on ``device``; return (model, bytes it added to allocated)."""
     warmup_cublas()
     free_memory()
     before = torch.cuda.memory_allocated()
-    model = model_from_config(arch, device=device, dtype=dtype)
+    model = model_from_config(arch, device=device, dtype=dtype, attn_implementation=attn_implementation)
     free_memory()
     return model, torch.cuda.memory_allocated() - before
 
@@ -82,7 +82,8 @@ def measure_generate(model, seq_len: int, batch: int, new_tokens: int = 16, cach
     if dev.type == "cuda":
         between[0] = max(between[0], torch.cuda.max_memory_allocated() - base)
         res.update(prefill_meas=calls[0], decode_meas=max(calls[1:], default=0),
-                   peak_meas=max(calls + between), reserved=torch.cuda.memory_reserved())
+                   peak_meas=max(calls + between), reserved=torch.cuda.memory_reserved(),
+                   process_gpu_bytes=process_gpu_bytes(dev.index or 0))   # nvidia-smi's number, cache still held
     del out, kv
     free_memory()
     return res

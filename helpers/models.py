@@ -58,6 +58,41 @@ ARCHITECTURES: dict[str, dict] = {
                          num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                          max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
                          tie_word_embeddings=False),
+    # the families the budget must hold on (issue 16): tied GQA, q/k norms, local/global sliding windows,
+    # a sliding window everywhere, MHA with fused projections, a mixture of experts, latent attention
+    "Llama-3.2-1B": dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                         max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+                         tie_word_embeddings=True),
+    "Qwen3-1.7B": dict(model_type="qwen3", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                       max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                       tie_word_embeddings=True),
+    "Gemma-2-2B": dict(model_type="gemma2", vocab_size=256000, hidden_size=2304, intermediate_size=9216,
+                       num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                       sliding_window=4096, query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
+                       final_logit_softcapping=30.0, max_position_embeddings=8192, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True),
+    "Mistral-7B": dict(model_type="mistral", vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                       sliding_window=4096, max_position_embeddings=32768, rms_norm_eps=1e-5,
+                       rope_theta=10000.0, tie_word_embeddings=False),
+    "Phi-3-mini": dict(model_type="phi3", vocab_size=32064, hidden_size=3072, intermediate_size=8192,
+                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                       max_position_embeddings=4096, original_max_position_embeddings=4096, sliding_window=2047,
+                       rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, pad_token_id=32000,
+                       bos_token_id=1, eos_token_id=32000),
+    "Qwen1.5-MoE-A2.7B": dict(model_type="qwen2_moe", vocab_size=151936, hidden_size=2048, intermediate_size=5632,
+                              moe_intermediate_size=1408, shared_expert_intermediate_size=5632, num_experts=60,
+                              num_experts_per_tok=4, num_hidden_layers=24, num_attention_heads=16,
+                              num_key_value_heads=16, max_position_embeddings=8192, rms_norm_eps=1e-6,
+                              rope_theta=1000000.0, tie_word_embeddings=False),
+    "DeepSeek-V2-Lite": dict(model_type="deepseek_v2", vocab_size=102400, hidden_size=2048, intermediate_size=10944,
+                             moe_intermediate_size=1408, num_hidden_layers=27, num_attention_heads=16,
+                             num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
+                             qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=64, n_shared_experts=2,
+                             num_experts_per_tok=6, first_k_dense_replace=1, max_position_embeddings=163840,
+                             rms_norm_eps=1e-6, tie_word_embeddings=False),
 }
 
 
@@ -71,16 +106,18 @@ def architecture_config(name: str):
     return AutoConfig.for_model(kw.pop("model_type"), **kw)
 
 
-def model_from_config(name, device=None, dtype=torch.bfloat16, seed: int = 0):
+def model_from_config(name, device=None, dtype=torch.bfloat16, seed: int = 0, attn_implementation: str | None = None):
     """Instantiate a real architecture with random weights, directly on ``device`` (no hub).
 
     Memory and speed depend on shapes and dtypes only, so this is what the GPU measurements use.
+    ``attn_implementation`` (``"sdpa"``, ``"eager"``; None: transformers' default) as in ``from_pretrained``.
     """
     config = architecture_config(name)
     torch.manual_seed(seed)
     device = torch.device(device or "cpu")
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=parse_dtype(dtype))
+        model = AutoModelForCausalLM.from_config(config, dtype=parse_dtype(dtype), **extra)
     return model.eval()
 
 

@@ -81,7 +81,9 @@ def budget_widget(archs=("SmolLM2-135M", "Qwen2.5-0.5B", "TinyLlama-1.1B")):
         if p["oom"]:
             ax.set_title(f"OOM ({p['oom']}) at seq {seq_len} × batch {batch}", color="red")
         plt.show()
-        print({k: f"{v / GiB:.3f} GiB" for k, v in p["parts"].items()})
+        print(f"{arch}, seq_len {seq_len} × batch {batch}, weights {dtype}, KV {kv_dtype}:")
+        print({k: (f"{v / GiB:.3f} GiB" if k != "overhead" or has_cuda() else "measured on a GPU only")
+               for k, v in p["parts"].items()})
         print("measured peak:", f"{p['measured_peak'] / GiB:.3f} GiB" if p["measured_peak"] is not None
               else "not measured: " + p.get("note", "this setting is predicted only (bf16/bf16 is measured)"))
 
@@ -109,6 +111,8 @@ def kv_widget(archs=tuple(models.ARCHITECTURES)):
         plt.ylabel("GiB")
         plt.title(f"{arch} KV @ {seq_len}×{batch} (predicted from the config)")
         plt.show()
+        print(f"{arch}, seq_len {seq_len} × batch {batch} — predicted from the config (formulas; nothing runs): "
+              + ", ".join(f"{k} {v / GiB:.3f} GiB" for k, v in vals.items()))
 
     return W.interactive(draw, arch=list(archs),
                          seq_len=W.IntSlider(value=4096, min=256, max=131072, step=256, continuous_update=False),

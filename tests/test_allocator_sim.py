@@ -103,3 +103,46 @@ def test_playground_run_on_cpu_says_it_predicts():
     # the 300 MiB hole cannot take 310 MiB; a new segment would pass the cap, so the wholly free one goes
     assert not r["sim"]["oom"] and r["sim"]["reserved"] == 630 * MB and r["sim"]["allocated"] == 630 * MB
     assert widgets.allocator_run("a=300MiB; b=300MiB", cap_mib=500, on_device=False)["sim"]["oom"]
+
+
+def test_expandable_splits_whenever_512_bytes_remain():
+    """shouldSplit: under expandable_segments every pool splits when ≥ 512 B would remain (the
+    default large pool needs more than 1 MiB)."""
+    ops = [["alloc", "a", 40 * MB], ["free", "a"], ["alloc", "b", 40 * MB - 600 * 1024]]
+    default, exp = A.simulate(ops), A.simulate(ops, expandable=True)
+    assert default["allocated"] == 40 * MB                          # 600 KiB ≤ 1 MiB: handed out whole
+    assert exp["allocated"] == 40 * MB - 600 * 1024                 # split: the 600 KiB stays free
+
+
+def test_expandable_maps_only_the_pages_a_reused_hole_needs():
+    """A hole whose pages were unmapped, partly reused: only the pages the new tensor touches are
+    mapped again; the rest of the hole stays unmapped (counted out of reserved)."""
+    P = A.PAGE
+    sim = A.CachingAllocatorSim(expandable=True)
+    sim.malloc(10 * P, "hole")
+    sim.malloc(P, "pin")
+    sim.free("hole")
+    sim.empty_cache()                                               # unmaps the hole's 10 pages
+    assert sim.reserved == P
+    sim.malloc(2 * P + 1024, "x")                                   # touches 3 pages of the hole
+    assert sim.reserved == P + 3 * P and sim.allocated == P + 2 * P + 1024
+
+
+def test_expandable_oom_when_the_mapping_passes_the_cap():
+    P = A.PAGE
+    r = A.simulate([["alloc", "a", 3 * P], ["alloc", "b", 2 * P]], cap=4 * P, expandable=True)
+    assert r["oom"] and r["failed_at"] == 1 and r["reserved"] == 3 * P
+
+
+def test_random_sequences_are_seeded_and_capped_around_their_peak():
+    ops, cap = A.random_sequence(3)
+    assert (ops, cap) == A.random_sequence(3) and ops != A.random_sequence(4)[0]
+    live, now, peak = {}, 0, 0
+    for op in ops:
+        if op[0] == "alloc":
+            live[op[1]] = op[2]; now += op[2]; peak = max(peak, now)
+        else:
+            now -= live.pop(op[1])
+    assert 0.7 * peak <= cap <= 1.4 * peak
+    outcomes = {A.simulate(*A.random_sequence(s))["oom"] for s in range(12)}
+    assert outcomes == {True, False}                                # some run out, some do not

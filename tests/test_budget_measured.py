@@ -29,7 +29,15 @@ CONFIGS = {
     "gemma3": lambda: T.Gemma3TextConfig(**BASE, head_dim=32, sliding_window=128, sliding_window_pattern=2),
     "mistral (sliding)": lambda: T.MistralConfig(**BASE, head_dim=32, sliding_window=128),
     "phi3 (MHA, fused)": lambda: T.Phi3Config(**{**BASE, "num_key_value_heads": 8}),
+    "mixtral (MoE)": lambda: T.MixtralConfig(**BASE, num_local_experts=4, num_experts_per_tok=2),
+    "qwen2_moe (MoE + shared)": lambda: T.Qwen2MoeConfig(**BASE, num_experts=4, num_experts_per_tok=2,
+                                                         moe_intermediate_size=320, shared_expert_intermediate_size=640),
+    "deepseek_v2 (MLA + MoE)": lambda: T.DeepseekV2Config(
+        **{**BASE, "num_key_value_heads": 8}, kv_lora_rank=64, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=32,
+        v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, first_k_dense_replace=1,
+        n_shared_experts=1),
 }
+CPU_MATH_SDPA = {"deepseek_v2 (MLA + MoE)"}   # q/k and v head sizes differ: the CPU falls back to the math kernel
 POINTS = [(96, 1), (384, 2)]   # 384 > the 128-token windows: past the sliding window
 
 
@@ -41,6 +49,9 @@ def measured(model, positions, batch):
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("family", list(CONFIGS))
 def test_activation_peak_matches_measurement(family, attention):
+    if attention == "sdpa" and family in CPU_MATH_SDPA:
+        pytest.skip("SDPA on a CPU materialises the scores when q/k and v head sizes differ (MLA); the GPU's "
+                    "kernels do not — checked on the H200 by benchmarks/budget_accuracy.py")
     cfg = CONFIGS[family]()
     torch.manual_seed(0)
     model = T.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation=attention).eval()

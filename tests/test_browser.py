@@ -1,0 +1,151 @@
+"""The widgets in a real browser: JupyterLab + Chromium driven by Playwright.
+
+nbmake proves the notebooks run; it cannot see whether a widget renders (a front-end without the
+widget manager shows "Error displaying widget" or the text fallback) or whether moving a slider
+updates anything. This test starts JupyterLab on a copy of notebooks 01 and 07, runs all cells in
+the browser, checks that every widget rendered, moves the seq_len and batch sliders (typing into
+their readouts, as a learner can) and a dropdown, and checks that the widget's output changed.
+Screenshots go to ``build/browser/``.
+
+Needs Debian's ``chromium`` (``apt-get install chromium``; .ci/run installs it) and the ``playwright``
+package (its own browser download does not work offline: the system browser is used). Skips, saying
+which is missing, where either is absent.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("COURSE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+SHOTS = ROOT / "build" / "browser"
+
+pytestmark = [
+    pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium, or set COURSE_CHROMIUM)"),
+    pytest.mark.skipif(shutil.which("jupyter-lab") is None and shutil.which("jupyter") is None,
+                       reason="JupyterLab is not installed (pip install jupyterlab)"),
+]
+playwright_sync = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server on a copy of the notebooks (the committed ones stay without outputs)."""
+    work = tmp_path_factory.mktemp("lab")
+    shutil.copytree(ROOT / "notebooks", work / "notebooks", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    (work / "results").symlink_to(ROOT / "results")   # notebooks read ../results/…
+    port, token = _free_port(), "course-browser-test"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
+                             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work / 'notebooks'}",
+                             "--ServerApp.disable_check_xsrf=True", "--allow-root",
+                             "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("JupyterLab did not start within 60 s: " + proc.stderr.read().decode()[-2000:])
+    yield f"http://127.0.0.1:{port}", token
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright_sync.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def _run_all(page, url: str, token: str, name: str, timeout_s: int = 240):
+    page.goto(f"{url}/lab/tree/{name}?token={token}&reset")
+    page.wait_for_selector(".jp-Notebook", timeout=60_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle'], .jp-mod-idle, "
+                           "#jp-main-statusbar", timeout=60_000)
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_text("Run All Cells", exact=True).click()
+    # done when no cell shows the running prompt "[*]"
+    start = time.time()
+    time.sleep(2)
+    while time.time() - start < timeout_s:
+        if page.locator(".jp-InputPrompt:has-text('[*]')").count() == 0:
+            break
+        time.sleep(1)
+    else:
+        pytest.fail(f"{name}: cells still running after {timeout_s} s")
+    errors = page.locator(".jp-RenderedText[data-mime-type='application/vnd.jupyter.stderr']:has-text('Traceback')")
+    assert errors.count() == 0, f"{name}: a cell raised: {errors.first.inner_text()[:500]}"
+
+
+def _widget_text(widget) -> str:
+    return widget.locator(".widget-output, .jp-OutputArea").first.inner_text()
+
+
+def _set_slider(widget, label: str, value: int):
+    """Type a value into a slider's readout (ipywidgets 8 readouts are editable) and press Enter."""
+    box = widget.locator(".widget-slider", has=widget.page.get_by_text(label, exact=True)).first
+    readout = box.locator(".widget-readout")
+    readout.click()
+    readout.press("Control+a")
+    readout.type(str(value))
+    readout.press("Enter")
+
+
+def _changed(widget, before: str, timeout_s: int = 60) -> str:
+    start = time.time()
+    while time.time() - start < timeout_s:
+        now = _widget_text(widget)
+        if now != before and now.strip():
+            return now
+        time.sleep(0.5)
+    pytest.fail(f"the widget's output did not change within {timeout_s} s")
+
+
+@pytest.mark.parametrize("name, slider_values, dropdown", [
+    ("01_memory_budget.ipynb", {"seq_len": 4096, "batch": 4}, ("kv_dtype", "fp8")),
+    ("07_kv_cache_ab.ipynb", {"seq_len": 8192, "batch": 2}, None),
+])
+def test_widgets_render_and_respond(lab, browser, name, slider_values, dropdown):
+    url, token = lab
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    try:
+        _run_all(page, url, token, name)
+        assert page.get_by_text("Error displaying widget").count() == 0, f"{name}: a widget failed to render"
+        widgets = page.locator(".widget-interact")
+        assert widgets.count() >= 1, f"{name}: no interactive widget rendered (text fallback only?)"
+        w = widgets.first
+        w.scroll_into_view_if_needed()
+        page.screenshot(path=str(SHOTS / f"{Path(name).stem}-before.png"))
+        text = _widget_text(w)
+        for label, value in slider_values.items():
+            _set_slider(w, label, value)
+            text = _changed(w, text)
+            assert str(value) in text, f"{name}: after setting {label}={value} the output does not show it: {text[:300]}"
+        if dropdown:
+            label, option = dropdown
+            w.locator(".widget-dropdown", has=page.get_by_text(label, exact=True)).locator("select").select_option(option)
+            text = _changed(w, text)
+        page.screenshot(path=str(SHOTS / f"{Path(name).stem}-after.png"))
+    finally:
+        page.close()
