@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 from .device import memory_limit, process_gpu_bytes
@@ -113,7 +114,8 @@ def compare_logits(base: torch.Tensor, other: torch.Tensor) -> dict:
     return {"token_agreement": agree, "kl": kl}
 
 
-def kv_ab(model, prompts: torch.Tensor, new_tokens: int, kinds=None, measure_memory: bool = True) -> list[dict]:
+def kv_ab(model, prompts: torch.Tensor, new_tokens: int, kinds=None, measure_memory: bool = True,
+          progress: bool = True) -> list[dict]:
     """The A/B test: same model, prompts, lengths and seed; only the KV-cache format varies.
 
     ``kinds`` defaults to every format installed here (:func:`helpers.kvcache.available_kinds`).
@@ -127,7 +129,7 @@ def kv_ab(model, prompts: torch.Tensor, new_tokens: int, kinds=None, measure_mem
                               disable_compile=True)
     quality = {q["kv_format"]: q for q in kv_quality(model, prompts, base_gen[:, ctx:], kinds)}
     rows, baseline_bytes = [], None
-    for kind in kinds:
+    for kind in tqdm(kinds, desc=f"KV formats at {ctx}×{batch}", disable=not progress):
         m = measure_generate(model, ctx, batch, new_tokens, cache=kind) if measure_memory else {}
         if kind == "baseline":
             baseline_bytes = m.get("kv_meas")

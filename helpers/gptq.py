@@ -40,6 +40,7 @@ import torch
 
 from . import calib as C
 from .cuda_graphs import GraphedCalls
+from .device import cpu_threads
 from .qspec import QuantSpec, positive_int
 from .quant import check_finite, compute_qparams, quantize_with
 
@@ -148,12 +149,14 @@ class GPTQ:
         for i1 in range(0, self.columns, blocksize):
             i2 = min(i1 + blocksize, self.columns)
             W1, Hinv1 = W[:, i1:i2].clone(), Hinv[i1:i2, i1:i2]
-            if static_groups:
-                S1, Z1 = S_all[:, i1:i2], Z_all[:, i1:i2]
-                loop = graphs or functools.partial(quantize_block_static, spec=spec)
-                Q1, Err1 = loop(W1, Hinv1, S1, Z1)
-            else:
-                Q1, Err1 = quantize_block(W1, Hinv1, self._dynamic_grid(W, i1, i2, g, spec, current), spec)
+            # the column loop is many tiny ops: on a CPU one thread beats several (device.cpu_threads)
+            with cpu_threads(1) if W.device.type == "cpu" else contextlib.nullcontext():
+                if static_groups:
+                    S1, Z1 = S_all[:, i1:i2], Z_all[:, i1:i2]
+                    loop = graphs or functools.partial(quantize_block_static, spec=spec)
+                    Q1, Err1 = loop(W1, Hinv1, S1, Z1)
+                else:
+                    Q1, Err1 = quantize_block(W1, Hinv1, self._dynamic_grid(W, i1, i2, g, spec, current), spec)
             Q[:, i1:i2] = Q1
             Losses += Err1.pow(2).sum(1) / 2          # Σ (w − q)² / Hinv[i,i]² / 2, per row
             W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]      # the lazy batch update of the later blocks

@@ -106,6 +106,31 @@ def architecture_config(name: str):
     return AutoConfig.for_model(kw.pop("model_type"), **kw)
 
 
+def quiet_torchao_import() -> None:
+    """Import torchao (if installed) with its import-time noise turned down: transformers imports it on
+    the first model load, and on a machine without CUDA libraries it logs "Failed to load …so" for each
+    GPU extension, plus torch's deprecation notes for its enums — lines a learner cannot act on. Errors
+    still raise; only the torchao and ``torch.utils._pytree`` loggers are quieted, and only while
+    importing."""
+    import logging
+    import sys
+
+    if "torchao" in sys.modules or importlib.util.find_spec("torchao") is None:
+        return
+    loggers = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:  # the package and the submodules transformers' torchao integration imports on a model load
+        for name in ("torchao", "torchao.prototype.mx_formats", "torchao.prototype.safetensors.safetensors_support"):
+            importlib.import_module(name)
+    except Exception:  # a broken optional install: transformers will report it when it needs it
+        pass
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def model_from_config(name, device=None, dtype=torch.bfloat16, seed: int = 0, attn_implementation: str | None = None):
     """Instantiate a real architecture with random weights, directly on ``device`` (no hub).
 
@@ -113,6 +138,7 @@ def model_from_config(name, device=None, dtype=torch.bfloat16, seed: int = 0, at
     ``attn_implementation`` (``"sdpa"``, ``"eager"``; None: transformers' default) as in ``from_pretrained``.
     """
     config = architecture_config(name)
+    quiet_torchao_import()
     torch.manual_seed(seed)
     device = torch.device(device or "cpu")
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
@@ -190,6 +216,7 @@ def offline_model_dir() -> Path:
         raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
     tmp = out.with_name(out.name + ".tmp")
     clean.save_pretrained(tmp, safe_serialization=True)
+    tok.clean_up_tokenization_spaces = False   # a BPE tokenizer: the setting does nothing but warn
     tok.save_pretrained(tmp)
     tmp.rename(out)
     return out
@@ -258,17 +285,27 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+def _is_converted_offline(path) -> bool:
+    """Whether ``path`` is a GGUF model the course converted into its cache (``models/<name>-hf``)."""
+    p = Path(str(path))
+    return p.is_dir() and p.name.endswith("-hf") and p.resolve().parent == cache_dir("models").resolve()
+
+
 def load_model(name: str | None = None, dtype=None, device=None, echo: bool = True):
     """Load ``(model, tokenizer)``: hub id, local directory, or ``"offline"``; eval mode, safetensors.
 
     Defaults: the hub's SmolLM2-135M online, the offline GGUF otherwise; dtype from
     :func:`default_dtype`; device from :func:`helpers.device.get_device`.
     """
+    quiet_torchao_import()
     device = get_device(device) if device is not None else get_device()
     dtype = parse_dtype(dtype) if dtype is not None else default_dtype(device)
     path = resolve_model_name(name, echo=echo)
     t0 = time.perf_counter()
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    # the GGUF-converted tokenizer config says clean_up_tokenization_spaces=True, which transformers
+    # ignores for BPE tokenizers — with a warning at every load; it does nothing for BPE, so say False
+    extra = {"clean_up_tokenization_spaces": False} if _is_converted_offline(path) else {}
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False, **extra)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False,
                                                  use_safetensors=True).to(device).eval()
     if tok.pad_token is None:
@@ -323,6 +360,7 @@ def load_for_memory(name: str | None = None, arch: str = "SmolLM2-135M", device=
     machine without internet) it instantiates ``arch`` from its config with random weights and says
     so: memory and speed are the same, quality numbers are then meaningless.
     """
+    quiet_torchao_import()
     try:
         model, tok = load_model(name, dtype=dtype, device=device)
         return model, tok, True

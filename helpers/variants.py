@@ -56,9 +56,9 @@ def apply_quantizer(model, calib, method: str, impl: str = "ours", spec: QuantSp
     elif method == "gptq":
         kw.setdefault("actorder", True)
         kw.setdefault("static_groups", True)
-        info = gptq.gptq_model(model, calib, spec, progress=False, **kw)
+        info = gptq.gptq_model(model, calib, spec, progress=True, **kw)
     else:
-        info = awq.awq_model(model, calib, spec, progress=False, **kw)
+        info = awq.awq_model(model, calib, spec, progress=True, **kw)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return {"seconds": time.perf_counter() - t0, "calib_tokens": 0 if calib is None else int(calib.numel()),
