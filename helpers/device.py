@@ -22,20 +22,33 @@ import torch
 
 GiB = 1024**3
 CARD_ENV = "COURSE_GPU_GIB"
+CAP_ENV = "COURSE_GPU_CAP_GIB"
 
 
-def card_gib() -> float | None:
-    """The card size the course runs as (``COURSE_GPU_GIB``, in GiB), or None for the real card."""
-    raw = os.environ.get(CARD_ENV, "").strip()
+def _env_gib(name: str) -> float | None:
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return None
     try:
         gib = float(raw)
     except ValueError:
-        raise ValueError(f"{CARD_ENV} must be a number of GiB (e.g. 15), got {raw!r}") from None
-    if gib <= 0:
-        raise ValueError(f"{CARD_ENV} must be positive, got {raw!r}")
+        raise ValueError(f"{name} must be a number of GiB (e.g. 15), got {raw!r}") from None
+    if not gib > 0 or gib == float("inf"):
+        raise ValueError(f"{name} must be a positive, finite number of GiB, got {raw!r}")
     return gib
+
+
+def card_gib() -> float | None:
+    """The card size the course runs as (``COURSE_GPU_GIB``, in GiB), or None for the real card."""
+    return _env_gib(CARD_ENV)
+
+
+def cap_gib() -> float | None:
+    """This process's allocator cap from ``COURSE_GPU_CAP_GIB`` (GiB), or None. Unlike
+    ``COURSE_GPU_GIB`` (a smaller *card*: everything else on the GPU, other processes included, comes
+    off it), this caps only this process's PyTorch allocator — the setting for sharing one GPU
+    between workshop participants, whose processes must not count against each other."""
+    return _env_gib(CAP_ENV)
 
 
 def card_share(card: float, total: int, free: int, reserved: int = 0) -> int:
@@ -214,7 +227,8 @@ def describe(device: torch.device | None = None, echo: bool = True) -> dict:
 
 def limit_memory(gib: float | None, device: torch.device | int | None = None) -> float | None:
     """Cap this process's CUDA caching allocator at ``gib`` GiB (None removes the cap: back to the
-    whole card, or to the emulated card of ``COURSE_GPU_GIB``, which no cap can exceed).
+    whole card, or to the emulated card of ``COURSE_GPU_GIB`` / the cap of ``COURSE_GPU_CAP_GIB``,
+    which no cap can exceed).
 
     Implemented with ``torch.cuda.set_per_process_memory_fraction(gib / total)``: an allocation that
     would take *reserved* memory past the cap raises ``torch.OutOfMemoryError`` exactly as a card of
@@ -239,6 +253,8 @@ def limit_memory(gib: float | None, device: torch.device | int | None = None) ->
     if card is not None:
         share = _card_share_at_first_use(idx, card)
         cap = share if cap is None else min(cap, share)
+    if cap_gib() is not None:     # the participant's cap stays in force under any later cap
+        cap = int(cap_gib() * GiB) if cap is None else min(cap, int(cap_gib() * GiB))
     fraction = 1.0 if cap is None else min(1.0, cap / total)
     torch.cuda.set_per_process_memory_fraction(fraction, idx)
     return fraction
@@ -263,5 +279,5 @@ def free_bytes() -> int:
     return int(min(free, cap - torch.cuda.memory_reserved())) if cap else int(free)
 
 
-if card_gib() is not None and torch.cuda.is_available():
-    limit_memory(None)  # run the whole course as on the emulated card
+if (card_gib() is not None or cap_gib() is not None) and torch.cuda.is_available():
+    limit_memory(None)  # run the whole course as on the emulated card / under the participant's cap

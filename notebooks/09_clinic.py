@@ -501,7 +501,9 @@ else:
 # %% [markdown]
 # The process that asked for 8 GiB under a 4 GiB cap gets `OutOfMemoryError`; the others get what
 # they asked for and never notice. A cap limits PyTorch's allocator: each process still pays its
-# own CUDA context (a few hundred MiB), so give each participant `card / N − 0.5 GiB`.
+# own CUDA context (a few hundred MiB), so give each participant `card / N − 0.5 GiB`. In a workshop
+# set it in each participant's environment, `COURSE_GPU_CAP_GIB=…`, before Jupyter starts: `helpers`
+# applies it on import and no later cap can lift it (docs/workshop.md).
 #
 # On Kubernetes, the NVIDIA device plugin exposes whole GPUs as `nvidia.com/gpu` and MIG slices as
 # their own resources (NVIDIA k8s-device-plugin README, "MIG support"; GPU Operator docs, "GPU

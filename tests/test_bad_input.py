@@ -312,12 +312,14 @@ def test_device_refuses(call, exc, msg):
         call()
 
 
-@pytest.mark.parametrize("value,msg", [("abc", "must be a number of GiB"), ("-3", "must be positive"),
-                                       ("0", "must be positive")])
-def test_card_env_refuses(monkeypatch, value, msg):
-    monkeypatch.setenv(device.CARD_ENV, value)
-    with pytest.raises(ValueError, match=msg):
-        device.card_gib()
+@pytest.mark.parametrize("value,msg", [("abc", "must be a number of GiB"), ("-3", "must be a positive"),
+                                       ("0", "must be a positive"), ("inf", "finite")])
+@pytest.mark.parametrize("env", ["CARD_ENV", "CAP_ENV"])
+def test_card_and_cap_env_refuse(monkeypatch, env, value, msg):
+    monkeypatch.setenv(getattr(device, env), value)
+    with pytest.raises(ValueError, match=msg) as e:
+        device.card_gib() if env == "CARD_ENV" else device.cap_gib()
+    assert getattr(device, env) in str(e.value)      # the message names the variable to fix
 
 
 MISC_ERRORS = [

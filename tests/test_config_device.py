@@ -44,6 +44,15 @@ def test_limit_memory_validates():
         assert device.limit_memory(15) is None
 
 
+def test_cap_gib_reads_the_participant_cap(monkeypatch):
+    from helpers import device
+
+    monkeypatch.delenv(device.CAP_ENV, raising=False)
+    assert device.cap_gib() is None
+    monkeypatch.setenv(device.CAP_ENV, "12.5")
+    assert device.cap_gib() == 12.5
+
+
 def test_card_gib_reads_the_emulated_card_size(monkeypatch):
     from helpers import device
 
@@ -115,3 +124,18 @@ def test_emulated_card_larger_than_the_device_is_refused(monkeypatch):
         monkeypatch.delenv(device.CARD_ENV)
         device.limit_memory(None)
     assert device.memory_cap() is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run on the H200)")
+def test_participant_cap_from_the_environment_holds_in_a_fresh_process():
+    """COURSE_GPU_CAP_GIB=2: the process may take 1 GiB, not 3, and a notebook's own cap cannot lift it."""
+    import subprocess
+    import sys
+    code = ("import torch, helpers.device as d\n"
+            "a = torch.empty(2**30, dtype=torch.uint8, device='cuda')\n"
+            "d.limit_memory(None)\n"
+            "try:\n    b = torch.empty(3 * 2**30, dtype=torch.uint8, device='cuda'); print('NO-OOM')\n"
+            "except torch.OutOfMemoryError:\n    print('OOM')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "COURSE_GPU_CAP_GIB": "2"})
+    assert out.stdout.strip().endswith("OOM") and "NO-OOM" not in out.stdout, out.stderr[-1000:]
