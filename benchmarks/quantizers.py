@@ -10,7 +10,10 @@ Settings shared by both implementations: asymmetric int, group size, GPTQ with a
 (llm-compressor's default) and dampening 0.01, AWQ with a 20-point grid. Rows are written after every
 measurement: model, method, impl, bits, group_size, calib_tokens, seconds, ppl (CPU), peak_bytes
 (CUDA: the allocator's peak during the quantizer over what was allocated before it, i.e. over the
-model's own weights).
+model's own weights; CPU: the same for the C allocator's live bytes, :mod:`helpers.host_alloc`).
+
+    python benchmarks/quantizers.py --out results/cpu/quantizers_memory.json --arch Llama-3.2-1B \
+        --layers 2 --bits 4 --group 128 --calib-samples 16      # quantizer memory, CPU-sized
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import data, evaluate, models, variants  # noqa: E402
+from helpers import data, evaluate, host_alloc, models, variants  # noqa: E402
 from helpers.qspec import QuantSpec  # noqa: E402
 
 
@@ -40,6 +43,8 @@ def main():
     ap.add_argument("--calib-samples", type=int, default=None,
                     help="calibration windows: default 128 on a GPU (the papers' 128 × 512), 16 on a CPU")
     ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=None,
+                    help="keep only the first N decoder layers of an architecture (CPU-sized memory checks)")
     ap.add_argument("--eval-tokens", type=int, default=32 * 512)
     ap.add_argument("--awq-search-dtype", default="auto",
                     help="our AWQ's α-search dtype: auto (helpers.awq.default_search_dtype), float32, bfloat16")
@@ -59,6 +64,9 @@ def main():
         else:
             base = models.model_from_config(arch, device="cuda" if cuda else "cpu",
                                             dtype=torch.bfloat16 if cuda else torch.float32)
+            if args.layers:
+                models.keep_first_layers(base, args.layers)
+                arch = f"{arch} (first {args.layers} layers)"
             g = torch.Generator().manual_seed(0)
             calib = torch.randint(3, base.config.vocab_size - 1, (args.calib_samples, args.seq_len), generator=g)
             ev, name, note = None, arch, "architecture from config, random weights: time only"
@@ -79,12 +87,17 @@ def main():
                     m = copy.deepcopy(base)
                     kw = ({"search_dtype": getattr(torch, args.awq_search_dtype)}
                           if (method, impl) == ("awq", "ours") and args.awq_search_dtype != "auto" else {})
+                    run = lambda m=m, kw=kw: variants.apply_quantizer(m, calib, method, impl, QuantSpec(bits, args.group), **kw)
                     if cuda:
                         torch.cuda.synchronize()
                         torch.cuda.reset_peak_memory_stats()
                         before = torch.cuda.memory_allocated()
-                    info = variants.apply_quantizer(m, calib, method, impl, QuantSpec(bits, args.group), **kw)
-                    peak = torch.cuda.max_memory_allocated() - before if cuda else None
+                        info = run()
+                        peak = torch.cuda.max_memory_allocated() - before
+                    else:   # the C allocator's live bytes after every op (helpers.host_alloc), over the start
+                        box = {}
+                        peak = host_alloc.peak_bytes(lambda: box.setdefault("info", run()), warmup=False)["peak"]
+                        info = box["info"]
                     add(method=method, impl=impl, bits=bits, seconds=round(info["seconds"], 2), ppl=ppl(m),
                         peak_bytes=peak,
                         **({"calib_tokens": 0} if method == "rtn" else {}),
