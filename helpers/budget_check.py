@@ -37,8 +37,13 @@ def predicted_vs_measured(archs=ARCHS, grid=GRID, new_tokens=NEW_TOKENS, out: Pa
             w_pred = budget.weight_allocation(cfg)          # formula bytes + simulated block rounding
             w_formula = budget.weight_bytes(cfg, "bf16")
             for seq, batch in grid:
-                rows.append(_point(model, cfg, arch, attention, seq, batch, new_tokens, context, workspace,
-                                   w_pred, w_meas, w_formula))
+                try:
+                    rows.append(_point(model, cfg, arch, attention, seq, batch, new_tokens, context, workspace,
+                                       w_pred, w_meas, w_formula))
+                except Exception as e:  # transformers itself failing at a point is a finding: record it, go on
+                    rows.append({"model": arch, "attention": attention, "seq_len": seq, "batch": batch,
+                                 "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                    measure.free_memory()
                 if out:  # written after every point, so a cut-off run keeps what it measured
                     out.write_text(json.dumps(rows, indent=1))
                 if echo:
@@ -73,6 +78,9 @@ def _point(model, cfg, arch, attention, seq, batch, new_tokens, context, workspa
 
 def _echo(row: dict) -> None:
     head = f"{row['model']:<18}{row['attention']:>6}{row['seq_len']:>6}{row['batch']:>4}"
+    if row.get("error"):
+        print(f"{head}  ERROR {row['error']}", flush=True)
+        return
     if row.get("oom"):
         print(f"{head}  OOM (predicted peak {row['peak_pred'] / 2**30:.1f} GiB over the weights)", flush=True)
         return
