@@ -180,11 +180,16 @@ def weight_allocation(config, dtype=torch.bfloat16) -> int:
     buffer (from a meta-device model, in creation order) replayed through the caching-allocator
     simulator, which adds the block rounding the real allocator applies (a block whose remainder
     would be ≤ 1 MiB is handed out whole)."""
+    return simulate(weight_ops(config, dtype))["allocated"]
+
+
+def weight_ops(config, dtype=torch.bfloat16) -> list:
+    """The allocations instantiating the model makes: every parameter and buffer of a meta-device
+    model, in creation order, as allocator-simulator ops (``["alloc", name, bytes]``)."""
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    ops = [["alloc", name, t.numel() * t.element_size()]
-           for name, t in list(model.named_parameters()) + list(model.named_buffers())]
-    return simulate(ops)["allocated"]
+    return [["alloc", name, t.numel() * t.element_size()]
+            for name, t in list(model.named_parameters()) + list(model.named_buffers())]
 
 
 def weight_bytes(config, fmt: str = "bf16") -> float:
@@ -418,12 +423,8 @@ def device_footprint(config, prompt_len: int, new_tokens: int, batch: int = 1, c
     large-pool segments — plus library workspaces (cuBLAS, measured by
     :func:`helpers.measure.warmup_cublas`). A first model of the device-level number, checked by
     ``benchmarks/budget_accuracy.py`` (``smi_pred`` vs ``smi_meas``)."""
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    ops = [["alloc", name, t.numel() * t.element_size()]
-           for name, t in list(model.named_parameters()) + list(model.named_buffers())]
     gen = generation_peak(config, prompt_len, new_tokens, batch, attention=attention)
-    ops.append(["alloc", "generation peak", int(gen["peak"])])
+    ops = weight_ops(config, dtype) + [["alloc", "generation peak", int(gen["peak"])]]
     reserved = simulate(ops)["reserved"]
     return {"context": context_bytes, "reserved": reserved, "workspace": workspace_bytes,
             "total": context_bytes + reserved + workspace_bytes}

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import budget, generation, measure, models
+import torch
+
+from . import budget, generation, host_alloc, measure, models
 from .config import read_json
 
 ARCHS = ["SmolLM2-135M", "Qwen2.5-0.5B", "TinyLlama-1.1B",          # the course's first three
@@ -88,6 +90,15 @@ def _echo(row: dict) -> None:
     print(f"{head}  w {pct('weights_pred', 'weights_meas')}  kv {row['kv_pred'] - row['kv_meas']:+d} B  "
           f"peak {pct('peak_pred', 'peak_meas')}  prefill {pct('prefill_pred', 'prefill_meas')}  "
           f"decode {pct('decode_pred', 'decode_meas')}  smi {pct('smi_pred', 'smi_meas')}", flush=True)
+
+
+def cpu_prefill_peak(model, positions: int, batch: int, seed: int = 0) -> int:
+    """Measured on a CPU: the peak of live tensor bytes (:mod:`helpers.host_alloc`) during one prefill
+    forward of ``batch × positions`` random token ids that keeps only the last logits, as ``generate``
+    does — what :func:`helpers.budget.activation_bytes` predicts (``device="cpu"``)."""
+    ids = torch.randint(3, model.config.vocab_size - 1, (batch, positions),
+                        generator=torch.Generator().manual_seed(seed))
+    return host_alloc.peak_bytes(lambda: model(ids, use_cache=False, logits_to_keep=1).logits)["peak"]
 
 
 def repredict(path: Path) -> list[dict]:

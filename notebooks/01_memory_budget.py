@@ -173,14 +173,12 @@ pd.DataFrame(rows)
 
 # %%
 import sys, transformers
-from helpers import host_alloc
 small = transformers.LlamaConfig(hidden_size=256, intermediate_size=640, num_attention_heads=8, num_key_value_heads=2,
                                  head_dim=32, num_hidden_layers=2, vocab_size=1000)
 if sys.platform.startswith("linux"):
     for attn in ("sdpa", "eager"):
         m = transformers.AutoModelForCausalLM.from_config(small, dtype=torch.bfloat16, attn_implementation=attn).eval()
-        ids = torch.randint(3, 1000, (2, 384))
-        meas = host_alloc.peak_bytes(lambda m=m, ids=ids: m(ids, use_cache=False, logits_to_keep=1).logits)["peak"]
+        meas = budget_check.cpu_prefill_peak(m, 384, 2)
         pred = budget.activation_bytes(small, 384, 2, attention=attn, device="cpu")["peak"]
         print(f"{attn:>5}: predicted {pred / 2**20:6.2f} MiB, measured {meas / 2**20:6.2f} MiB ({100 * (pred / meas - 1):+.1f} %)")
 

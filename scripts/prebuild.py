@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -27,7 +26,8 @@ BUILDERS = ["03_quantization_basics", "04_gptq", "05_awq", "06_perplexity", "07_
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("COURSE_CACHE", Path.home() / ".cache" / "gpu-quant-course"))
+    from helpers.config import cache_dir  # the course's one definition of the cache (COURSE_CACHE)
+    return cache_dir()
 
 
 def stored_variants(profile: str = "workshop") -> list[dict]:

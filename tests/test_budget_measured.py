@@ -15,7 +15,7 @@ import pytest
 import torch
 import transformers as T
 
-from helpers import budget, host_alloc
+from helpers import budget, budget_check, host_alloc
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="host_alloc needs glibc (Linux)")
 
@@ -42,8 +42,7 @@ POINTS = [(96, 1), (384, 2)]   # 384 > the 128-token windows: past the sliding w
 
 
 def measured(model, positions, batch):
-    ids = torch.randint(3, 1000, (batch, positions), generator=torch.Generator().manual_seed(0))
-    return host_alloc.peak_bytes(lambda: model(ids, use_cache=False, logits_to_keep=1).logits)["peak"]
+    return budget_check.cpu_prefill_peak(model, positions, batch)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])

@@ -1,0 +1,22 @@
+"""scripts/prebuild.py --check: it lists the workshop variants of the cache and fails when there are none."""
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("prebuild", ROOT / "scripts" / "prebuild.py")
+prebuild = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(prebuild)
+
+
+def test_check_lists_only_the_profiles_variants(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
+    assert prebuild.main(["--check"]) == 1 and "none: run" in capsys.readouterr().out
+    store = tmp_path / "variants"
+    store.mkdir()
+    for key, profile in (("a-gptq", "workshop"), ("b-awq", "ci"), ("c-rtn", "workshop")):
+        (store / f"{key}.json").write_text(json.dumps({"profile": profile, "seconds": 1.0, "file_bytes": 8}))
+        (store / f"{key}.safetensors").write_bytes(b"x" * 8)
+    (store / "c-rtn.safetensors").unlink()          # incomplete: not listed
+    assert [r["variant"] for r in prebuild.stored_variants("workshop")] == ["a-gptq"]
+    assert prebuild.main(["--check"]) == 0 and "1 variants for the workshop profile" in capsys.readouterr().out
