@@ -84,3 +84,17 @@ def test_merge_supersede_keeps_the_later_run_and_records_the_earlier(tmp_path):
     assert row["seconds"] == 9.0 and row["part"] == "rerun"
     assert [e["part"] for e in row["earlier"]] == ["first"]
     assert m["key_numbers"]["02_x"] == {"x": "new"} and len(m["notebooks"]) == 2
+
+
+def test_run_executes_notebooks_with_one_progress_bar(tmp_path, capsys, monkeypatch):
+    import nbformat
+    monkeypatch.setenv("COURSE_PROFILE", "ci")           # run() sets both for its notebooks; restored after
+    monkeypatch.setenv("COURSE_REPORT", str(tmp_path / "unused.json"))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 6 * 7"), nbformat.v4.new_code_cell("print(x)")])
+    path = tmp_path / "99_demo.ipynb"
+    nbformat.write(nb, path)
+    rows = run_all.run([path], tmp_path / "out", "ci", timeout=120, progress=True)
+    assert [r["ok"] for r in rows] == [True] and rows[0]["name"] == "99_demo.ipynb"
+    done = nbformat.read(tmp_path / "out" / "99_demo.ipynb", 4)
+    assert done.cells[1].outputs[0]["text"] == "42\n"
+    assert "2/2" in capsys.readouterr().err                     # the bar counted both code cells
