@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
@@ -45,32 +46,47 @@ def agrees(r: dict) -> bool:
             and r["real_reserved"] == r["sim_reserved"] and r["real_allocated"] == r["sim_allocated"])
 
 
+def compare(name, ops, cap, exp) -> dict:
+    """One sequence on the real allocator (a fresh process) and in the simulator."""
+    real = A.run_real(ops, cap, exp)
+    sim = A.simulate(ops, cap, exp)
+    row = {"sequence": name, "mode": "expandable" if exp else "default", "cap": cap, "expandable": exp,
+           "real_oom": real["oom"], "sim_oom": sim["oom"],
+           "real_failed_at": real["failed_at"], "sim_failed_at": sim["failed_at"],
+           "real_reserved": real["reserved"], "sim_reserved": sim["reserved"],
+           "real_allocated": real["allocated"], "sim_allocated": sim["allocated"],
+           "real_segments": [s["total_size"] for s in real["snapshot"]],
+           "sim_segments": [s["total_size"] for s in sim["snapshot"]]}
+    row["agree"] = agrees(row)
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results/h200/allocator_agreement.json")
     ap.add_argument("--random", type=int, default=40, help="seeded random sequences per mode")
+    ap.add_argument("--workers", type=int, default=8,
+                    help="sequences replayed at once, each in its own process (each has its own allocator and cap)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("allocator_agreement needs a CUDA device")
-    rows = []
-    for name, (ops, cap, exp) in {**sequences(), **random_sequences(args.random)}.items():
-        real = A.run_real(ops, cap, exp)
-        sim = A.simulate(ops, cap, exp)
-        rows.append({"sequence": name, "mode": "expandable" if exp else "default", "cap": cap, "expandable": exp,
-                     "real_oom": real["oom"], "sim_oom": sim["oom"],
-                     "real_failed_at": real["failed_at"], "sim_failed_at": sim["failed_at"],
-                     "real_reserved": real["reserved"], "sim_reserved": sim["reserved"],
-                     "real_allocated": real["allocated"], "sim_allocated": sim["allocated"],
-                     "real_segments": [s["total_size"] for s in real["snapshot"]],
-                     "sim_segments": [s["total_size"] for s in sim["snapshot"]]})
-        rows[-1]["agree"] = agrees(rows[-1])
-        print({k: v for k, v in rows[-1].items() if not k.endswith("segments")}, flush=True)
+    todo = {**sequences(), **random_sequences(args.random)}
+    out, rows = Path(args.out), {}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # a fresh process per sequence (clean allocator, the mode set before CUDA starts), several at a
+    # time: processes do not share a caching allocator, and the caps are far below the card's memory
+    with ThreadPoolExecutor(args.workers) as pool:
+        futures = {pool.submit(compare, name, *v): name for name, v in todo.items()}
+        for f in as_completed(futures):
+            r = f.result()
+            rows[r["sequence"]] = r
+            print({k: v for k, v in r.items() if not k.endswith("segments")}, flush=True)
+            out.write_text(json.dumps([rows[n] for n in todo if n in rows], indent=1))   # kept if cut off
+    rows = [rows[n] for n in todo]
     for mode in ("default", "expandable"):
         mine = [r for r in rows if r["mode"] == mode]
         print(f"{mode}: {sum(r['agree'] for r in mine)}/{len(mine)} sequences agree", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(rows, indent=1))
-    print("wrote", args.out)
+    print("wrote", out)
 
 
 if __name__ == "__main__":

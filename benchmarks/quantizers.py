@@ -96,7 +96,8 @@ def main():
                         peak = torch.cuda.max_memory_allocated() - before
                     else:   # the C allocator's live bytes after every op (helpers.host_alloc), over the start
                         box = {}
-                        peak = host_alloc.peak_bytes(lambda: box.setdefault("info", run()), warmup=False)["peak"]
+                        peak = host_alloc.peak_bytes(lambda: box.setdefault("info", run()), warmup=False,
+                                                    no_grad=False)["peak"]   # autograd as the caller has it
                         info = box["info"]
                     add(method=method, impl=impl, bits=bits, seconds=round(info["seconds"], 2), ppl=ppl(m),
                         peak_bytes=peak,

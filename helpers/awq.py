@@ -114,11 +114,60 @@ def mappings(block) -> list[dict]:
     return out
 
 
-def _inspect_fn(part, kind: str, kwargs: list):
-    """A function ``xs → outputs`` of the block part (self_attn or mlp) a mapping's error is measured on."""
+def _inspect_fn(part, kind: str):
+    """A function ``(x, kwargs) → output`` of the block part (self_attn or mlp) a mapping's error is measured on."""
     if kind == "attn":
-        return lambda xs: [part(hidden_states=x, **kw)[0] for x, kw in zip(xs, kwargs)]
-    return lambda xs: [part(x) for x in xs]
+        return lambda x, kw: part(hidden_states=x, **kw)[0]
+    return lambda x, kw: part(x)
+
+
+class InputStats:
+    """What AWQ needs from one linear input over the whole calibration set, gathered one batch at a
+    time (:meth:`add`) so the inputs themselves need not all be held: the per-channel mean ``|x|``
+    (the ``s_x`` of eq. 5), the Gram matrix ``XᵀX`` when the inspected part is that linear alone
+    (``gram``), the tokens the clip search reads (every ``N // n_sample``-th token, as
+    :func:`search_clip` picks them from the concatenated inputs), and, when the inspected part is an
+    attention or MLP that must be run again for each α, the inputs themselves (``keep``)."""
+
+    def __init__(self, total_tokens: int, keep: bool = False, gram: bool = False, n_sample: int = 512):
+        self.total, self.keep, self.n_sample = positive_int(total_tokens, "total_tokens"), keep, n_sample
+        self.stride = max(1, self.total // n_sample)
+        self.xs, self.sample, self.seen = [], [], 0
+        self.abs_sum = self.G = None
+        self.want_gram = gram
+
+    @torch.no_grad()
+    def add(self, x: torch.Tensor) -> None:
+        flat = x.reshape(-1, x.shape[-1])
+        f = flat.float()
+        self.abs_sum = f.abs().sum(0) if self.abs_sum is None else self.abs_sum + f.abs().sum(0)
+        if self.want_gram:
+            self.G = f.t() @ f if self.G is None else self.G.addmm_(f.t(), f)
+        del f
+        first = (-self.seen) % self.stride                       # the first sampled token in this batch
+        idx = torch.arange(first, len(flat), self.stride, device=flat.device)
+        idx = idx[idx + self.seen < self.stride * self.n_sample]
+        self.sample.append(flat[idx])
+        if self.keep:
+            self.xs.append(x)
+        self.seen += len(flat)
+
+    @classmethod
+    def of(cls, xs: list, gram: bool = False) -> "InputStats":
+        """The statistics of inputs already captured (``xs``: one tensor per batch), kept."""
+        st = cls(sum(x.numel() // x.shape[-1] for x in xs), keep=True, gram=gram)
+        for x in xs:
+            st.add(x)
+        return st
+
+    @property
+    def x_mean(self) -> torch.Tensor:
+        return self.abs_sum / self.seen
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """The sampled tokens [≤ n_sample, features] for :func:`search_clip`."""
+        return torch.cat(self.sample)
 
 
 def default_search_dtype(weight: torch.Tensor) -> torch.dtype:
@@ -132,28 +181,38 @@ def default_search_dtype(weight: torch.Tensor) -> torch.dtype:
 
 
 @torch.no_grad()
-def search_scale(block, mp: dict, xs: list, kwargs: list, spec: QuantSpec, n_grid: int = 20, duo_scaling: bool = False, search_dtype: torch.dtype | None = None) -> dict:
+def search_scale(block, mp: dict, xs, kwargs: list, spec: QuantSpec, n_grid: int = 20, duo_scaling: bool = False, search_dtype: torch.dtype | None = None) -> dict:
     """Grid search of α (paper eq. 5): returns ``{"alpha", "scales", "errors"}`` (errors per α).
 
-    ``search_dtype`` (default :func:`default_search_dtype`) is the dtype of the forward passes that
-    score each α on the attention or MLP part; they run on a copy of that part in this dtype."""
+    ``xs`` is the mapping's input, one tensor per calibration batch, or its :class:`InputStats`.
+    When the inspected part is one linear (``o``, ``down``) its error is a quadratic form in the
+    Gram matrix and no forward pass is needed; otherwise the attention or MLP part is run on every
+    batch for each α. ``search_dtype`` (default :func:`default_search_dtype`) is the dtype of those
+    forward passes; they run on a copy of that part in this dtype."""
     n_grid = positive_int(n_grid, "n_grid")
-    X = torch.cat([x.reshape(-1, x.shape[-1]) for x in xs]).float()
-    x_mean = X.abs().mean(0)
     linear_part = mp["inspect"] in ("o", "down")
+    st = xs if isinstance(xs, InputStats) else InputStats.of(xs, gram=linear_part)
+    if linear_part and not st.want_gram:
+        raise ValueError(f"search_scale for the {mp['inspect']!r} mapping needs InputStats(gram=True)")
+    if not linear_part and not st.keep:
+        raise ValueError(f"search_scale for the {mp['inspect']!r} mapping needs the inputs: InputStats(keep=True)")
+    if st.seen == 0:
+        raise ValueError("search_scale got InputStats with no calibration inputs: call .add(x) per batch first")
+    x_mean = st.x_mean
     if linear_part:  # the error of a linear is a quadratic form: ‖X Eᵀ‖² = tr(E XᵀX Eᵀ), E = Ŵ − W
-        G, n_out = X.t() @ X, len(X) * mp["linears"][0].out_features
+        G, n_out = st.G, st.seen * mp["linears"][0].out_features
     else:
         part = block.self_attn if mp["inspect"] == "attn" else block.mlp
         dtype = search_dtype or default_search_dtype(mp["linears"][0].weight)
         names = {id(m): n for n, m in part.named_modules()}
+        xs = st.xs
         if dtype != mp["linears"][0].weight.dtype:  # score on a copy in the search dtype
             part = copy.deepcopy(part).to(dtype)
             xs, kwargs = [x.to(dtype) for x in xs], [C.cast_floats(kw, dtype) for kw in kwargs]
         targets = [part.get_submodule(names[id(lin)]) for lin in mp["linears"]]
-        f = _inspect_fn(part, mp["inspect"], kwargs)
-        ref = f(xs)
-    del X
+        f = _inspect_fn(part, mp["inspect"])
+        ref = [f(x, kw) for x, kw in zip(xs, kwargs)]
+        n_ref = sum(r.numel() for r in ref)
     originals = [lin.weight.data.clone() for lin in mp["linears"]]
     w_mean = None
     if duo_scaling:  # per-channel mean of |w| normalised within each group, as AutoAWQ/llm-compressor
@@ -161,6 +220,7 @@ def search_scale(block, mp: dict, xs: list, kwargs: list, spec: QuantSpec, n_gri
         g = spec.group_for(W.shape[1])
         Wn = W.abs().reshape(W.shape[0], -1, g)
         w_mean = (Wn / Wn.amax(-1, keepdim=True).clamp(min=1e-8)).reshape(W.shape).mean(0)
+        del W, Wn
     errors, best = [], (float("inf"), 0.0, None)
     for k in range(n_grid):
         alpha = k / n_grid
@@ -174,8 +234,8 @@ def search_scale(block, mp: dict, xs: list, kwargs: list, spec: QuantSpec, n_gri
         else:
             for lin, w in zip(targets, originals):
                 lin.weight.data.copy_((rtn(w.float() * s, spec) / s).to(lin.weight.dtype))
-            out = f(xs)
-            err = sum((o - r).float().pow(2).sum().item() for o, r in zip(out, ref)) / sum(r.numel() for r in ref)
+            # one batch at a time: only the reference outputs are held, not a second set
+            err = sum((f(x, kw) - r).float().pow(2).sum().item() for x, kw, r in zip(xs, kwargs, ref)) / n_ref
         errors.append(err)
         if err < best[0]:
             best = (err, alpha, s.clone())
@@ -239,25 +299,51 @@ def apply_clip(lin: torch.nn.Linear, max_val: torch.Tensor, spec: QuantSpec) -> 
     lin.weight.data.copy_(torch.clamp(wg, -max_val, max_val).reshape(w.shape).to(w.dtype))
 
 
+def block_input_stats(block, hidden: list, kwargs: list) -> dict[str, InputStats]:
+    """One pass of the calibration set through ``block``, gathering each *distinct* linear input's
+    :class:`InputStats` (q/k/v read one input, gate/up another): kept inputs where the α search runs
+    the attention or MLP part again, the Gram matrix where it inspects one linear (o, down), the
+    clip-search sample everywhere. Returns ``{linear name: stats}`` (linears sharing an input share
+    one object)."""
+    maps = mappings(block)
+    total = sum(x.numel() // x.shape[-1] for x in hidden)
+    first = {"self_attn.q_proj": maps[0], "self_attn.o_proj": None, "mlp.gate_proj": None, "mlp.down_proj": None}
+    for mp in maps:
+        first[mp["input"]] = mp
+    stats = {n: InputStats(total, keep=mp is not None and mp["inspect"] in ("attn", "mlp"),
+                           gram=mp is not None and mp["inspect"] in ("o", "down"))
+             for n, mp in first.items()}
+    C.watch_linears(block, hidden, kwargs, lambda n, x: stats[n].add(x), names=list(stats))
+    readers = {"self_attn.q_proj": ("self_attn.k_proj", "self_attn.v_proj"), "mlp.gate_proj": ("mlp.up_proj",)}
+    for n, others in readers.items():
+        stats.update({o: stats[n] for o in others})
+    return stats
+
+
+@torch.no_grad()
 def awq_block(block, hidden: list, kwargs: list, spec: QuantSpec, n_grid: int = 20, duo_scaling: bool = False, clip: bool = True, quantize: bool = True,
               search_dtype: torch.dtype | None = None) -> dict:
-    """AWQ on one block, in place: capture each linear's inputs, search and fold scales mapping by
-    mapping, clip, then RTN every linear of the block. Returns the α chosen per mapping."""
+    """AWQ on one block, in place: gather each linear input's statistics in one pass, search and
+    fold scales mapping by mapping, clip, then RTN every linear of the block. Returns the α chosen
+    per mapping."""
     names = {id(m): n for n, m in C.linears(block).items()}
-    feats = C.linear_inputs(block, hidden, kwargs)
+    stats = block_input_stats(block, hidden, kwargs)
+    clip_x = {n: st.sample for n, st in stats.items()}        # the clip search's tokens, per linear
     alphas = {}
     for mp in mappings(block):
-        r = search_scale(block, mp, feats[mp["input"]], kwargs, spec, n_grid, duo_scaling, search_dtype)
+        r = search_scale(block, mp, stats[mp["input"]], kwargs, spec, n_grid, duo_scaling, search_dtype)
+        stats[mp["input"]].xs = []          # the kept inputs are not needed again
         apply_scale(mp["prev"], mp["linears"], r["scales"])
-        for lin in mp["linears"]:  # the captured inputs of the scaled linears are now x / s
+        for lin in mp["linears"]:  # the inputs the scaled linears now receive are x / s
             n = names[id(lin)]
-            feats[n] = [x / r["scales"].to(x.dtype) for x in feats[n]]
+            clip_x[n] = [x / r["scales"].to(x.dtype) for x in clip_x[n]]
         alphas[mp["inspect"]] = r["alpha"]
+    del stats
     if clip:
         for n, lin in C.linears(block).items():
             if n.endswith(("q_proj", "k_proj")):
                 continue
-            x = torch.cat([x.reshape(-1, x.shape[-1]) for x in feats[n]])
+            x = torch.cat(clip_x[n])
             apply_clip(lin, search_clip(lin.weight.data, x, spec), spec)
     if quantize:
         for lin in C.linears(block).values():
@@ -265,13 +351,16 @@ def awq_block(block, hidden: list, kwargs: list, spec: QuantSpec, n_grid: int = 
     return alphas
 
 
+@torch.no_grad()
 def awq_model(model, calib: torch.Tensor, spec: QuantSpec | None = None, n_grid: int = 20,
               duo_scaling: bool = False, clip: bool = True, batch_size: int = 8, progress: bool = True,
-              search_dtype: torch.dtype | None = None, next_inputs: str = "quantized", **spec_kw) -> dict:
+              search_dtype: torch.dtype | None = None, next_inputs: str = "quantized",
+              offload: bool | str = "auto", **spec_kw) -> dict:
     """AWQ over a whole decoder, block by block, in place. ``next_inputs="quantized"`` (default)
     calibrates block k on the outputs of the already-quantized blocks before it; llm-awq calibrates
     on the full-precision outputs instead (``"full_precision"``, see :func:`helpers.calib.sequential`).
-    ``spec`` (or ``bits=``, ``group_size=``, ``symmetric=``) is the grid.
+    ``spec`` (or ``bits=``, ``group_size=``, ``symmetric=``) is the grid; ``offload`` keeps the
+    block inputs on the CPU between blocks (default: when the model is on a GPU).
     Returns ``{"seconds", "calib_tokens", "search_dtype", "alphas": {layer: {mapping: α}}}``."""
     spec = QuantSpec.of(spec, **spec_kw)
     C.check_calib(model, calib)
@@ -282,6 +371,6 @@ def awq_model(model, calib: torch.Tensor, spec: QuantSpec | None = None, n_grid:
     recs = C.sequential(model, calib, lambda i, b, h, k: awq_block(b, h, k, spec, n_grid, duo_scaling, clip,
                                                                    search_dtype=dtype),
                         desc=f"AWQ {spec.label}", batch_size=batch_size, progress=progress,
-                        next_inputs=next_inputs)
+                        next_inputs=next_inputs, offload=offload)
     return {"seconds": time.perf_counter() - t0, "calib_tokens": C.tokens_of(calib),
             "search_dtype": str(dtype).replace("torch.", ""), "alphas": {f"model.layers.{i}": r for i, r in enumerate(recs)}}

@@ -415,19 +415,61 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     return {"prefill": prefill, "decode": decode, "peak": max(prefill, decode), "kv": kv_full}
 
 
-def device_footprint(config, prompt_len: int, new_tokens: int, batch: int = 1, context_bytes: int = 0,
-                     workspace_bytes: int = 0, attention: str = "sdpa", dtype=torch.bfloat16) -> dict:
-    """What ``nvidia-smi`` should show for the process at the generation peak: the CUDA context
-    (measured once per device: :func:`helpers.measure.overhead`), plus the allocator's *reserved*
-    memory — the weights replayed through the allocator simulator, then the generation peak as
-    large-pool segments — plus library workspaces (cuBLAS, measured by
-    :func:`helpers.measure.warmup_cublas`). A first model of the device-level number, checked by
-    ``benchmarks/budget_accuracy.py`` (``smi_pred`` vs ``smi_meas``)."""
-    gen = generation_peak(config, prompt_len, new_tokens, batch, attention=attention)
-    ops = weight_ops(config, dtype) + [["alloc", "generation peak", int(gen["peak"])]]
-    reserved = simulate(ops)["reserved"]
-    return {"context": context_bytes, "reserved": reserved, "workspace": workspace_bytes,
-            "total": context_bytes + reserved + workspace_bytes}
+def generation_ops(config, prompt_len: int, new_tokens: int, batch: int = 1, attention: str = "sdpa",
+                   dtype=torch.bfloat16) -> list:
+    """The allocations of one ``generate`` call with a dynamic cache, as allocator-simulator ops: the
+    weights (:func:`weight_ops`), then the prefill layer by layer — the attention transients
+    (eager: the score matrix's copies in the order ``eager_attention_forward`` makes them: q·kᵀ, ×
+    scaling, + mask, the fp32 copy and the fp32 softmax, the ``.to(dtype)`` weights kept while the MLP
+    runs), the layer's K and V (kept by the cache), the MLP transients — then every decode step's
+    ``torch.cat`` of each layer's K and V one position longer (a new block, the old one freed). The
+    sizes come from :func:`activation_bytes` and :func:`kv_bytes`; what the simulator adds is the
+    *order*, hence which blocks the caching allocator can reuse and which make it reserve more."""
+    s = Shape.from_config(config)
+    b = dtype_bytes(dtype)
+    act = activation_bytes(config, prompt_len, batch, attention=attention)
+    pos0 = kv_positions(config, prompt_len)
+    per_pos = kv_bytes(config, prompt_len, batch) / sum(pos0) / 2          # K (or V) bytes per position
+    ops = weight_ops(config, dtype) + [["alloc", "residual", int(act["residual"])]]
+    S = batch * s.heads * prompt_len**2                                    # eager's score elements
+    for l in range(s.layers):
+        if attention == "eager":
+            rest = int(act["attention"] - S * eager_score_bytes("bf16"))
+            ops += [["alloc", f"qkv{l}", rest],
+                    ["alloc", f"qk{l}", S * b], ["alloc", f"scaled{l}", S * b], ["free", f"qk{l}"],
+                    ["alloc", f"masked{l}", S * b], ["free", f"scaled{l}"],
+                    ["alloc", f"fp32{l}", S * 4], ["alloc", f"softmax{l}", S * 4], ["free", f"fp32{l}"],
+                    ["free", f"masked{l}"], ["alloc", f"weights{l}", S * b], ["free", f"softmax{l}"],
+                    ["free", f"qkv{l}"]]
+            mlp = int(act["mlp"] - S * b)
+        else:
+            ops += [["alloc", f"qkv{l}", int(act["attention"])], ["free", f"qkv{l}"]]
+            mlp = int(act["mlp"])
+        ops += [["alloc", f"K{l}_0", int(per_pos * pos0[l])], ["alloc", f"V{l}_0", int(per_pos * pos0[l])],
+                ["alloc", f"mlp{l}", mlp], ["free", f"mlp{l}"]]
+        if attention == "eager":
+            ops.append(["free", f"weights{l}"])
+    ops += [["alloc", "logits", int(act["logits"])], ["free", "logits"], ["free", "residual"]]
+    for t in range(1, new_tokens):        # the last generated token is never fed back
+        pos = kv_positions(config, prompt_len + t)
+        for l in range(s.layers):
+            for kv in "KV":
+                ops += [["alloc", f"{kv}{l}_{t}", int(per_pos * pos[l])], ["free", f"{kv}{l}_{t - 1}"]]
+    return ops
+
+
+def device_footprint(config, prompt_len: int, new_tokens: int, batch: int = 1, non_torch_bytes: int = 0,
+                     attention: str = "sdpa", dtype=torch.bfloat16) -> dict:
+    """What ``nvidia-smi`` should show for the process after ``generate``: the memory outside PyTorch's
+    allocator (CUDA context, loaded kernels, library handles: ``non_torch_bytes``, measured once per
+    process after a warm-up, :func:`helpers.measure.non_torch_bytes` — vLLM's "non-torch memory")
+    plus the allocator's *reserved* memory, predicted by replaying :func:`generation_ops` through the
+    allocator simulator (the weights, the prefill's blocks, the KV cache growing by ``torch.cat``).
+    Checked by ``benchmarks/budget_accuracy.py`` (``smi_pred`` vs ``smi_meas``)."""
+    if not (isinstance(non_torch_bytes, int) and non_torch_bytes >= 0):
+        raise ValueError(f"non_torch_bytes must be bytes ≥ 0 (helpers.measure.non_torch_bytes), got {non_torch_bytes!r}")
+    reserved = simulate(generation_ops(config, prompt_len, new_tokens, batch, attention, dtype))["reserved"]
+    return {"non_torch": non_torch_bytes, "reserved": reserved, "total": non_torch_bytes + reserved}
 
 
 def budget(config, dtype: str = "bf16", seq_len: int = 2048, batch: int = 1, kv_dtype: str | None = None,

@@ -26,8 +26,9 @@ def predicted_vs_measured(archs=ARCHS, grid=GRID, new_tokens=NEW_TOKENS, out: Pa
     """For each architecture (random weights, bf16, on CUDA), attention implementation and (seq_len,
     batch) point: predicted and measured weights, KV cache, generation peaks (prefill, decode, whole;
     dynamic and static cache) and the device-level footprint (``smi_pred`` from
-    :func:`helpers.budget.device_footprint`, ``smi_meas`` from NVML's per-process memory, beside
-    ``reserved``). ``out`` is rewritten after every point, so a cut-off run keeps what it measured;
+    :func:`helpers.budget.device_footprint`: the non-torch memory measured after a warm-up generate of
+    the same model plus the simulated reserved memory ``reserved_pred``; ``smi_meas`` from NVML's
+    per-process memory, beside ``reserved_meas``). ``out`` is rewritten after every point, so a cut-off run keeps what it measured;
     a point that runs out of memory is recorded as such (``oom``), not raised."""
     rows = []
     context = measure.overhead()["context"]          # before anything is allocated: the CUDA context
@@ -36,12 +37,16 @@ def predicted_vs_measured(archs=ARCHS, grid=GRID, new_tokens=NEW_TOKENS, out: Pa
         cfg = models.architecture_config(arch)
         for attention in attentions:
             model, w_meas = generation.measure_weights(arch, attn_implementation=attention)
+            # a short generate loads the kernels this model and attention use; what the process then
+            # holds outside the allocator is the non-torch part of the nvidia-smi prediction
+            generation.measure_generate(model, 64, 1, 2)
+            non_torch = measure.non_torch_bytes()
             w_pred = budget.weight_allocation(cfg)          # formula bytes + simulated block rounding
             w_formula = budget.weight_bytes(cfg, "bf16")
             for seq, batch in grid:
                 try:
                     rows.append(_point(model, cfg, arch, attention, seq, batch, new_tokens, context, workspace,
-                                       w_pred, w_meas, w_formula))
+                                       w_pred, w_meas, w_formula, non_torch))
                 except Exception as e:  # transformers itself failing at a point is a finding: record it, go on
                     rows.append({"model": arch, "attention": attention, "seq_len": seq, "batch": batch,
                                  "error": f"{type(e).__name__}: {str(e)[:300]}"})
@@ -55,7 +60,8 @@ def predicted_vs_measured(archs=ARCHS, grid=GRID, new_tokens=NEW_TOKENS, out: Pa
     return rows
 
 
-def _point(model, cfg, arch, attention, seq, batch, new_tokens, context, workspace, w_pred, w_meas, w_formula) -> dict:
+def _point(model, cfg, arch, attention, seq, batch, new_tokens, context, workspace, w_pred, w_meas, w_formula,
+           non_torch) -> dict:
     row = {"model": arch, "attention": attention, "seq_len": seq, "batch": batch, "new_tokens": new_tokens,
            "weights_pred": int(w_pred), "weights_meas": int(w_meas), "weights_formula": int(w_formula),
            "cublas_workspace": workspace, "context": context}
@@ -64,11 +70,12 @@ def _point(model, cfg, arch, attention, seq, batch, new_tokens, context, workspa
     if not r["ok"]:
         return {**row, "oom": True, "peak_pred": int(pred["peak"])}
     m = r["result"]
-    foot = budget.device_footprint(cfg, seq, new_tokens, batch, context, workspace, attention)
+    foot = budget.device_footprint(cfg, seq, new_tokens, batch, non_torch or 0, attention)
     row.update(kv_pred=int(pred["kv"]), kv_meas=int(m["kv_meas"]), peak_pred=int(pred["peak"]),
                peak_meas=int(m["peak_meas"]), prefill_pred=int(pred["prefill"]), decode_pred=int(pred["decode"]),
                prefill_meas=int(m["prefill_meas"]), decode_meas=int(m["decode_meas"]),
-               reserved_meas=int(m["reserved"]), smi_pred=int(foot["total"]), smi_meas=m.get("process_gpu_bytes"),
+               reserved_meas=int(m["reserved"]), reserved_pred=int(foot["reserved"]), non_torch=non_torch,
+               smi_pred=int(foot["total"]) if non_torch is not None else None, smi_meas=m.get("process_gpu_bytes"),
                new_tokens_generated=int(m["new_tokens"]))
     s = measure.oom_guard(generation.measure_generate, model, seq, batch, new_tokens, cache="static")
     spred = budget.generation_peak(cfg, seq, new_tokens, batch, cache="static", attention=attention)
@@ -86,10 +93,11 @@ def _echo(row: dict) -> None:
     if row.get("oom"):
         print(f"{head}  OOM (predicted peak {row['peak_pred'] / 2**30:.1f} GiB over the weights)", flush=True)
         return
-    pct = lambda a, b: f"{100 * (row[a] / row[b] - 1):+.1f}%" if row.get(b) else "n/a"
+    pct = lambda a, b: f"{100 * (row[a] / row[b] - 1):+.1f}%" if row.get(a) is not None and row.get(b) else "n/a"
     print(f"{head}  w {pct('weights_pred', 'weights_meas')}  kv {row['kv_pred'] - row['kv_meas']:+d} B  "
           f"peak {pct('peak_pred', 'peak_meas')}  prefill {pct('prefill_pred', 'prefill_meas')}  "
-          f"decode {pct('decode_pred', 'decode_meas')}  smi {pct('smi_pred', 'smi_meas')}", flush=True)
+          f"decode {pct('decode_pred', 'decode_meas')}  reserved {pct('reserved_pred', 'reserved_meas')}  "
+          f"smi {pct('smi_pred', 'smi_meas')}", flush=True)
 
 
 def cpu_prefill_peak(model, positions: int, batch: int, seed: int = 0) -> int:
@@ -114,5 +122,10 @@ def repredict(path: Path) -> list[dict]:
         r.update(weights_pred=int(budget.weight_allocation(cfg)), weights_formula=int(budget.weight_bytes(cfg, "bf16")),
                  kv_pred=int(pred["kv"]), peak_pred=int(pred["peak"]), prefill_pred=int(pred["prefill"]),
                  decode_pred=int(pred["decode"]), static_peak_pred=int(spred["peak"]))
+        if "reserved_meas" in r:
+            foot = budget.device_footprint(cfg, r["seq_len"], r["new_tokens"], r["batch"], r.get("non_torch") or 0,
+                                           attention)
+            r.update(reserved_pred=int(foot["reserved"]),
+                     smi_pred=int(foot["total"]) if r.get("non_torch") is not None else None)
     path.write_text(json.dumps(rows, indent=1))
     return rows

@@ -29,20 +29,32 @@ class _Stop(Exception):
     """Raised by the capture hook to stop the forward once block 0's inputs are seen."""
 
 
+def store_device(model, offload: bool | str = "auto") -> torch.device:
+    """Where the calibration set's block inputs wait between blocks: the CPU when ``offload`` (``"auto"``:
+    when the model is on a GPU), else the model's device."""
+    if offload not in (True, False, "auto"):
+        raise ValueError(f"offload must be True, False or 'auto', got {offload!r}")
+    dev = next(model.parameters()).device
+    return torch.device("cpu") if (offload is True or (offload == "auto" and dev.type != "cpu")) else dev
+
+
 @torch.no_grad()
-def capture_block_inputs(model, calib: torch.Tensor, batch_size: int = 8) -> tuple[list, list]:
+def capture_block_inputs(model, calib: torch.Tensor, batch_size: int = 8,
+                         store: torch.device | str | None = None) -> tuple[list, list]:
     """Run the embeddings on ``calib`` [n, seq_len] and capture what block 0 receives.
 
-    Returns ``(hidden, kwargs)``: one hidden-state tensor [b, seq_len, hidden] per calibration batch,
-    and the keyword arguments each batch's block call received (attention mask, rotary
-    ``position_embeddings``, position ids), reused unchanged for every later block.
+    Returns ``(hidden, kwargs)``: one hidden-state tensor [b, seq_len, hidden] per calibration batch
+    (kept on ``store``, default where it was computed), and the keyword arguments each batch's block
+    call received (attention mask, rotary ``position_embeddings``, position ids), reused unchanged
+    for every later block.
     """
     check_calib(model, calib)
     layers = decoder_layers(model)
     hidden, kwargs = [], []
 
     def hook(_mod, args, kw):
-        hidden.append(args[0] if args else kw.pop("hidden_states"))
+        x = args[0] if args else kw.pop("hidden_states")
+        hidden.append(x if store is None else x.to(store))
         kwargs.append({k: v for k, v in kw.items() if k not in ("past_key_values", "use_cache")})
         raise _Stop
 
@@ -67,18 +79,23 @@ def forward_batches(model, ids: torch.Tensor, batch_size: int = 8) -> None:
             pass
 
 
+def block_device(block) -> torch.device:
+    return next(block.parameters()).device
+
+
 @torch.no_grad()
 def run_block(block, hidden: list, kwargs: list) -> list:
-    """The block's outputs for every calibration batch (transformers ≥ 5 returns a tensor)."""
-    outs = []
+    """The block's outputs for every calibration batch (transformers ≥ 5 returns a tensor), each kept
+    where its input was kept (inputs waiting on the CPU travel to the block one batch at a time)."""
+    outs, dev = [], block_device(block)
     for x, kw in zip(hidden, kwargs):
-        y = block(x, use_cache=False, **kw)
-        outs.append(y[0] if isinstance(y, tuple) else y)
+        y = block(x.to(dev), use_cache=False, **kw)
+        outs.append((y[0] if isinstance(y, tuple) else y).to(x.device))
     return outs
 
 
 def sequential(model, calib: torch.Tensor, process_block, desc: str = "blocks", batch_size: int = 8,
-               progress: bool = True, next_inputs: str = "quantized") -> list:
+               progress: bool = True, next_inputs: str = "quantized", offload: bool | str = "auto") -> list:
     """Calibrate block by block: ``process_block(index, block, hidden, kwargs)`` quantizes the block
     in place (it may run the block on ``hidden`` as often as it needs) and returns a record. Returns
     the records.
@@ -86,10 +103,11 @@ def sequential(model, calib: torch.Tensor, process_block, desc: str = "blocks", 
     ``next_inputs`` says what block k+1 is calibrated on: ``"quantized"`` (GPTQ's §4 and the course's
     default: the outputs of block k *after* it was quantized, so each block sees, and corrects for,
     the error made before it) or ``"full_precision"`` (llm-awq's ``run_awq``: the outputs of block k
-    computed before it is changed)."""
+    computed before it is changed). ``offload`` (see :func:`store_device`) keeps the block inputs on
+    the CPU between blocks; ``process_block`` moves each batch to the block (``x.to(block_device(b))``)."""
     if next_inputs not in ("quantized", "full_precision"):
         raise ValueError(f"next_inputs must be 'quantized' or 'full_precision', got {next_inputs!r}")
-    hidden, kwargs = capture_block_inputs(model, calib, batch_size)
+    hidden, kwargs = capture_block_inputs(model, calib, batch_size, store=store_device(model, offload))
     records = []
     for i, block in enumerate(tqdm(decoder_layers(model), desc=desc, disable=not progress)):
         before = run_block(block, hidden, kwargs) if next_inputs == "full_precision" else None
@@ -121,17 +139,28 @@ def capture_inputs(model, module: torch.nn.Module, ids: torch.Tensor, batch_size
 
 
 @torch.no_grad()
+def watch_linears(block, hidden: list, kwargs: list, on_input, names=None) -> None:
+    """Run ``block`` on every calibration batch, calling ``on_input(linear name, input)`` each time one
+    of its linears (those in ``names``, default all) receives an input: statistics can be gathered
+    batch by batch without keeping the inputs."""
+    lins = linears(block)
+    hooks = [lins[n].register_forward_hook(lambda _m, a, _o, n=n: on_input(n, a[0]))
+             for n in (names if names is not None else lins)]
+    try:
+        dev = block_device(block)
+        for x, kw in zip(hidden, kwargs):
+            block(x.to(dev), use_cache=False, **kw)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@torch.no_grad()
 def linear_inputs(block, hidden: list, kwargs: list) -> dict[str, list]:
     """Run ``block`` on every calibration batch and return what each of its linears received:
     ``{linear name: [input per batch]}``."""
     feats: dict[str, list] = {}
-    hooks = [m.register_forward_hook(lambda _m, a, _o, n=n: feats.setdefault(n, []).append(a[0]))
-             for n, m in linears(block).items()]
-    try:
-        run_block(block, hidden, kwargs)
-    finally:
-        for h in hooks:
-            h.remove()
+    watch_linears(block, hidden, kwargs, lambda n, x: feats.setdefault(n, []).append(x))
     return feats
 
 

@@ -21,9 +21,13 @@ class GraphedCalls:
     back to the caller's tensors after each replay. Outputs are returned as fresh copies.
     """
 
-    def __init__(self, fn, mutated: tuple[int, ...] = ()):
+    def __init__(self, fn, mutated: tuple[int, ...] = (), share_pool: bool = True):
         self.fn, self.mutated = fn, tuple(mutated)
         self._graphs: dict = {}
+        # every graph's temporaries in one private memory pool: safe here because replays run one at a
+        # time on one stream and the only memory that outlives a replay (the static inputs and outputs)
+        # is never freed while the object lives; without it each input signature keeps its own pool
+        self.share_pool, self._pool = share_pool, None
 
     def __call__(self, *tensors: torch.Tensor):
         if not all(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors):
@@ -48,8 +52,10 @@ class GraphedCalls:
             self.fn(*[t.clone() for t in ins])
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=self._pool if self.share_pool else None):
             outs = self.fn(*ins)
+        if self.share_pool and self._pool is None:
+            self._pool = graph.pool()
         return graph, ins, tuple(outs)
 
     @property
@@ -60,6 +66,7 @@ class GraphedCalls:
     def close(self) -> None:
         """Free every captured graph and its static buffers."""
         self._graphs.clear()
+        self._pool = None
 
     def __enter__(self):
         return self

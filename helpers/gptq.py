@@ -77,9 +77,10 @@ def quantize_block_static(W1, Hinv1, S1, Z1, spec: QuantSpec):
     return quantize_block(W1, Hinv1, lambda i, _W1: (S1[:, i], Z1[:, i]), spec)
 
 
-def column_loop_graphs(spec: QuantSpec) -> GraphedCalls:
-    """:func:`quantize_block_static` replayed as CUDA graphs (one per block shape); close it after use."""
-    return GraphedCalls(functools.partial(quantize_block_static, spec=spec), mutated=(0,))
+def column_loop_graphs(spec: QuantSpec, share_pool: bool = True) -> GraphedCalls:
+    """:func:`quantize_block_static` replayed as CUDA graphs (one per block shape, their temporaries in
+    one shared memory pool unless ``share_pool=False``); close it after use."""
+    return GraphedCalls(functools.partial(quantize_block_static, spec=spec), mutated=(0,), share_pool=share_pool)
 
 
 class GPTQ:
@@ -91,6 +92,7 @@ class GPTQ:
         self.H = torch.zeros(self.columns, self.columns, device=layer.weight.device, dtype=torch.float32)
         self.nsamples = 0  # tokens seen
 
+    @torch.no_grad()
     def add_batch(self, inp: torch.Tensor) -> None:
         """H ← running mean of 2·x xᵀ over all N tokens seen so far (H = 2/N · Σ XXᵀ)."""
         if inp.shape[-1] != self.columns:
@@ -149,11 +151,13 @@ class GPTQ:
         Hinv = torch.linalg.cholesky(H, upper=True)
         del H
 
-        if static_groups:  # every column's (scale, zero) up front, [rows, columns], in processing order
+        if static_groups:  # every group's (scale, zero) up front, [rows, groups]; gi: each column's group,
+            # in processing order (a block's columns gather theirs: [rows, blocksize], not [rows, columns])
             gi = torch.tensor([c // g for c in (perm.tolist() if perm is not None else range(self.columns))],
                               device=W.device)
-            S_all = torch.stack([s for s, _ in groups], 1)[:, gi]
-            Z_all = torch.stack([z for _, z in groups], 1)[:, gi]
+            S_grp = torch.stack([s for s, _ in groups], 1)
+            Z_grp = torch.stack([z for _, z in groups], 1)
+            del groups
         Q = torch.zeros_like(W)
         Losses = torch.zeros(self.rows, device=W.device)
         current: dict = {}  # the dynamic grid of the group in progress (a group may span blocks)
@@ -163,7 +167,7 @@ class GPTQ:
             # the column loop is many tiny ops: on a CPU one thread beats several (device.cpu_threads)
             with cpu_threads(1) if W.device.type == "cpu" else contextlib.nullcontext():
                 if static_groups:
-                    S1, Z1 = S_all[:, i1:i2], Z_all[:, i1:i2]
+                    S1, Z1 = S_grp[:, gi[i1:i2]], Z_grp[:, gi[i1:i2]]
                     loop = graphs or functools.partial(quantize_block_static, spec=spec)
                     Q1, Err1 = loop(W1, Hinv1, S1, Z1)
                 else:
@@ -197,8 +201,11 @@ def layer_error(W: torch.Tensor, Wq: torch.Tensor, X: torch.Tensor) -> float:
     return ((X.float() @ Wq.float().t() - ref).pow(2).sum() / ref.pow(2).sum()).item()
 
 
+@torch.no_grad()
 def gptq_block(block, hidden: list, kwargs: list, **quant_kw) -> dict:
-    """Quantize every linear of one decoder block with GPTQ: one calibration pass collects ``H`` of
+    """Quantize every linear of one decoder block with GPTQ (autograd off: with it on, ``H += xᵀx``
+    would make ``H`` part of an autograd graph that keeps every batch's inputs alive — 10 GB on a
+    1B model's 128 × 512 calibration tokens, measured on the H200): one calibration pass collects ``H`` of
     each linear (linears reading the same input — q/k/v, gate/up — share one ``H``), then each is
     quantized. Returns ``{linear name: loss}``."""
     lins = C.linears(block)
@@ -218,9 +225,10 @@ def gptq_block(block, hidden: list, kwargs: list, **quant_kw) -> dict:
 
     hooks = [m.register_forward_hook(make_hook(n)) for n, m in lins.items()]
     try:
+        dev = C.block_device(block)
         for x, kw in zip(hidden, kwargs):
             shared.clear()
-            block(x, use_cache=False, **kw)
+            block(x.to(dev), use_cache=False, **kw)
     finally:
         for h in hooks:
             h.remove()
@@ -249,15 +257,18 @@ def gptq_block(block, hidden: list, kwargs: list, **quant_kw) -> dict:
     return out
 
 
+@torch.no_grad()
 def gptq_model(model, calib: torch.Tensor, spec: QuantSpec | None = None, blocksize: int = 128,
                percdamp: float = 0.01, actorder: bool = False, static_groups: bool = False,
-               batch_size: int = 8, progress: bool = True, graphs: bool | None = None, **spec_kw) -> dict:
+               batch_size: int = 8, progress: bool = True, graphs: bool | None = None,
+               offload: bool | str = "auto", **spec_kw) -> dict:
     """GPTQ over a whole decoder, block by block (see :mod:`helpers.calib`), in place.
 
     ``calib`` is [n_samples, seq_len] token ids from the calibration split; ``spec`` (or ``bits=``,
     ``group_size=``, ``symmetric=``) the grid. Embeddings and lm_head are kept, as in the paper.
     ``graphs`` (default: on CUDA with static groups) replays column loops as CUDA graphs, freed at
-    the end. Returns ``{"seconds", "calib_tokens", "losses": {layer: loss}}``.
+    the end. ``offload`` keeps the block inputs on the CPU between blocks (default: when the model is
+    on a GPU; :func:`helpers.calib.store_device`). Returns ``{"seconds", "calib_tokens", "losses": {layer: loss}}``.
     """
     spec = QuantSpec.of(spec, **spec_kw)
     C.check_calib(model, calib)
@@ -268,7 +279,8 @@ def gptq_model(model, calib: torch.Tensor, spec: QuantSpec | None = None, blocks
         kw = dict(spec=spec, blocksize=blocksize, percdamp=percdamp, actorder=actorder,
                   static_groups=static_groups, graphs=replay)
         recs = C.sequential(model, calib, lambda i, b, h, k: gptq_block(b, h, k, **kw),
-                            desc=f"GPTQ {spec.label}", batch_size=batch_size, progress=progress)
+                            desc=f"GPTQ {spec.label}", batch_size=batch_size, progress=progress,
+                            offload=offload)
     losses = {f"model.layers.{i}.{n}": v for i, r in enumerate(recs) for n, v in r.items()}
     return {"seconds": time.perf_counter() - t0, "calib_tokens": C.tokens_of(calib), "losses": losses}
 

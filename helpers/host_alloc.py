@@ -17,6 +17,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
+import contextlib
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -57,19 +59,22 @@ class _PeakMode(TorchDispatchMode):
         return out
 
 
-def peak_bytes(fn, warmup: bool = True) -> dict:
+def peak_bytes(fn, warmup: bool = True, no_grad: bool = True) -> dict:
     """Run ``fn()`` on CPU tensors and return ``{"peak": …, "end": …}``: the largest and the final live
     bytes *over the start* (``max_memory_allocated − memory_allocated`` before, in CUDA terms).
 
     ``warmup`` runs ``fn`` once first, unmeasured, so one-time costs (lazy imports, caches, kernel
-    selection) do not count; the result of the measured call is dropped before returning."""
+    selection) do not count; the result of the measured call is dropped before returning.
+    ``no_grad`` (default) measures ``fn`` with autograd off, as inference runs; ``no_grad=False``
+    leaves the caller's grad mode, so what autograd would keep alive is counted too (a quantizer
+    must not depend on its caller to switch autograd off)."""
     if not callable(fn):
         raise TypeError(f"fn must be a callable (a zero-argument function to measure), got {type(fn).__name__}")
     info = _mallinfo2()
     if warmup:
         fn()
     start = live_bytes(info)
-    with torch.no_grad(), _PeakMode(info) as mode:
+    with torch.no_grad() if no_grad else contextlib.nullcontext(), _PeakMode(info) as mode:
         result = fn()
         end = live_bytes(info)
     del result

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import psutil
 import torch
 
-from .device import memory_cap, nvml_info
+from .device import memory_cap, nvml_info, process_gpu_bytes
 
 GiB = 1024**3
 MiB = 1024**2
@@ -48,6 +48,17 @@ def overhead(device=None) -> dict:
     if "allocated" not in v:
         return {"context": 0, "slack": 0, "note": "no CUDA device: overhead not measurable here"}
     return {"context": v["context_and_others"], "slack": v["reserved"] - v["allocated"]}
+
+
+def non_torch_bytes(device_index: int = 0) -> int | None:
+    """This process's GPU memory outside PyTorch's caching allocator: what NVML reports for the process
+    minus ``memory_reserved`` — the CUDA context, the kernels loaded so far, cuBLAS/cuDNN handles
+    (vLLM's "non-torch memory"). It grows as new kernels load, so measure it after a warm-up that ran
+    the kernels the workload will use. None without a GPU or per-process NVML."""
+    if not torch.cuda.is_available():
+        return None
+    used = process_gpu_bytes(device_index)
+    return None if used is None else used - torch.cuda.memory_reserved(device_index)
 
 
 def fmt_bytes(n: float) -> str:

@@ -4,6 +4,9 @@
 #   bash scripts/h200_16.sh budget [ARCH ...]      # benchmarks/budget_accuracy.py (default: all ten architectures)
 #   bash scripts/h200_16.sh allocator              # benchmarks/allocator_agreement.py --random 40 (both modes)
 #   bash scripts/h200_16.sh quantizers             # benchmarks/quantizers.py: peak and time, Llama-3.2-1B and Qwen2.5-1.5B
+#   bash scripts/h200_16.sh trace                  # benchmarks/alloc_trace.py: one generate's real allocator events
+# .whl: ../shared/tools/gpu-wheels, torchao 0.18.0, and jupytext (the suite's notebook checks import it; the image lacks it):
+#   pip download --no-deps torchao==0.18.0 jupytext==1.19.6 mdit-py-plugins==0.7.0 -d .whl
 # Each part writes under $OUT; a part that runs past the call's limit keeps what it wrote (rows are written as they come).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -20,5 +23,6 @@ case "${1:-suite}" in
             | tee "$OUT/allocator_agreement.log" | tail -8 ;;
   quantizers) python3 benchmarks/quantizers.py --out "$OUT/quantizers.json" --arch Llama-3.2-1B,Qwen2.5-1.5B \
             --bits 4 --group 128 --calib-samples 128 --methods gptq,awq 2>&1 | tee "$OUT/quantizers.log" | tail -12 ;;
+  trace) python3 benchmarks/alloc_trace.py --out "$OUT/alloc_trace.json" 2>&1 | tee "$OUT/alloc_trace.log" | tail -6 ;;
   *) echo "unknown part $1"; exit 2 ;;
 esac

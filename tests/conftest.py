@@ -30,13 +30,13 @@ def text_available():
     return os.environ["COURSE_WIKITEXT"]
 
 
-def make_tiny_llama(layers: int = 2, seed: int = 0, kv_heads: int = 2):
+def make_tiny_llama(layers: int = 2, seed: int = 0, kv_heads: int = 2, intermediate: int = 128):
     """A 2-block Llama (hidden 64, GQA) with random weights: the end-to-end quantizer tests' model."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=intermediate, num_hidden_layers=layers, num_attention_heads=4,
                       num_key_value_heads=kv_heads, vocab_size=128, max_position_embeddings=256)
     return LlamaForCausalLM(cfg).eval()
 

@@ -127,3 +127,65 @@ def test_cast_floats_reaches_nested_tensors_only():
     out = C.cast_floats(kw, torch.bfloat16)
     assert all(t.dtype == torch.bfloat16 for t in out["position_embeddings"])
     assert out["position_ids"].dtype == torch.int64 and out["attention_mask"] is None and out["flag"] is True
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_input_stats_streamed_equal_the_concatenated_inputs(tiny_llama, tiny_calib, batch_size):
+    """Batch by batch, InputStats gathers what the search and the clip read from all inputs at once:
+    mean |x|, XᵀX and the clip search's every (N // 512)-th token."""
+    blk = decoder_layers(tiny_llama)[0]
+    hidden, kw = C.capture_block_inputs(tiny_llama, tiny_calib, batch_size=batch_size)
+    feats = C.linear_inputs(blk, hidden, kw)
+    stats = A.block_input_stats(blk, hidden, kw)
+    for name in ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"):
+        X = torch.cat([x.reshape(-1, x.shape[-1]) for x in feats[name]]).float()
+        st = stats[name]
+        assert st.seen == tiny_calib.numel()
+        assert torch.allclose(st.x_mean, X.abs().mean(0), rtol=1e-5)
+        assert torch.equal(st.tokens, X[:: max(1, len(X) // 512)][:512])
+        if name == "mlp.down_proj":
+            assert torch.allclose(st.G, X.t() @ X, rtol=1e-4, atol=1e-4)
+    assert stats["self_attn.v_proj"] is stats["self_attn.q_proj"] and stats["mlp.up_proj"] is stats["mlp.gate_proj"]
+    assert stats["mlp.down_proj"].xs == [] and len(stats["mlp.gate_proj"].xs) == len(hidden)
+
+
+def test_input_stats_samples_like_the_clip_search_over_many_batches():
+    """More tokens than the clip search reads: the sampled tokens are the concatenation's
+    ``[::N // 512][:512]``, wherever the batch borders fall."""
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(b, 37, 8, generator=g) for b in (3, 5, 2, 7)]      # 629 tokens: stride 1, first 512
+    st = A.InputStats.of(xs)
+    X = torch.cat([x.reshape(-1, 8) for x in xs])
+    assert torch.equal(st.tokens, X[::1][:512])
+    xs = [torch.randn(9, 131, 8, generator=g) for _ in range(3)]         # 3537 tokens: stride 6
+    assert torch.equal(A.InputStats.of(xs).tokens, torch.cat([x.reshape(-1, 8) for x in xs])[::6][:512])
+
+
+def test_search_scale_names_what_a_mapping_needs(tiny_llama):
+    blk = decoder_layers(tiny_llama)[0]
+    down = next(m for m in A.mappings(blk) if m["inspect"] == "down")
+    attn = next(m for m in A.mappings(blk) if m["inspect"] == "attn")
+    with pytest.raises(ValueError, match="gram=True"):
+        A.search_scale(blk, down, A.InputStats(10), [{}], QuantSpec(4, 32))
+    with pytest.raises(ValueError, match="keep=True"):
+        A.search_scale(blk, attn, A.InputStats(10), [{}], QuantSpec(4, 32))
+    with pytest.raises(ValueError, match="no calibration inputs"):
+        A.search_scale(blk, down, A.InputStats(10, gram=True), [{}], QuantSpec(4, 32))
+    with pytest.raises(ValueError, match="total_tokens"):
+        A.InputStats(0)
+
+
+def test_awq_block_holds_less_than_every_linear_input(tiny_llama_factory):
+    """The statistics are gathered batch by batch: AWQ on a block whose MLP is wide holds less, at its
+    peak, than the inputs of all its linears (what it held before), measured with the CPU allocation
+    tracker."""
+    from helpers import host_alloc
+    model = tiny_llama_factory(intermediate=1024)
+    calib = torch.randint(0, 128, (64, 128), generator=torch.Generator().manual_seed(2))
+    blk = decoder_layers(model)[0]
+    hidden, kw = C.capture_block_inputs(model, calib, batch_size=4)
+    every = sum(x.numel() * x.element_size() for n, xs in C.linear_inputs(blk, hidden, kw).items()
+                if n in ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj") for x in xs)
+    peak = host_alloc.peak_bytes(lambda: A.awq_block(blk, hidden, kw, QuantSpec(4, 32), n_grid=4),
+                                 warmup=False, no_grad=False)["peak"]     # autograd left on, as a caller may
+    assert peak < 0.7 * every, (peak, every)      # measured here: 0.53

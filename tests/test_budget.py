@@ -222,3 +222,41 @@ def test_sliding_window_past_the_window_is_flat():
     cfg = MistralConfig()  # transformers' default: sliding_window=4096, 32 layers, 8 KV heads of 128
     assert B.kv_bytes(cfg, 8192, 2) == B.kv_bytes(cfg, 4095, 2) == 2 * 32 * 8 * 128 * 4095 * 2 * 2
     assert B.layer_windows(cfg) == [4096] * 32
+
+
+def test_generation_ops_by_hand():
+    """The op sequence of a generate: weights, the prefill layer by layer (transients freed, K and V
+    kept), then one torch.cat per layer, K and V, and decode step; what stays allocated at the end is
+    the weights and the final KV cache."""
+    from helpers.allocator_sim import simulate
+    c = models.architecture_config("SmolLM2-135M")
+    for attention in ("sdpa", "eager"):
+        ops = B.generation_ops(c, 256, 5, 2, attention)
+        w = len(B.weight_ops(c))
+        cats = [op for op in ops[w:] if op[0] == "alloc" and op[1].startswith(("K", "V"))]
+        assert len(cats) == c.num_hidden_layers * 2 * 5            # prefill + 4 fed-back tokens
+        end = simulate(ops)
+        kv = B.kv_bytes(c, 256 + 4, 2)
+        assert end["allocated"] == pytest.approx(B.weight_allocation(c) + kv, rel=1e-3)
+        assert end["reserved"] >= end["allocated"]
+    sdpa, eager = (B.device_footprint(c, 2048, 8, 4, 700 * 2**20, a) for a in ("sdpa", "eager"))
+    assert eager["reserved"] > sdpa["reserved"] and sdpa["total"] == sdpa["reserved"] + 700 * 2**20
+
+
+def test_eager_ops_follow_the_score_copies():
+    """Eager attention's score-sized blocks, in order: q·kᵀ, ×scaling (q·kᵀ freed), +mask, fp32 copy,
+    fp32 softmax, weights in the model dtype — 2, 2, 2, 4, 4, 2 bytes per score (bf16)."""
+    c = models.architecture_config("SmolLM2-135M")
+    ops = B.generation_ops(c, 128, 1, 1, "eager")
+    S = 9 * 128 * 128
+    sizes = [op[2] // S for op in ops if op[0] == "alloc" and op[1].endswith("0")
+             and op[1][:-1] in ("qk", "scaled", "masked", "fp32", "softmax", "weights")]
+    assert sizes == [2, 2, 2, 4, 4, 2]
+
+
+def test_device_footprint_bad_input():
+    c = models.architecture_config("SmolLM2-135M")
+    with pytest.raises(ValueError, match="non_torch_bytes"):
+        B.device_footprint(c, 128, 4, 1, -1)
+    with pytest.raises(ValueError, match="attention"):
+        B.device_footprint(c, 128, 4, 1, 0, "flash")

@@ -1,0 +1,56 @@
+"""Where our GPTQ's GPU peak goes: the column loop eager, as CUDA graphs each with its own memory pool,
+and as CUDA graphs sharing one pool (the default), on one architecture (random weights, 128 × 512
+calibration tokens, W4 g128, static groups as llm-compressor).
+
+    python benchmarks/gptq_memory.py --arch Llama-3.2-1B --out results/h200/gptq_memory.json
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from helpers import gptq as G  # noqa: E402
+from helpers import models  # noqa: E402
+from helpers.qspec import QuantSpec  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", default="Llama-3.2-1B")
+    ap.add_argument("--samples", type=int, default=128)
+    ap.add_argument("--out", default="results/h200/gptq_memory.json")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("gptq_memory needs a CUDA device")
+    base = models.model_from_config(args.arch, device="cuda", dtype=torch.bfloat16)
+    calib = torch.randint(3, base.config.vocab_size - 1, (args.samples, 512), generator=torch.Generator().manual_seed(0))
+    rows, original = [], G.column_loop_graphs
+    for name, graphs, share in (("graphs, shared pool", True, True), ("graphs, a pool per shape", True, False),
+                                ("eager column loop", False, True)):
+        G.column_loop_graphs = functools.partial(original, share_pool=share)
+        m = copy.deepcopy(base)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        G.gptq_model(m, calib, QuantSpec(4, 128), static_groups=True, actorder=True, progress=False, graphs=graphs)
+        torch.cuda.synchronize()
+        rows.append({"arch": args.arch, "column_loop": name, "seconds": round(time.perf_counter() - t0, 2),
+                     "peak_bytes": torch.cuda.max_memory_allocated() - before, "calib_tokens": calib.numel()})
+        print(rows[-1], flush=True)
+        del m
+        torch.cuda.empty_cache()
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    G.column_loop_graphs = original
+
+
+if __name__ == "__main__":
+    main()
