@@ -426,15 +426,15 @@ def generation_ops(config, prompt_len: int, new_tokens: int, batch: int = 1, att
     sizes come from :func:`activation_bytes` and :func:`kv_bytes`; what the simulator adds is the
     *order*, hence which blocks the caching allocator can reuse and which make it reserve more."""
     s = Shape.from_config(config)
-    b = dtype_bytes(dtype)
-    act = activation_bytes(config, prompt_len, batch, attention=attention)
+    b = int(dtype_bytes(dtype))
+    act = activation_bytes(config, prompt_len, batch, act_dtype=dtype, attention=attention)
     pos0 = kv_positions(config, prompt_len)
-    per_pos = kv_bytes(config, prompt_len, batch) / sum(pos0) / 2          # K (or V) bytes per position
+    per_pos = kv_bytes(config, prompt_len, batch, kv_dtype=dtype) / sum(pos0) / 2   # K (or V) bytes per position
     ops = weight_ops(config, dtype) + [["alloc", "residual", int(act["residual"])]]
     S = batch * s.heads * prompt_len**2                                    # eager's score elements
     for l in range(s.layers):
         if attention == "eager":
-            rest = int(act["attention"] - S * eager_score_bytes("bf16"))
+            rest = int(act["attention"] - S * eager_score_bytes(dtype))
             ops += [["alloc", f"qkv{l}", rest],
                     ["alloc", f"qk{l}", S * b], ["alloc", f"scaled{l}", S * b], ["free", f"qk{l}"],
                     ["alloc", f"masked{l}", S * b], ["free", f"scaled{l}"],
