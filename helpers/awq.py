@@ -153,7 +153,7 @@ class InputStats:
         self.seen += len(flat)
 
     @classmethod
-    def of(cls, xs: list, gram: bool = False) -> "InputStats":
+    def of(cls, xs: list, gram: bool = False) -> InputStats:
         """The statistics of inputs already captured (``xs``: one tensor per batch), kept."""
         st = cls(sum(x.numel() // x.shape[-1] for x in xs), keep=True, gram=gram)
         for x in xs:

@@ -14,10 +14,9 @@ Used to check the budget's activation formulas in CI without a GPU (tests/test_b
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
-
-import contextlib
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
