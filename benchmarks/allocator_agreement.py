@@ -6,6 +6,7 @@ failing op, reserved and allocated bytes are the same. Target (issue 16): 100 % 
 ≥ 95 % of expandable-mode sequences.
 
     python benchmarks/allocator_agreement.py [--random 40] [--out results/h200/allocator_agreement.json]
+    python benchmarks/allocator_agreement.py --resimulate   # no GPU: the sim columns of a recorded run
 """
 from __future__ import annotations
 
@@ -49,16 +50,38 @@ def agrees(r: dict) -> bool:
 def compare(name, ops, cap, exp) -> dict:
     """One sequence on the real allocator (a fresh process) and in the simulator."""
     real = A.run_real(ops, cap, exp)
-    sim = A.simulate(ops, cap, exp)
     row = {"sequence": name, "mode": "expandable" if exp else "default", "cap": cap, "expandable": exp,
-           "real_oom": real["oom"], "sim_oom": sim["oom"],
-           "real_failed_at": real["failed_at"], "sim_failed_at": sim["failed_at"],
-           "real_reserved": real["reserved"], "sim_reserved": sim["reserved"],
-           "real_allocated": real["allocated"], "sim_allocated": sim["allocated"],
-           "real_segments": [s["total_size"] for s in real["snapshot"]],
-           "sim_segments": [s["total_size"] for s in sim["snapshot"]]}
+           "real_oom": real["oom"], "real_failed_at": real["failed_at"], "real_reserved": real["reserved"],
+           "real_allocated": real["allocated"], "real_segments": [s["total_size"] for s in real["snapshot"]]}
+    return simulated(row, ops)
+
+
+def simulated(row: dict, ops: list) -> dict:
+    """``row`` with the simulator's side (re)computed for its sequence: ``sim_*`` keys and ``agree``."""
+    sim = A.simulate(ops, row["cap"], row["expandable"])
+    row.update(sim_oom=sim["oom"], sim_failed_at=sim["failed_at"], sim_reserved=sim["reserved"],
+               sim_allocated=sim["allocated"], sim_segments=[s["total_size"] for s in sim["snapshot"]])
     row["agree"] = agrees(row)
     return row
+
+
+def resimulate(path: Path, n_random: int) -> list:
+    """Recompute the simulator's columns of a recorded run (no GPU): the real columns are measurements
+    and stay; the sim columns follow the current simulator."""
+    todo = {**sequences(), **random_sequences(n_random)}
+    rows = json.loads(path.read_text())
+    for r in rows:
+        if r["sequence"] not in todo:
+            raise SystemExit(f"{path}: sequence {r['sequence']!r} is not one this script generates "
+                             f"(with --random {n_random}); pass the --random the run used")
+        simulated(r, todo[r["sequence"]][0])
+    return rows
+
+
+def report(rows: list) -> None:
+    for mode in ("default", "expandable"):
+        mine = [r for r in rows if r["mode"] == mode]
+        print(f"{mode}: {sum(r['agree'] for r in mine)}/{len(mine)} sequences agree", flush=True)
 
 
 def main():
@@ -67,7 +90,15 @@ def main():
     ap.add_argument("--random", type=int, default=40, help="seeded random sequences per mode")
     ap.add_argument("--workers", type=int, default=8,
                     help="sequences replayed at once, each in its own process (each has its own allocator and cap)")
+    ap.add_argument("--resimulate", action="store_true",
+                    help="no GPU: recompute the simulator's columns of --out from its recorded real runs")
     args = ap.parse_args()
+    if args.resimulate:
+        rows = resimulate(Path(args.out), args.random)
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+        report(rows)
+        print("re-simulated", args.out)
+        return
     if not torch.cuda.is_available():
         sys.exit("allocator_agreement needs a CUDA device")
     todo = {**sequences(), **random_sequences(args.random)}
@@ -83,9 +114,7 @@ def main():
             print({k: v for k, v in r.items() if not k.endswith("segments")}, flush=True)
             out.write_text(json.dumps([rows[n] for n in todo if n in rows], indent=1))   # kept if cut off
     rows = [rows[n] for n in todo]
-    for mode in ("default", "expandable"):
-        mine = [r for r in rows if r["mode"] == mode]
-        print(f"{mode}: {sum(r['agree'] for r in mine)}/{len(mine)} sequences agree", flush=True)
+    report(rows)
     print("wrote", out)
 
 

@@ -16,10 +16,14 @@ The policy (c10/cuda/CUDACachingAllocator.cpp, default settings):
   *wholly free* segment and retries, then raises OOM;
 * ``empty_cache()`` releases wholly free segments only — a segment with one live block stays.
 
-``expandable_segments:True`` maps physical pages (20 MiB in the large pool) into one growing
-virtual segment per pool;
-on pressure, free pages in its holes are unmapped and the segment grows at its end, so holes stop
-costing memory. :class:`CachingAllocatorSim` models it at page granularity (``expandable=True``).
+``expandable_segments:True`` reserves one large virtual segment per pool and maps physical pages
+into it (20 MiB pages in the large pool, 2 MiB in the small one) as they are needed: a request that no
+free mapped block holds maps pages at the *lowest* address where free and unmapped space add up to it
+(at first the end, later the holes); the cap is checked against mapped bytes + the request's
+allocation size; on pressure (or ``empty_cache``) every whole free page is unmapped, so holes stop
+costing memory. :class:`CachingAllocatorSim` models it block by block (``expandable=True``), after
+``find_expandable_block``, ``try_allocate_expandable_block``, ``map_block`` and ``unmap_block`` in
+c10/cuda/CUDACachingAllocator.cpp.
 
 :func:`run_real` replays the same op sequence on a real GPU, in a fresh subprocess so the allocator
 starts empty and ``PYTORCH_CUDA_ALLOC_CONF`` can be set before CUDA initialises.
@@ -43,7 +47,8 @@ K_SMALL_BUFFER = 2 * MB
 K_LARGE_BUFFER = 20 * MB
 K_MIN_LARGE_ALLOC = 10 * MB
 K_ROUND_LARGE = 2 * MB
-PAGE = 20 * MB          # expandable segments map the large pool in kLargeBuffer-sized pages
+PAGE = 20 * MB          # expandable segments map the large pool in kLargeBuffer-sized pages (small: 2 MiB)
+VIRTUAL_BYTES = 2**40   # address space of one expandable segment (real: 1 1/8 × the card; never the limit here)
 
 
 class SimOutOfMemory(RuntimeError):
@@ -72,6 +77,7 @@ class Block:
     size: int
     free: bool = True
     name: str | None = None
+    mapped: bool = True            # expandable segments: is this address range backed by pages?
 
 
 @dataclass
@@ -79,12 +85,19 @@ class Segment:
     pool: str                      # "small" | "large"
     size: int
     blocks: list = field(default_factory=list)
-    expandable: bool = False
-    unmapped: set = field(default_factory=set)   # expandable: indices of PAGE-sized pages not backed by memory
+    page: int = 0                  # expandable: the page size it maps (2 MiB small, 20 MiB large); 0: a cudaMalloc
+
+    @property
+    def expandable(self) -> bool:
+        return self.page > 0
 
     @property
     def wholly_free(self) -> bool:
         return all(b.free for b in self.blocks)
+
+    @property
+    def mapped_bytes(self) -> int:
+        return sum(b.size for b in self.blocks if b.mapped) if self.page else self.size
 
 
 class CachingAllocatorSim:
@@ -109,8 +122,8 @@ class CachingAllocatorSim:
 
     @property
     def reserved(self) -> int:
-        """Bytes held from the driver: segment sizes, less the unmapped pages of expandable segments."""
-        return sum(s.size - PAGE * len(s.unmapped) for s in self.segments)
+        """Bytes held from the driver: cudaMalloc'd segments, and the mapped pages of expandable ones."""
+        return sum(s.mapped_bytes for s in self.segments)
 
     # ---------------------------------------------------------------- policy
     def _pool(self, size: int) -> str:
@@ -169,8 +182,8 @@ class CachingAllocatorSim:
                              "(PyTorch's allocator is not called for an empty tensor)")
         size = round_size(size)
         pool = self._pool(size)
-        if self.expandable and pool == "large":
-            return self._malloc_expandable(size, name)
+        if self.expandable:
+            return self._malloc_expandable(size, name, pool)
         found = self._best_fit(size, pool)
         if found is None:
             seg = self._new_segment(size, pool)
@@ -183,99 +196,162 @@ class CachingAllocatorSim:
             found = (seg, seg.blocks[0])
         self._take(*found, size, name, pool)
 
-    def _malloc_expandable(self, size: int, name: str) -> None:
-        """Large pool as one growing segment mapped in ``PAGE``s. A request takes the best-fitting free
-        block (growing the segment at its end when none fits); the pages its bytes touch must be mapped
-        — pages of a hole that were unmapped are mapped again, only those the request covers. When the
-        cap would be passed, whole free pages inside holes are unmapped first (``release_cached``)."""
-        seg = next((s for s in self.segments if s.pool == "large" and s.expandable), None)
+    # ---------------------------------------------------------------- expandable segments
+    def _malloc_expandable(self, size: int, name: str, pool: str) -> None:
+        """``malloc`` under ``expandable_segments``: each pool is one virtual segment, mapped in pages
+        (20 MiB large, 2 MiB small). (1) ``get_free_block``: the best-fitting free *mapped* block;
+        (2) else ``alloc_block``: refused if mapped bytes + the request's allocation size
+        (:func:`segment_size`) pass the cap, otherwise the lowest-address run of free and unmapped
+        blocks that can hold it gets just enough pages mapped; (3) else ``release_cached_blocks``
+        (every free page unmapped) and ``alloc_block`` once more; (4) else OOM."""
+        seg = self._expandable_segment(pool)
+        blk = self._free_mapped_fit(seg, size)
+        if blk is None:
+            blk = self._alloc_expandable(seg, size)
+        if blk is None:
+            self.empty_cache()
+            blk = self._alloc_expandable(seg, size)
+        if blk is None:
+            raise SimOutOfMemory(f"cannot map {segment_size(size)} B more: reserved {self.reserved}, cap {self.cap}")
+        self._take(seg, blk, size, name, pool)
+
+    def _expandable_segment(self, pool: str) -> Segment:
+        seg = next((s for s in self.segments if s.pool == pool and s.expandable), None)
         if seg is None:
-            seg = Segment("large", 0, [], expandable=True)
+            page = K_SMALL_BUFFER if pool == "small" else K_LARGE_BUFFER
+            va = page * (VIRTUAL_BYTES // page)
+            seg = Segment(pool, va, [Block(0, va, True, mapped=False)], page=page)
             self.segments.append(seg)
-        found = self._best_fit(size, "large")
-        if found is None:   # grow: the free tail (if any) plus new pages at the end
-            tail = seg.blocks[-1] if seg.blocks and seg.blocks[-1].free else None
-            grow = size - (tail.size if tail else 0)
-            grow = PAGE * ((grow + PAGE - 1) // PAGE)
-            if tail is None:
-                tail = Block(seg.size, 0, True)
-                seg.blocks.append(tail)
-            new_pages = set(range(seg.size // PAGE, (seg.size + grow) // PAGE))
-            seg.unmapped |= new_pages          # added to the address space, mapped below as needed
-            tail.size += grow
-            seg.size += grow
-            found = (seg, tail)
-        blk = found[1]
-        need = self._pages(blk.offset, size) & seg.unmapped
-        if self.cap is not None and self.reserved + PAGE * len(need) > self.cap:
-            self._unmap_holes(seg)
-            need = self._pages(blk.offset, size) & seg.unmapped
-        if self.cap is not None and self.reserved + PAGE * len(need) > self.cap:
-            self._trim_tail(seg)
-            raise SimOutOfMemory(f"cannot map {PAGE * len(need)} B more: reserved {self.reserved}, cap {self.cap}")
-        seg.unmapped -= need
+        return seg
+
+    @staticmethod
+    def _free_mapped_fit(seg: Segment, size: int) -> Block | None:
+        """``get_free_block``: the smallest free mapped block that holds ``size`` (ties: lowest address);
+        then, walking up in size, move on while the next block's *expandable size* (its size plus an
+        unmapped neighbour after it) is smaller — so a block that could grow is kept for later."""
+        fits = sorted((b for b in seg.blocks if b.free and b.mapped and b.size >= size),
+                      key=lambda b: (b.size, b.offset))
+        if not fits:
+            return None
+
+        def expandable_size(b: Block) -> int:
+            i = seg.blocks.index(b)
+            nxt = seg.blocks[i + 1] if i + 1 < len(seg.blocks) else None
+            return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
+
+        k = 0
+        while k + 1 < len(fits) and expandable_size(fits[k + 1]) < expandable_size(fits[k]):
+            k += 1
+        return fits[k]
+
+    def _alloc_expandable(self, seg: Segment, size: int) -> Block | None:
+        """``alloc_block`` + ``try_allocate_expandable_block`` (see :meth:`_malloc_expandable`)."""
+        if self.cap is not None and self.reserved + segment_size(size) > self.cap:
+            return None
+        blk = self._lowest_room(seg, size)
+        if blk is None:
+            return None
+        if not blk.mapped:
+            blk = self._map(seg, blk, min(blk.size, size))
+        while blk.size < size:                       # free mapped -> unmapped: map what is missing
+            nxt = seg.blocks[seg.blocks.index(blk) + 1]
+            blk = self._map(seg, nxt, min(size - blk.size, nxt.size))
+        return blk
+
+    @staticmethod
+    def _lowest_room(seg: Segment, size: int) -> Block | None:
+        """``find_expandable_block``: the lowest-address unmapped block (or the free mapped block just
+        before it) from which consecutive free and unmapped blocks add up to ``size``."""
+        for i, b in enumerate(seg.blocks):
+            if b.mapped:
+                continue
+            start = i - 1 if i > 0 and seg.blocks[i - 1].free else i
+            room = 0
+            for c in seg.blocks[start:]:
+                if not c.free or room >= size:
+                    break
+                room += c.size
+            if room >= size:
+                return seg.blocks[start]
+        return None
+
+    def _map(self, seg: Segment, blk: Block, size: int) -> Block:
+        """Map the pages covering the first ``size`` bytes of the unmapped ``blk``; the rest stays
+        unmapped. The mapped part merges with free mapped neighbours."""
+        n = seg.page * ((size + seg.page - 1) // seg.page)
+        if n < blk.size:
+            seg.blocks.insert(seg.blocks.index(blk) + 1, Block(blk.offset + n, blk.size - n, True, mapped=False))
+            blk.size = n
+        blk.mapped = True
+        blk = self._merge(seg, blk)
         self.peak_reserved = max(self.peak_reserved, self.reserved)
-        self._take(*found, size, name, "large")
+        return blk
 
     @staticmethod
-    def _pages(offset: int, size: int) -> set:
-        """Indices of the pages that the bytes ``[offset, offset + size)`` touch."""
-        return set(range(offset // PAGE, (offset + size + PAGE - 1) // PAGE))
+    def _unmap(seg: Segment, blk: Block) -> None:
+        """Unmap the whole pages inside the free mapped ``blk``; the slivers before and after stay mapped."""
+        begin = seg.page * ((blk.offset + seg.page - 1) // seg.page)
+        end = seg.page * ((blk.offset + blk.size) // seg.page)
+        if begin >= end:
+            return
+        i = seg.blocks.index(blk)
+        pieces = [Block(blk.offset, begin - blk.offset, True)] if begin > blk.offset else []
+        hole = Block(begin, end - begin, True, mapped=False)
+        pieces.append(hole)
+        if blk.offset + blk.size > end:
+            pieces.append(Block(end, blk.offset + blk.size - end, True))
+        seg.blocks[i:i + 1] = pieces
+        CachingAllocatorSim._merge(seg, hole)
 
     @staticmethod
-    def _trim_tail(seg: Segment) -> None:
-        """After a failed growth: drop the unmapped pages added at the end (the address space is
-        reserved virtually; nothing stays mapped)."""
-        while seg.blocks and seg.blocks[-1].free:
-            tail = seg.blocks[-1]
-            last = seg.size // PAGE - 1
-            if last < 0 or last not in seg.unmapped or tail.size < PAGE or (seg.size - PAGE) < tail.offset:
-                break
-            seg.unmapped.discard(last)
-            seg.size -= PAGE
-            tail.size -= PAGE
-            if tail.size == 0:
-                seg.blocks.pop()
+    def _merge(seg: Segment, blk: Block) -> Block:
+        """Coalesce the free ``blk`` with free neighbours in the same state (mapped or not)."""
+        i = seg.blocks.index(blk)
+        if i + 1 < len(seg.blocks) and seg.blocks[i + 1].free and seg.blocks[i + 1].mapped == blk.mapped:
+            blk.size += seg.blocks.pop(i + 1).size
+        if i > 0 and seg.blocks[i - 1].free and seg.blocks[i - 1].mapped == blk.mapped:
+            prev = seg.blocks[i - 1]
+            prev.size += blk.size
+            seg.blocks.pop(i)
+            blk = prev
+        return blk
 
-    def _unmap_holes(self, seg: Segment) -> None:
-        """Unmap whole free pages inside holes: the hole stays in the address space, costs nothing."""
-        for blk in seg.blocks:
-            if blk.free and blk.size:
-                first = (blk.offset + PAGE - 1) // PAGE
-                last = (blk.offset + blk.size) // PAGE
-                seg.unmapped |= set(range(first, last))
-
+    # ---------------------------------------------------------------- free, empty_cache, snapshot
     def free(self, name: str) -> None:
         """Free a named allocation; the block coalesces with free neighbours in its segment."""
         if name not in self.live:
             raise KeyError(f"{name!r} is not allocated")
         seg, blk = self.live.pop(name)
         blk.free, blk.name = True, None
-        i = seg.blocks.index(blk)
-        if i + 1 < len(seg.blocks) and seg.blocks[i + 1].free:
-            nxt = seg.blocks.pop(i + 1)
-            blk.size += nxt.size
-        if i > 0 and seg.blocks[i - 1].free:
-            prev = seg.blocks[i - 1]
-            prev.size += blk.size
-            seg.blocks.pop(i)
+        self._merge(seg, blk)
 
     def empty_cache(self) -> None:
-        """Release every wholly free segment back to the driver (nothing else)."""
-        keep = []
+        """``release_cached_blocks``: wholly free cudaMalloc'd segments go back to the driver, and every
+        whole free page of an expandable segment is unmapped. Nothing that holds a live block moves."""
+        self.segments = [s for s in self.segments if s.expandable or not s.wholly_free]
         for s in self.segments:
-            if s.wholly_free and not s.expandable:
-                continue
-            if s.expandable and s.blocks:
-                self._unmap_holes(s)
-            keep.append(s)
-        self.segments = keep
+            if s.expandable:
+                for b in [b for b in s.blocks if b.free and b.mapped]:
+                    self._unmap(s, b)
 
     def snapshot(self) -> list[dict]:
-        """Segments and blocks in the shape of ``torch.cuda.memory_snapshot()`` (for the same plot)."""
-        return [{"segment_type": s.pool, "total_size": s.size,
-                 "blocks": [{"size": b.size, "state": "inactive" if b.free else "active_allocated"}
-                            for b in s.blocks]} for s in self.segments]
+        """Segments and blocks in the shape of ``torch.cuda.memory_snapshot()`` (for the same plot); an
+        expandable segment shows, like the real snapshot, one segment per run of mapped pages."""
+        out = []
+        for s in self.segments:
+            runs = [s.blocks]
+            if s.expandable:
+                runs = []
+                for prev, b in zip([None] + s.blocks[:-1], s.blocks):
+                    if b.mapped and prev is not None and prev.mapped:
+                        runs[-1].append(b)
+                    elif b.mapped:
+                        runs.append([b])
+            for run in runs:
+                out.append({"segment_type": s.pool, "total_size": sum(b.size for b in run),
+                            "blocks": [{"size": b.size, "state": "inactive" if b.free else "active_allocated"}
+                                       for b in run]})
+        return out
 
 
 # ------------------------------------------------------------------ op sequences (sim and real)

@@ -228,6 +228,31 @@ def kv_positions(config, tokens: int, cache: str = "dynamic") -> list[int]:
     return [tokens if w is None else min(tokens, keep(w)) for w in layer_windows(config)]
 
 
+def kv_storage_positions(config, prompt_len: int, steps: int = 0) -> list[int]:
+    """Positions each layer's K (or V) *storage* holds in transformers' ``DynamicCache`` after the
+    prefill of ``prompt_len`` tokens and ``steps`` one-token decode steps. A sliding layer keeps its
+    last ``window − 1`` positions as a **view** of the tensor ``torch.cat`` just made
+    (``full[:, :, -window + 1:, :]``, ``DynamicSlidingWindowLayer.update``), so after the prefill the
+    whole prompt's storage stays alive; each decode step's ``torch.cat`` makes a new tensor of
+    ``min(prompt_len + steps, window)`` positions and lets the old one go. Full-attention layers hold
+    every position. (:func:`kv_positions` is what the cache *exposes*; this is what it *occupies*.)"""
+    _check_positive(prompt_len=prompt_len)
+    if not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be an int ≥ 0 (decode steps after the prefill), got {steps!r}")
+    return [prompt_len + steps if w is None or steps == 0 else min(prompt_len + steps, w)
+            for w in layer_windows(config)]
+
+
+def kv_position_bytes(config, kv_dtype="bf16") -> float:
+    """Bytes of one position's K and V in one layer for batch 1 (16-bit or fp32 plain formats):
+    ``2 · kv_heads · head_dim · b``, or ``(kv_lora_rank + qk_rope_head_dim) · b`` with multi-head
+    latent attention (DeepSeek-V2, arXiv:2405.04434 §2.1.2)."""
+    s = Shape.from_config(config)
+    fam = FAMILIES.get(getattr(config, "model_type", ""), {})
+    per_position = config.kv_lora_rank + config.qk_rope_head_dim if fam.get("mla") else 2 * s.kv_heads * s.head_dim
+    return per_position * dtype_bytes(kv_dtype)
+
+
 def kv_bytes(config, seq_len: int, batch: int = 1, kv_dtype="bf16", group_size: int = 64,
              residual_tokens: int = 0, residual_dtype="bf16", cache: str = "dynamic") -> float:
     """KV cache bytes, as the caches really store them (transformers' for the plain formats, the
@@ -246,7 +271,6 @@ def kv_bytes(config, seq_len: int, batch: int = 1, kv_dtype="bf16", group_size: 
     The course's fp8 and int4 layers keep every position (they do not evict outside a window)."""
     _check_positive(seq_len=seq_len, batch=batch)
     s = Shape.from_config(config)
-    fam = FAMILIES.get(getattr(config, "model_type", ""), {})
     heads = 2 * s.layers * s.kv_heads
     if kv_dtype == "int4":
         if not isinstance(residual_tokens, int) or not 0 <= residual_tokens <= seq_len:
@@ -257,11 +281,7 @@ def kv_bytes(config, seq_len: int, batch: int = 1, kv_dtype="bf16", group_size: 
         return heads * batch * (quantized * per_token + residual_tokens * s.head_dim * dtype_bytes(residual_dtype))
     if kv_dtype == "fp8":
         return heads * s.head_dim * seq_len * batch * dtype_bytes("fp8") + heads * 4
-    if fam.get("mla"):
-        per_position = config.kv_lora_rank + config.qk_rope_head_dim
-    else:
-        per_position = 2 * s.kv_heads * s.head_dim
-    return sum(kv_positions(config, seq_len, cache)) * per_position * batch * dtype_bytes(kv_dtype)
+    return sum(kv_positions(config, seq_len, cache)) * kv_position_bytes(config, kv_dtype) * batch
 
 
 def int4_residual_tokens(decode_steps: int, residual_length: int = 16) -> int:
@@ -390,11 +410,15 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
                     kv_dtype="bf16", cache: str = "dynamic", attention: str = "sdpa", device: str = "cuda") -> dict:
     """Predicted peak memory *over the weights* during ``generate`` (prefill, then decode).
 
-    prefill: KV of the prompt + the prefill activations; decode ends with the KV of
+    prefill: the KV storage of the prompt + the prefill activations; decode ends with the KV of
     ``prompt_len + new_tokens − 1`` positions (the last generated token is never fed back) plus one
     layer's K being re-allocated by ``torch.cat`` (dynamic cache), the last-token logits, and the
     previous step's fp32 logits ``batch·vocab·4`` that generate's loop still holds while the next
-    forward runs. A static cache allocates ``prompt_len + new_tokens`` positions up front.
+    forward runs. With sliding-window layers the dynamic cache's *storage* is the whole prompt until
+    the first decode step copies the window out (:func:`kv_storage_positions`): the prefill and the
+    first decode step hold the unwindowed prompt KV, later steps only the windows. A static cache
+    allocates ``prompt_len + new_tokens`` positions up front. ``kv`` is what the cache exposes
+    (:func:`kv_bytes`).
     ``attention`` (``"sdpa"`` or ``"eager"``) is the model's ``attn_implementation``: eager's scores
     dominate the prefill (:func:`activation_bytes`); a decode step's ``batch·heads·positions`` scores
     are small next to the KV cache and are not counted.
@@ -406,12 +430,22 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     total = prompt_len + new_tokens - (1 if cache == "dynamic" else 0)
     kv_full = kv_bytes(config, total, batch, kv_dtype, cache=cache)
     act = activation_bytes(config, prompt_len, batch, act_dtype, attention, device=device)
-    kv_prompt = kv_full if cache == "static" else kv_bytes(config, prompt_len, batch, kv_dtype)
-    prefill = kv_prompt + act["peak"]
-    layer_kv = kv_full / s.layers / 2
     carried = batch * s.vocab * 4  # the previous step's fp32 next-token logits, alive in generate's loop
-    decode = (kv_full + (layer_kv if cache == "dynamic" else 0) + carried
-              + activation_bytes(config, 1, batch, act_dtype)["peak"])
+    step = carried + activation_bytes(config, 1, batch, act_dtype)["peak"]
+    if cache == "static":
+        prefill, decode = kv_full + act["peak"], kv_full + step
+    else:
+        plain = kv_dtype in ("bf16", "fp16", "fp32") or isinstance(kv_dtype, torch.dtype)
+        if plain:     # bytes of the storage, which a sliding layer's view keeps whole after the prefill
+            per = kv_position_bytes(config, kv_dtype) * batch
+            held = lambda steps: sum(kv_storage_positions(config, prompt_len, steps)) * per  # noqa: E731
+            first_cat = kv_storage_positions(config, prompt_len, 1)[0] * per / 2     # layer 0's new K
+            kv_prompt, first = held(0), held(0) + first_cat
+        else:
+            kv_prompt = first = kv_bytes(config, prompt_len, batch, kv_dtype)
+        layer_kv = kv_full / s.layers / 2
+        prefill = kv_prompt + act["peak"]
+        decode = max(first, kv_full + layer_kv) + step
     return {"prefill": prefill, "decode": decode, "peak": max(prefill, decode), "kv": kv_full}
 
 
@@ -428,8 +462,8 @@ def generation_ops(config, prompt_len: int, new_tokens: int, batch: int = 1, att
     s = Shape.from_config(config)
     b = int(dtype_bytes(dtype))
     act = activation_bytes(config, prompt_len, batch, act_dtype=dtype, attention=attention)
-    pos0 = kv_positions(config, prompt_len)
-    per_pos = kv_bytes(config, prompt_len, batch, kv_dtype=dtype) / sum(pos0) / 2   # K (or V) bytes per position
+    per_pos = kv_position_bytes(config, dtype) * batch / 2                      # K (or V) bytes per position
+    pos0 = kv_storage_positions(config, prompt_len)                              # the prefill's storage
     ops = weight_ops(config, dtype) + [["alloc", "residual", int(act["residual"])]]
     S = batch * s.heads * prompt_len**2                                    # eager's score elements
     for l in range(s.layers):
@@ -451,7 +485,7 @@ def generation_ops(config, prompt_len: int, new_tokens: int, batch: int = 1, att
             ops.append(["free", f"weights{l}"])
     ops += [["alloc", "logits", int(act["logits"])], ["free", "logits"], ["free", "residual"]]
     for t in range(1, new_tokens):        # the last generated token is never fed back
-        pos = kv_positions(config, prompt_len + t)
+        pos = kv_storage_positions(config, prompt_len, t)
         for l in range(s.layers):
             for kv in "KV":
                 ops += [["alloc", f"{kv}{l}_{t}", int(per_pos * pos[l])], ["free", f"{kv}{l}_{t - 1}"]]

@@ -165,8 +165,10 @@ d = measure.diagnose_oom({"total": cap, "allocated": sim["allocated"], "reserved
 # %% [markdown]
 # ### The fix: `expandable_segments`
 # With `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (set **before CUDA initialises** — hence a
-# fresh subprocess) the large pool is one virtual segment mapped in 20 MiB pages. Under pressure the
-# allocator unmaps the free pages inside the holes and maps new ones at the end:
+# fresh subprocess) each pool is one large virtual segment into which physical pages are mapped as
+# needed (20 MiB pages in the large pool, 2 MiB in the small one). Under pressure the allocator unmaps
+# the whole free pages inside the holes, then maps pages at the *lowest* address where free and
+# unmapped space add up to the request — the end of the segment at first, a hole once it was unmapped:
 
 # %%
 sim_x = A.simulate(frag_ops, cap, expandable=True)
@@ -200,10 +202,15 @@ plots.segments(ec["snapshot"], title="a 64 MiB tensor pins its whole 512 MiB seg
 # %%
 ref = pathlib.Path("../results/h200/allocator_agreement.json")
 if ref.exists():
-    for r in json.loads(ref.read_text()):
-        same = r["real_oom"] == r["sim_oom"] and r["real_reserved"] == r["sim_reserved"]
-        print(f"{r['sequence']:<24} OOM real/sim {r['real_oom']!s:>5}/{r['sim_oom']!s:<5} reserved "
-              f"{r['real_reserved'] / MB:8.0f}/{r['sim_reserved'] / MB:<8.0f} MiB  {'agree' if same else 'DIFFER'}")
+    rows = json.loads(ref.read_text())
+    for mode in ("default", "expandable"):
+        mine = [r for r in rows if r["mode"] == mode]
+        print(f"{mode:>10}: {sum(r['agree'] for r in mine)}/{len(mine)} sequences agree "
+              "(OOM or not, the failing op, reserved and allocated bytes)")
+    for r in rows:
+        if not r["agree"]:
+            print(f"  differs: {r['sequence']}: reserved real {r['real_reserved'] / MB:.0f} MiB, "
+                  f"sim {r['sim_reserved'] / MB:.0f} MiB; OOM real/sim {r['real_oom']}/{r['sim_oom']}")
 
 # %% [markdown]
 # ### Your playground

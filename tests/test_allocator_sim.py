@@ -146,3 +146,78 @@ def test_random_sequences_are_seeded_and_capped_around_their_peak():
     assert 0.7 * peak <= cap <= 1.4 * peak
     outcomes = {A.simulate(*A.random_sequence(s))["oom"] for s in range(12)}
     assert outcomes == {True, False}                                # some run out, some do not
+
+
+# ------------------------------------------------------------------ expandable segments, block by block
+def _offset(sim, name):
+    return sim.live[name][1].offset
+
+
+def test_expandable_fills_the_lowest_unmapped_hole_first():
+    """find_expandable_block: after an OOM-driven unmap, new pages go into the lowest hole that has
+    room, not at the end of the segment."""
+    P = A.PAGE
+    sim = A.CachingAllocatorSim(expandable=True)
+    for n in ("a", "pin1", "b", "pin2"):
+        sim.malloc(3 * P if n in "ab" else P, n)
+    sim.free("a"), sim.free("b")
+    sim.empty_cache()                                                # both 3-page holes unmapped
+    assert sim.reserved == 2 * P
+    sim.malloc(2 * P, "c")
+    assert _offset(sim, "c") == 0 and sim.reserved == 4 * P          # the first hole, two pages mapped
+
+
+def test_expandable_cap_is_checked_against_the_allocation_size_not_the_pages_needed():
+    """alloc_block compares mapped bytes + the request's allocation size with the cap, even when a
+    free mapped tail means fewer new pages would do."""
+    P = A.PAGE
+    ops = [["alloc", "a", 50 * MB], ["alloc", "c", 30 * MB]]       # a leaves a 10 MiB mapped tail
+    assert not A.simulate(ops, cap=90 * MB, expandable=True)["oom"]
+    r = A.simulate(ops, cap=85 * MB, expandable=True)                # 60 + 30 > 85, though 4 pages = 80 fit
+    assert r["oom"] and r["failed_at"] == 1 and r["reserved"] == 3 * P
+
+
+def test_expandable_best_fit_keeps_a_block_that_can_grow():
+    """get_free_block: among free mapped blocks that fit, move up in size while the next one's
+    'expandable size' (plus an unmapped neighbour) is smaller: the tail block that can grow is kept."""
+    sim = A.CachingAllocatorSim(expandable=True)
+    for n, mib in (("b", 60), ("pin", 20), ("a", 40)):
+        sim.malloc(mib * MB, n)
+    sim.free("b"), sim.free("a")                                     # b: 60 MiB inside; a: 40 MiB at the end
+    sim.malloc(30 * MB, "c")
+    assert _offset(sim, "c") == 0                                    # b, although a is the tighter fit
+
+
+def test_expandable_small_pool_maps_2_mib_pages_and_snapshot_shows_mapped_runs():
+    sim = A.CachingAllocatorSim(expandable=True)
+    for i in range(3):
+        sim.malloc(MB, f"s{i}")                                      # 1 MiB each: small pool
+    assert sim.reserved == 4 * MB
+    assert [s["total_size"] for s in sim.snapshot()] == [4 * MB]    # one run of two pages
+
+
+def test_simulator_matches_every_recorded_h200_run():
+    """results/h200/allocator_agreement.json holds the real allocator's outcome for each sequence
+    (measured on the H200); the simulator must reproduce OOM, failing op, reserved and allocated bytes
+    and the segment list for every one of them, in both modes."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("agreement", root / "benchmarks/allocator_agreement.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = json.loads((root / "results/h200/allocator_agreement.json").read_text())
+    todo = {**bench.sequences(), **bench.random_sequences(40)}
+    assert {r["mode"] for r in rows} == {"default", "expandable"} and len(rows) >= 80
+    bad = []
+    for r in rows:
+        ops, cap, exp = todo[r["sequence"]]
+        sim = A.simulate(ops, cap, exp)
+        got = (sim["oom"], sim["failed_at"], sim["reserved"], sim["allocated"],
+               sorted(s["total_size"] for s in sim["snapshot"]))
+        want = (r["real_oom"], r["real_failed_at"], r["real_reserved"], r["real_allocated"], sorted(r["real_segments"]))
+        if got != want:
+            bad.append((r["sequence"], want[:4], got[:4]))
+    assert not bad, bad
