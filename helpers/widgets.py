@@ -13,20 +13,25 @@ from . import budget, device, generation, measure, models, plots
 from .device import has_cuda
 
 GiB = 1024**3
+# the KV formats of the widget and the caches that store them on the device (helpers.kvcache)
+KV_CACHE_KIND = {"bf16": "baseline", "fp8": "fp8-e4m3", "int4": "int4"}
+# weight formats a real model can be built in: int4 is the course's packed W4 layer (notebook 08)
+MEASURED_WEIGHTS = ("bf16", "fp32", "int4")
 
 
 class BudgetExplorer:
-    """Predicts one (arch, seq_len, batch) point and, on CUDA, measures it on a model it keeps."""
+    """Predicts one (arch, seq_len, batch) point and, on CUDA, measures it on a model it keeps (one
+    architecture and weight format at a time)."""
 
     def __init__(self):
-        self.arch, self.model, self.weights = None, None, None
+        self.key, self.model, self.weights = None, None, None
 
-    def _load(self, arch: str) -> None:
-        if self.arch != arch:
+    def _load(self, arch: str, dtype: str = "bf16") -> None:
+        if self.key != (arch, dtype):
             self.model = None
             measure.free_memory()
-            self.model, self.weights = generation.measure_weights(arch)
-            self.arch = arch
+            self.model, self.weights = load_measured(arch, dtype)
+            self.key = (arch, dtype)
 
     def point(self, arch: str, seq_len: int, batch: int, dtype: str = "bf16", kv_dtype: str = "bf16",
               new_tokens: int = 16, measure_on_device: bool | None = None, run_anyway: bool = False) -> dict:
@@ -34,31 +39,75 @@ class BudgetExplorer:
                             run_anyway, explorer=self)
 
 
+def int4_format(config) -> tuple[str, int]:
+    """The budget's int4 format name and group size the course's W4 layer can use for this model: g128
+    where every linear's input width divides by 128, else g64 (SmolLM2's 576), as notebook 03 teaches."""
+    s = budget.Shape.from_config(config)
+    widths = {s.hidden, s.intermediate, s.heads * s.head_dim}
+    for fmt, g in (("int4", 128), ("int4-g64", 64)):
+        if all(w % g == 0 for w in widths):
+            return fmt, g
+    raise ValueError(f"no int4 group size (128 or 64) divides the input widths {sorted(widths)} of this model")
+
+
+def load_measured(arch: str, dtype: str = "bf16"):
+    """``(model, weight bytes it added to allocated)`` on the GPU. ``dtype`` bf16 or fp32: the
+    architecture in that dtype; ``"int4"``: bf16, then every ``nn.Linear`` but ``lm_head`` replaced by
+    the course's packed :class:`~helpers.w4_kernel.W4Linear` (group size from :func:`int4_format`,
+    fp16 scale and zero per group: 4.25 bits per weight at g128, where the budget counts a 4-bit zero:
+    4.16)."""
+    if dtype not in MEASURED_WEIGHTS:
+        raise ValueError(f"dtype {dtype!r} cannot be built to measure; measured formats: {MEASURED_WEIGHTS}")
+    torch_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
+    if dtype != "int4":
+        return generation.measure_weights(arch, dtype=torch_dtype)
+    from . import w4_kernel  # imported here: on a machine without CUDA it selects Triton's interpreter
+
+    measure.warmup_cublas()
+    measure.free_memory()
+    before = torch.cuda.memory_allocated()
+    model = models.model_from_config(arch, device="cuda", dtype=torch_dtype)
+    w4_kernel.swap_linears(model, int4_format(model.config)[1])
+    measure.free_memory()
+    return model, torch.cuda.memory_allocated() - before
+
+
 def budget_point(arch: str, seq_len: int, batch: int, dtype: str = "bf16", kv_dtype: str = "bf16",
                  new_tokens: int = 16, measure_on_device: bool | None = None, run_anyway: bool = False,
                  explorer: BudgetExplorer | None = None) -> dict:
-    """Predicted parts for one point and, on CUDA, the measured peak of a real ``generate``.
+    """Predicted parts for one point and, on CUDA, the measured peak of a real ``generate`` with the
+    weights in ``dtype`` (:data:`MEASURED_WEIGHTS`) and the KV cache in ``kv_dtype``
+    (:data:`KV_CACHE_KIND`: the course's fp8 and int4 caches).
 
     A point that does not fit is reported, not raised: ``{"oom": "predicted"}`` when the prediction
     exceeds free memory (nothing is run), ``{"oom": "observed", ...}`` when the real run hit
     ``torch.OutOfMemoryError`` (caught; memory returns to where it was). ``run_anyway`` skips the
     prediction check, to watch a real OOM happen and be caught. ``explorer`` keeps the measured
-    model between calls (a fresh one is made, and dropped, otherwise)."""
+    model between calls (a fresh one is made, and dropped, otherwise). ``note`` says in words when
+    the point is predicted only."""
+    if kv_dtype not in KV_CACHE_KIND:
+        raise ValueError(f"kv_dtype must be one of {sorted(KV_CACHE_KIND)}, got {kv_dtype!r}")
     cfg = models.architecture_config(arch)
-    parts = budget.budget(cfg, dtype, seq_len, batch, kv_dtype, new_tokens=new_tokens)
-    out = {"parts": parts, "measured_peak": None, "oom": None}
+    fmt = int4_format(cfg)[0] if dtype == "int4" else dtype     # the group size the W4 layer will use
+    parts = budget.budget(cfg, fmt, seq_len, batch, kv_dtype, new_tokens=new_tokens)
+    out = {"parts": parts, "weight_format": fmt, "measured_peak": None, "measured_weights": None, "oom": None}
     measure_on_device = has_cuda() if measure_on_device is None else measure_on_device
     if not measure_on_device:
         out["note"] = "prediction only: no CUDA device here to measure on"
         return out
+    if dtype not in MEASURED_WEIGHTS:
+        out["note"] = f"prediction only: the course has no {dtype} layer to run (measured: {', '.join(MEASURED_WEIGHTS)})"
+        return out
     explorer = explorer or BudgetExplorer()
-    explorer._load(arch)
+    explorer._load(arch, dtype)
+    out["measured_weights"] = explorer.weights
     room = device.free_bytes()
     if parts["total"] - parts["weights"] > room and not run_anyway:
         out["oom"] = "predicted"
         return out
     before = torch.cuda.memory_allocated()
-    r = measure.oom_guard(generation.measure_generate, explorer.model, seq_len, batch, new_tokens)
+    r = measure.oom_guard(generation.measure_generate, explorer.model, seq_len, batch, new_tokens,
+                          cache=KV_CACHE_KIND[kv_dtype])
     if r["ok"]:
         out["measured_peak"] = explorer.weights + r["result"]["peak_meas"]
     else:
@@ -74,18 +123,19 @@ def budget_widget(archs=("SmolLM2-135M", "Qwen2.5-0.5B", "TinyLlama-1.1B")):
     explorer = BudgetExplorer()
 
     def draw(arch, seq_len, batch, dtype, kv_dtype):
-        p = explorer.point(arch, seq_len, batch, dtype, kv_dtype,
-                           measure_on_device=has_cuda() and dtype == "bf16" and kv_dtype == "bf16")
+        p = explorer.point(arch, seq_len, batch, dtype, kv_dtype)
         ax = plots.budget_bars([p["parts"]], [f"{arch}\n{seq_len}×{batch}"],
                                measured=[p["measured_peak"]], title="predicted parts vs measured peak")
         if p["oom"]:
             ax.set_title(f"OOM ({p['oom']}) at seq {seq_len} × batch {batch}", color="red")
         plt.show()
-        print(f"{arch}, seq_len {seq_len} × batch {batch}, weights {dtype}, KV {kv_dtype}:")
+        print(f"{arch}, seq_len {seq_len} × batch {batch}, weights {p['weight_format']}, KV {kv_dtype}:")
         print({k: (f"{v / GiB:.3f} GiB" if k != "overhead" or has_cuda() else "measured on a GPU only")
                for k, v in p["parts"].items()})
+        if p["measured_weights"] is not None:
+            print(f"measured weights: {p['measured_weights'] / GiB:.3f} GiB (predicted {p['parts']['weights'] / GiB:.3f})")
         print("measured peak:", f"{p['measured_peak'] / GiB:.3f} GiB" if p["measured_peak"] is not None
-              else "not measured: " + p.get("note", "this setting is predicted only (bf16/bf16 is measured)"))
+              else p.get("note") or f"not measured (OOM: {p['oom']})")
 
     return W.interactive(draw, arch=list(archs),
                          seq_len=W.IntSlider(value=2048, min=128, max=32768, step=128, continuous_update=False),
@@ -93,29 +143,66 @@ def budget_widget(archs=("SmolLM2-135M", "Qwen2.5-0.5B", "TinyLlama-1.1B")):
                          dtype=["bf16", "fp32", "int8", "int4"], kv_dtype=["bf16", "fp8", "int4"])
 
 
-def kv_formats(arch: str, seq_len: int, batch: int) -> dict:
+def kv_formats(arch, seq_len: int, batch: int) -> dict:
     """Bytes of the KV cache at ``seq_len × batch`` in each format the course stores, with their
-    scales and minimums (:func:`helpers.budget.kv_bytes`)."""
-    c = models.architecture_config(arch)
+    scales and minimums (:func:`helpers.budget.kv_bytes`). ``arch``: a name or a config."""
+    c = models.architecture_config(arch) if isinstance(arch, str) else arch
     return {"bf16": budget.kv_bytes(c, seq_len, batch, "bf16"), "fp8": budget.kv_bytes(c, seq_len, batch, "fp8"),
             "int4 (g64)": budget.kv_bytes(c, seq_len, batch, "int4")}
 
 
-def kv_widget(archs=tuple(models.ARCHITECTURES)):
-    """Sliders for context and batch: the KV cache's bytes per format, as a bar chart (predicted)."""
+def kv_point(model, seq_len: int, batch: int, new_tokens: int = 16, extra: int = 256, max_new: int = 512,
+             kinds=("baseline", "fp8-e4m3", "int4")) -> dict:
+    """Measured on the GPU, per KV format: the peak of a ``generate`` at ``seq_len × batch`` (over the
+    weights), and how many tokens it decodes before running out of memory under one cap for all —
+    the baseline prefill's reserved peak plus the bf16 KV of ``extra`` tokens (notebook 07 §3) — up
+    to ``max_new``. A run that cannot even prefill is reported with 0 tokens, not raised."""
+    measure.free_memory()
+    torch.cuda.reset_peak_memory_stats()
+    generation.tokens_until_oom(model, "baseline", batch, seq_len, 0)       # prefill only, no cap
+    cap_gib = (torch.cuda.max_memory_reserved() + budget.kv_bytes(model.config, extra, batch)) / GiB
+    rows = []
+    for kind in kinds:
+        r = measure.oom_guard(generation.measure_generate, model, seq_len, batch, new_tokens, cache=kind)
+        with device.memory_limit(cap_gib):
+            o = generation.tokens_until_oom(model, kind, batch, seq_len, max_new)
+        rows.append({"kv": kind, "peak": r["result"]["peak_meas"] if r["ok"] else None,
+                     "tokens_before_oom": o["generated"], "ran_out": o["oom"]})
+    return {"cap_gib": cap_gib, "rows": rows}
+
+
+def kv_widget(archs=tuple(models.ARCHITECTURES), model=None):
+    """Sliders for context and batch: the KV cache's bytes per format (predicted, as a bar chart) and,
+    with ``model`` on a CUDA device, per format the measured peak and the tokens decoded before an
+    OOM under one cap (:func:`kv_point`)."""
     import ipywidgets as W  # optional (the course extra): only the interactive views need it
 
+    measuring = model is not None and has_cuda()
+
     def draw(arch, seq_len, batch):
-        vals = kv_formats(arch, seq_len, batch)
+        cfg = model.config if measuring else models.architecture_config(arch)
+        vals = kv_formats(cfg, seq_len, batch)
         plt.bar(list(vals), [v / GiB for v in vals.values()])
         plt.ylabel("GiB")
         plt.title(f"{arch} KV @ {seq_len}×{batch} (predicted from the config)")
         plt.show()
-        print(f"{arch}, seq_len {seq_len} × batch {batch} — predicted from the config (formulas; nothing runs): "
+        print(f"{arch}, seq_len {seq_len} × batch {batch} — predicted: "
               + ", ".join(f"{k} {v / GiB:.3f} GiB" for k, v in vals.items()))
+        if not measuring:
+            print("Predicted only: " + ("no CUDA device here, nothing runs." if model is None or not has_cuda()
+                                        else "pass the notebook's model to measure."))
+            return
+        m = kv_point(model, seq_len, batch)
+        print(f"measured on this GPU (cap {m['cap_gib']:.2f} GiB for the OOM point):")
+        for r in m["rows"]:
+            peak = f"{r['peak'] / GiB:.3f} GiB" if r["peak"] is not None else "OOM"
+            print(f"  {r['kv']:<10} peak over the weights {peak:>12}; decoded {r['tokens_before_oom']} tokens"
+                  + (" before running out" if r["ran_out"] else " (no OOM)"))
 
-    return W.interactive(draw, arch=list(archs),
-                         seq_len=W.IntSlider(value=4096, min=256, max=131072, step=256, continuous_update=False),
+    arch = W.fixed(archs[0] if len(archs) == 1 else "this model") if measuring else list(archs)
+    return W.interactive(draw, arch=arch,
+                         seq_len=W.IntSlider(value=4096 if not measuring else 1024, min=256, max=131072, step=256,
+                                             continuous_update=False),
                          batch=W.IntSlider(value=8, min=1, max=128, continuous_update=False))
 
 

@@ -311,8 +311,12 @@ else:
 
 # %% [markdown]
 # ## 7. Try it: move seq_len and batch
-# The bar is the prediction; on a CUDA GPU (bf16, bf16 KV) the black dot is a real `generate` on the
-# live device. A point that will not fit is reported as OOM (predicted, or observed and caught).
+# The bar is the prediction; on a CUDA GPU the black dot is a real `generate` on the live device, for
+# every weight format the course can build (bf16, fp32, and int4 — the packed W4 layer of notebook 08,
+# g64 where a model's widths need it) and every KV format (bf16, and 07's fp8 and int4 caches). int8
+# weights are predicted only (the course has no int8 layer), and on a machine without CUDA the widget
+# says in words that it predicts only. A point that will not fit is reported as OOM (predicted, or
+# observed and caught). The sliders measure once per release, not while you drag.
 
 # %%
 widgets.budget_widget()

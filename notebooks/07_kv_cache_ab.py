@@ -260,10 +260,14 @@ if q.exists():
 
 # %% [markdown]
 # ## 5. Move seq_len and batch
-# KV bytes for each format (predicted from the formula; the A/B above measured the same numbers).
+# KV bytes for each format, predicted from the formula — and on a CUDA GPU, measured with this
+# notebook's model for the context and batch you pick: each format's peak, and how many tokens it
+# decodes before running out under one cap (the §3 rule: the baseline prefill's reserved peak plus
+# the bf16 KV of 256 tokens). Each release of a slider runs three generates and three OOM hunts, a
+# few seconds. Without CUDA the widget says it predicts only.
 
 # %%
-widgets.kv_widget()
+widgets.kv_widget(("SmolLM2-135M",), model=model)
 
 # %% [markdown]
 # ## 6. The production path: vLLM `--kv-cache-dtype fp8`
