@@ -493,16 +493,20 @@ def generation_ops(config, prompt_len: int, new_tokens: int, batch: int = 1, att
 
 
 def device_footprint(config, prompt_len: int, new_tokens: int, batch: int = 1, non_torch_bytes: int = 0,
-                     attention: str = "sdpa", dtype=torch.bfloat16) -> dict:
+                     attention: str = "sdpa", dtype=torch.bfloat16, workspace_bytes: int = 0) -> dict:
     """What ``nvidia-smi`` should show for the process after ``generate``: the memory outside PyTorch's
     allocator (CUDA context, loaded kernels, library handles: ``non_torch_bytes``, measured once per
     process after a warm-up, :func:`helpers.measure.non_torch_bytes` — vLLM's "non-torch memory")
-    plus the allocator's *reserved* memory, predicted by replaying :func:`generation_ops` through the
-    allocator simulator (the weights, the prefill's blocks, the KV cache growing by ``torch.cat``).
+    plus the allocator's *reserved* memory: the cuBLAS/cuBLASLt workspaces the first matmuls took
+    through the allocator (``workspace_bytes``, :func:`helpers.measure.warmup_cublas`; tens of MiB,
+    most of the gap on a small model) and the replay of :func:`generation_ops` through the allocator
+    simulator (the weights, the prefill's blocks, the KV cache growing by ``torch.cat``).
     Checked by ``benchmarks/budget_accuracy.py`` (``smi_pred`` vs ``smi_meas``)."""
-    if not (isinstance(non_torch_bytes, int) and non_torch_bytes >= 0):
-        raise ValueError(f"non_torch_bytes must be bytes ≥ 0 (helpers.measure.non_torch_bytes), got {non_torch_bytes!r}")
-    reserved = simulate(generation_ops(config, prompt_len, new_tokens, batch, attention, dtype))["reserved"]
+    for name, v in (("non_torch_bytes", non_torch_bytes), ("workspace_bytes", workspace_bytes)):
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+            raise ValueError(f"{name} must be bytes ≥ 0 (measured by helpers.measure."
+                             f"{'non_torch_bytes' if name == 'non_torch_bytes' else 'warmup_cublas'}), got {v!r}")
+    reserved = workspace_bytes + simulate(generation_ops(config, prompt_len, new_tokens, batch, attention, dtype))["reserved"]
     return {"non_torch": non_torch_bytes, "reserved": reserved, "total": non_torch_bytes + reserved}
 
 

@@ -70,7 +70,7 @@ def _point(model, cfg, arch, attention, seq, batch, new_tokens, context, workspa
     if not r["ok"]:
         return {**row, "oom": True, "peak_pred": int(pred["peak"])}
     m = r["result"]
-    foot = budget.device_footprint(cfg, seq, new_tokens, batch, non_torch or 0, attention)
+    foot = budget.device_footprint(cfg, seq, new_tokens, batch, non_torch or 0, attention, workspace_bytes=workspace)
     row.update(kv_pred=int(pred["kv"]), kv_meas=int(m["kv_meas"]), peak_pred=int(pred["peak"]),
                peak_meas=int(m["peak_meas"]), prefill_pred=int(pred["prefill"]), decode_pred=int(pred["decode"]),
                prefill_meas=int(m["prefill_meas"]), decode_meas=int(m["decode_meas"]),
@@ -124,7 +124,7 @@ def repredict(path: Path) -> list[dict]:
                  decode_pred=int(pred["decode"]), static_peak_pred=int(spred["peak"]))
         if "reserved_meas" in r:
             foot = budget.device_footprint(cfg, r["seq_len"], r["new_tokens"], r["batch"], r.get("non_torch") or 0,
-                                           attention)
+                                           attention, workspace_bytes=r.get("cublas_workspace") or 0)
             r.update(reserved_pred=int(foot["reserved"]),
                      smi_pred=int(foot["total"]) if r.get("non_torch") is not None else None)
     path.write_text(json.dumps(rows, indent=1))
