@@ -6,12 +6,14 @@ failing op, reserved and allocated bytes are the same. Target (issue 16): 100 % 
 ≥ 95 % of expandable-mode sequences.
 
     python benchmarks/allocator_agreement.py [--random 40] [--out results/h200/allocator_agreement.json]
+    python benchmarks/allocator_agreement.py --random 40 --seed-start 40 --out results/h200/allocator_agreement_heldout.json
     python benchmarks/allocator_agreement.py --resimulate   # no GPU: the sim columns of a recorded run
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -33,9 +35,9 @@ def sequences():
     }
 
 
-def random_sequences(n: int):
+def random_sequences(n: int, start: int = 0):
     out = {}
-    for seed in range(n):
+    for seed in range(start, start + n):
         ops, cap = A.random_sequence(seed)
         for exp in (False, True):
             out[f"random_{seed}" + ("_expandable" if exp else "")] = (ops, cap, exp)
@@ -65,16 +67,23 @@ def simulated(row: dict, ops: list) -> dict:
     return row
 
 
-def resimulate(path: Path, n_random: int) -> list:
+def ops_of(name: str) -> list:
+    """The op sequence a row's name stands for: one of :func:`sequences`, or ``random_<seed>[_expandable]``."""
+    fixed = sequences()
+    if name in fixed:
+        return fixed[name][0]
+    m = re.fullmatch(r"random_(\d+)(_expandable)?", name)
+    if not m:
+        raise SystemExit(f"sequence {name!r} is not one this script generates")
+    return A.random_sequence(int(m.group(1)))[0]
+
+
+def resimulate(path: Path) -> list:
     """Recompute the simulator's columns of a recorded run (no GPU): the real columns are measurements
     and stay; the sim columns follow the current simulator."""
-    todo = {**sequences(), **random_sequences(n_random)}
     rows = json.loads(path.read_text())
     for r in rows:
-        if r["sequence"] not in todo:
-            raise SystemExit(f"{path}: sequence {r['sequence']!r} is not one this script generates "
-                             f"(with --random {n_random}); pass the --random the run used")
-        simulated(r, todo[r["sequence"]][0])
+        simulated(r, ops_of(r["sequence"]))
     return rows
 
 
@@ -88,20 +97,22 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results/h200/allocator_agreement.json")
     ap.add_argument("--random", type=int, default=40, help="seeded random sequences per mode")
+    ap.add_argument("--seed-start", type=int, default=0,
+                    help="first seed (e.g. 40: sequences the simulator was never compared on)")
     ap.add_argument("--workers", type=int, default=8,
                     help="sequences replayed at once, each in its own process (each has its own allocator and cap)")
     ap.add_argument("--resimulate", action="store_true",
                     help="no GPU: recompute the simulator's columns of --out from its recorded real runs")
     args = ap.parse_args()
     if args.resimulate:
-        rows = resimulate(Path(args.out), args.random)
+        rows = resimulate(Path(args.out))
         Path(args.out).write_text(json.dumps(rows, indent=1))
         report(rows)
         print("re-simulated", args.out)
         return
     if not torch.cuda.is_available():
         sys.exit("allocator_agreement needs a CUDA device")
-    todo = {**sequences(), **random_sequences(args.random)}
+    todo = {**sequences(), **random_sequences(args.random, args.seed_start)}
     out, rows = Path(args.out), {}
     out.parent.mkdir(parents=True, exist_ok=True)
     # a fresh process per sequence (clean allocator, the mode set before CUDA starts), several at a

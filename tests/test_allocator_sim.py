@@ -209,12 +209,10 @@ def test_simulator_matches_every_recorded_h200_run():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     rows = json.loads((root / "results/h200/allocator_agreement.json").read_text())
-    todo = {**bench.sequences(), **bench.random_sequences(40)}
     assert {r["mode"] for r in rows} == {"default", "expandable"} and len(rows) >= 80
     bad = []
     for r in rows:
-        ops, cap, exp = todo[r["sequence"]]
-        sim = A.simulate(ops, cap, exp)
+        sim = A.simulate(bench.ops_of(r["sequence"]), r["cap"], r["expandable"])
         got = (sim["oom"], sim["failed_at"], sim["reserved"], sim["allocated"],
                sorted(s["total_size"] for s in sim["snapshot"]))
         want = (r["real_oom"], r["real_failed_at"], r["real_reserved"], r["real_allocated"], sorted(r["real_segments"]))
