@@ -325,18 +325,49 @@ def _has_dense_mlp(config, fam: dict) -> bool:
 
 
 def _moe_bytes(config, fam: dict, n: int, b: float) -> float:
-    """A mixture-of-experts block at its widest (transformers' ``grouped_mm`` experts): with ``k``
-    experts per token and expert width ``I``, the normed input ``h``, the ``k·h`` gathered token copies
-    and the ``k·2I`` gate|up projection twice over (``masked_fill`` writes a new copy) — per token
-    ``h + k·h + 4·k·I`` elements — plus the shared expert's ``h``-wide output where there is one
-    (Qwen-MoE, DeepSeek). Measured on CPU for Mixtral, Qwen2-MoE and DeepSeek-V2 shapes."""
+    """A mixture-of-experts block at its widest (transformers' ``grouped_mm`` experts), with ``k``
+    experts per token, expert width ``I`` and ``n`` tokens, the larger of two stages:
+
+    * up: the normed input ``h``, the ``k·h`` gathered token copies and the ``k·2I`` gate|up
+      projection twice over (``masked_fill`` writes a new copy) — ``h + k·h + 4·k·I`` elements per
+      token — plus the shared expert's ``h``-wide output where there is one (Qwen-MoE, DeepSeek);
+    * down: the input and shared ``h``, the gathered copies and the down projection's ``k·h`` (each
+      ``b`` bytes), then the output weighted by the routing weights and its copy put back in token
+      order — ``k·h`` each, in the routing weights' dtype: fp32 in Mixtral's and DeepSeek-V2's routers
+      (the product is promoted), the model's dtype in Qwen-MoE's (cast back).
+
+    Measured on CPU (:mod:`helpers.host_alloc`) for Mixtral, Qwen2-MoE and DeepSeek-V2 shapes; at
+    DeepSeek-V2-Lite's real widths the down stage is the peak (tests/test_budget_measured.py)."""
     moe = fam.get("moe")
     if not moe:
         return 0
-    k = config.num_experts_per_tok
+    k, h = config.num_experts_per_tok, config.hidden_size
     width = config.intermediate_size if moe == "mixtral" else config.moe_intermediate_size
-    shared = 0 if moe == "mixtral" else config.hidden_size
-    return n * (config.hidden_size + k * config.hidden_size + 4 * k * width + shared) * b
+    shared = 0 if moe == "mixtral" else h
+    w = 4 if moe in ("mixtral", "deepseek") else b       # bytes of a routing weight
+    up = (h + k * h + 4 * k * width + shared) * b
+    down = (h + shared) * b + k * h * 2 * b + k * h * 2 * w
+    return n * max(up, down)
+
+
+def moe_decode_gather_bytes(config, batch: int = 1, act_dtype="bf16") -> float:
+    """Transient bytes of one mixture-of-experts layer in a GPU decode step. On a non-CPU device
+    ``generate`` switches the experts from ``grouped_mm`` to ``batched_mm`` for the decoding stage
+    (transformers ``GenerationMixin._optimize_model_for_decode``: "trade off a bit of memory (by
+    duplicating selected experts weights) for much better speed"), which *gathers* every selected
+    expert's weights per token: with ``k`` experts per token of width ``I`` over ``h``, the gate|up
+    copy ``k·2I·h`` is still bound while the down copy ``k·I·h`` is made, so per token
+    ``k·(3·I·h + h + 3·I)`` elements (the weights, the gathered input, the projections). 0 for a
+    dense model. About 99 MiB per sequence for DeepSeek-V2-Lite in bf16 — at batch 16 more than its
+    whole KV cache at 512 tokens."""
+    _check_positive(batch=batch)
+    fam = FAMILIES.get(getattr(config, "model_type", ""), {})
+    moe = fam.get("moe")
+    if not moe:
+        return 0
+    k, h = config.num_experts_per_tok, config.hidden_size
+    width = config.intermediate_size if moe == "mixtral" else config.moe_intermediate_size
+    return batch * k * (3 * width * h + h + 3 * width) * dtype_bytes(act_dtype)
 
 
 def activation_bytes(config, positions: int, batch: int = 1, act_dtype="bf16", attention: str = "sdpa",
@@ -417,8 +448,9 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     forward runs. With sliding-window layers the dynamic cache's *storage* is the whole prompt until
     the first decode step copies the window out (:func:`kv_storage_positions`): the prefill and the
     first decode step hold the unwindowed prompt KV, later steps only the windows. A static cache
-    allocates ``prompt_len + new_tokens`` positions up front. ``kv`` is what the cache exposes
-    (:func:`kv_bytes`).
+    allocates ``prompt_len + new_tokens`` positions up front. On a GPU a mixture-of-experts decode
+    step also holds the gathered expert weights of :func:`moe_decode_gather_bytes`. ``kv`` is what
+    the cache exposes (:func:`kv_bytes`).
     ``attention`` (``"sdpa"`` or ``"eager"``) is the model's ``attn_implementation``: eager's scores
     dominate the prefill (:func:`activation_bytes`); a decode step's ``batch·heads·positions`` scores
     are small next to the KV cache and are not counted.
@@ -432,6 +464,8 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     act = activation_bytes(config, prompt_len, batch, act_dtype, attention, device=device)
     carried = batch * s.vocab * 4  # the previous step's fp32 next-token logits, alive in generate's loop
     step = carried + activation_bytes(config, 1, batch, act_dtype)["peak"]
+    if device == "cuda":      # generate decodes MoE layers with batched_mm on a GPU: gathered expert weights
+        step += moe_decode_gather_bytes(config, batch, act_dtype)
     if cache == "static":
         prefill, decode = kv_full + act["peak"], kv_full + step
     else:
@@ -486,6 +520,11 @@ def generation_ops(config, prompt_len: int, new_tokens: int, batch: int = 1, att
     ops += [["alloc", "logits", int(act["logits"])], ["free", "logits"], ["free", "residual"]]
     for t in range(1, new_tokens):        # the last generated token is never fed back
         pos = kv_storage_positions(config, prompt_len, t)
+        gather = int(moe_decode_gather_bytes(config, batch, dtype))
+        if gather:             # batched_mm's gathered expert weights: gate|up, then down while gate|up is bound
+            up = gather * 2 // 3
+            ops += [["alloc", f"moe_up{t}", up], ["alloc", f"moe_down{t}", gather - up],
+                    ["free", f"moe_up{t}"], ["free", f"moe_down{t}"]]
         for l in range(s.layers):
             for kv in "KV":
                 ops += [["alloc", f"{kv}{l}_{t}", int(per_pos * pos[l])], ["free", f"{kv}{l}_{t - 1}"]]

@@ -312,3 +312,11 @@ def test_kv_storage_matches_the_cache_tensors_storage(name):
         assert storage_bytes() == sum(B.kv_storage_positions(cfg, prompt)) * per
         model(torch.randint(3, 120, (2, 1)), past_key_values=cache, use_cache=True)
         assert storage_bytes() == sum(B.kv_storage_positions(cfg, prompt, 1)) * per
+
+
+def test_moe_decode_term_only_for_moe_and_only_on_the_gpu():
+    c = models.architecture_config("DeepSeek-V2-Lite")
+    assert B.moe_decode_gather_bytes(c, 16) == 16 * 6 * (3 * 1408 * 2048 + 2048 + 3 * 1408) * 2
+    assert B.moe_decode_gather_bytes(models.architecture_config("Llama-3.2-1B"), 16) == 0
+    gpu, cpu = (B.generation_peak(c, 512, 8, 16, device=d)["decode"] for d in ("cuda", "cpu"))
+    assert gpu - cpu == B.moe_decode_gather_bytes(c, 16)

@@ -36,8 +36,14 @@ CONFIGS = {
         **{**BASE, "num_key_value_heads": 8}, kv_lora_rank=64, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=32,
         v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, first_k_dense_replace=1,
         n_shared_experts=1),
+    # six narrow experts per token: the fp32-weighted down stage is the block's peak, as at
+    # DeepSeek-V2-Lite's real widths (the H200's −26 % prefill error before it was modelled)
+    "deepseek_v2 (6 of 8 narrow experts)": lambda: T.DeepseekV2Config(
+        **{**BASE, "num_key_value_heads": 8}, kv_lora_rank=64, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=32,
+        v_head_dim=32, n_routed_experts=8, num_experts_per_tok=6, moe_intermediate_size=64, first_k_dense_replace=1,
+        n_shared_experts=1),
 }
-CPU_MATH_SDPA = {"deepseek_v2 (MLA + MoE)"}   # q/k and v head sizes differ: the CPU falls back to the math kernel
+CPU_MATH_SDPA = {"deepseek_v2 (MLA + MoE)", "deepseek_v2 (6 of 8 narrow experts)"}   # q/k and v head sizes differ: the CPU falls back to the math kernel
 POINTS = [(96, 1), (384, 2)]   # 384 > the 128-token windows: past the sliding window
 
 
@@ -93,3 +99,31 @@ def test_tracker_sees_a_planted_peak():
 def test_tracker_refuses_a_non_callable():
     with pytest.raises(TypeError, match="fn must be a callable"):
         host_alloc.peak_bytes(42)
+
+
+def test_decode_with_batched_mm_experts_holds_the_gathered_weights():
+    """On a GPU, generate decodes MoE layers with ``batched_mm`` (it gathers each token's experts'
+    weights). The same implementation on the CPU, one decode-shaped forward: the measured peak is the
+    gathered weights (:func:`helpers.budget.moe_decode_gather_bytes`) plus a one-token activation."""
+    cfg = CONFIGS["qwen2_moe (MoE + shared)"]()
+    torch.manual_seed(0)
+    model = T.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    model.set_experts_implementation("batched_mm")
+    batch = 8
+    ids = torch.randint(3, 900, (batch, 1))
+    meas = host_alloc.peak_bytes(lambda: model(ids, use_cache=False, logits_to_keep=1).logits)["peak"]
+    gather = budget.moe_decode_gather_bytes(cfg, batch)
+    assert gather == batch * 2 * (3 * 320 * 256 + 256 + 3 * 320) * 2                 # hand-computed
+    pred = gather + budget.activation_bytes(cfg, 1, batch, device="cpu")["peak"]
+    assert abs(pred - meas) <= 0.05 * meas, (pred, meas)
+
+
+def test_generate_switches_moe_decoding_to_batched_mm_off_the_cpu():
+    """The transformers behaviour the decode term rests on: off the CPU, ``generate`` swaps
+    ``grouped_mm`` experts for ``batched_mm`` while it decodes (and back afterwards)."""
+    with torch.device("meta"):
+        model = T.AutoModelForCausalLM.from_config(CONFIGS["qwen2_moe (MoE + shared)"]())
+    assert set(model.get_experts_implementation().values()) == {"grouped_mm"}
+    with model._optimize_model_for_decode():
+        assert set(model.get_experts_implementation().values()) == {"batched_mm"}
+    assert set(model.get_experts_implementation().values()) == {"grouped_mm"}
