@@ -20,6 +20,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
+from .budget import kv_bytes
 from .device import memory_limit, process_gpu_bytes
 from .kvcache import available_kinds, make_cache, stored_bytes
 from .measure import StageProfiler, free_memory, oom_guard, requested_bytes, reset_peak, warmup_cublas
@@ -27,12 +28,16 @@ from .models import model_from_config
 from .qspec import positive_int
 
 
-def measure_weights(arch: str, device="cuda", dtype=torch.bfloat16, attn_implementation: str | None = None):
-    """Instantiate architecture ``arch`` on ``device``; return (model, bytes it added to allocated)."""
+def measure_weights(arch: str, device="cuda", dtype=torch.bfloat16, attn_implementation: str | None = None,
+                    prepare=None):
+    """Instantiate architecture ``arch`` on ``device``; return (model, bytes it added to allocated).
+    ``prepare(model)``, if given, runs before the measurement ends (e.g. swapping in packed layers)."""
     warmup_cublas()
     free_memory()
     before = torch.cuda.memory_allocated()
     model = model_from_config(arch, device=device, dtype=dtype, attn_implementation=attn_implementation)
+    if prepare is not None:
+        prepare(model)
     free_memory()
     return model, torch.cuda.memory_allocated() - before
 
@@ -165,6 +170,20 @@ def tokens_until_oom(model, kind: str, batch: int, prompt_len: int, max_new: int
     del cache, ids
     free_memory()
     return result
+
+
+def oom_points(model, batch: int, prompt_len: int, extra: int, max_new: int,
+               kinds=("baseline", "fp8-e4m3", "int4")) -> dict:
+    """How far each KV format decodes on one budget (notebook 07 §3): the cap is the memory a baseline
+    prefill reserved at its peak (measured, uncapped) plus the bf16 KV of ``extra`` more tokens; under
+    it, :func:`tokens_until_oom` per format. Returns ``{"cap_gib", "rows"}``. CUDA only."""
+    free_memory()
+    torch.cuda.reset_peak_memory_stats()
+    tokens_until_oom(model, "baseline", batch, prompt_len, 0)          # prefill only, no cap: its peak
+    cap_gib = (torch.cuda.max_memory_reserved() + kv_bytes(model.config, extra, batch)) / 2**30
+    with memory_limit(cap_gib):
+        rows = [{"kv": kind, **tokens_until_oom(model, kind, batch, prompt_len, max_new)} for kind in kinds]
+    return {"cap_gib": cap_gib, "rows": rows}
 
 
 @torch.no_grad()

@@ -11,6 +11,7 @@ import torch
 
 from . import budget, device, generation, measure, models, plots
 from .device import has_cuda
+from .qspec import allowed_group_sizes
 
 GiB = 1024**3
 # the KV formats of the widget and the caches that store them on the device (helpers.kvcache)
@@ -41,35 +42,32 @@ class BudgetExplorer:
 
 def int4_format(config) -> tuple[str, int]:
     """The budget's int4 format name and group size the course's W4 layer can use for this model: g128
-    where every linear's input width divides by 128, else g64 (SmolLM2's 576), as notebook 03 teaches."""
+    where every linear's input width allows it (:func:`helpers.qspec.allowed_group_sizes`), else g64
+    (SmolLM2's 576), as notebook 03 teaches."""
     s = budget.Shape.from_config(config)
     widths = {s.hidden, s.intermediate, s.heads * s.head_dim}
     for fmt, g in (("int4", 128), ("int4-g64", 64)):
-        if all(w % g == 0 for w in widths):
+        if all(g in allowed_group_sizes(w) for w in widths):
             return fmt, g
     raise ValueError(f"no int4 group size (128 or 64) divides the input widths {sorted(widths)} of this model")
 
 
 def load_measured(arch: str, dtype: str = "bf16"):
-    """``(model, weight bytes it added to allocated)`` on the GPU. ``dtype`` bf16 or fp32: the
-    architecture in that dtype; ``"int4"``: bf16, then every ``nn.Linear`` but ``lm_head`` replaced by
-    the course's packed :class:`~helpers.w4_kernel.W4Linear` (group size from :func:`int4_format`,
-    fp16 scale and zero per group: 4.25 bits per weight at g128, where the budget counts a 4-bit zero:
-    4.16)."""
+    """``(model, weight bytes it added to allocated)`` on the GPU (:func:`helpers.generation.measure_weights`).
+    ``dtype`` bf16 or fp32: the architecture in that dtype; ``"int4"``: bf16, then every ``nn.Linear``
+    but ``lm_head`` replaced by the course's packed :class:`~helpers.w4_kernel.W4Linear` (group size
+    from :func:`int4_format`, fp16 scale and zero per group: 4.25 bits per weight at g128, where the
+    budget counts a 4-bit zero: 4.16)."""
     if dtype not in MEASURED_WEIGHTS:
         raise ValueError(f"dtype {dtype!r} cannot be built to measure; measured formats: {MEASURED_WEIGHTS}")
-    torch_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
-    if dtype != "int4":
-        return generation.measure_weights(arch, dtype=torch_dtype)
-    from . import w4_kernel  # imported here: on a machine without CUDA it selects Triton's interpreter
+    prepare = None
+    if dtype == "int4":
+        from . import w4_kernel  # imported here: on a machine without CUDA it selects Triton's interpreter
 
-    measure.warmup_cublas()
-    measure.free_memory()
-    before = torch.cuda.memory_allocated()
-    model = models.model_from_config(arch, device="cuda", dtype=torch_dtype)
-    w4_kernel.swap_linears(model, int4_format(model.config)[1])
-    measure.free_memory()
-    return model, torch.cuda.memory_allocated() - before
+        def prepare(model):
+            w4_kernel.swap_linears(model, int4_format(model.config)[1])
+    return generation.measure_weights(arch, dtype=torch.float32 if dtype == "fp32" else torch.bfloat16,
+                                      prepare=prepare)
 
 
 def budget_point(arch: str, seq_len: int, batch: int, dtype: str = "bf16", kv_dtype: str = "bf16",
@@ -154,21 +152,16 @@ def kv_formats(arch, seq_len: int, batch: int) -> dict:
 def kv_point(model, seq_len: int, batch: int, new_tokens: int = 16, extra: int = 256, max_new: int = 512,
              kinds=("baseline", "fp8-e4m3", "int4")) -> dict:
     """Measured on the GPU, per KV format: the peak of a ``generate`` at ``seq_len × batch`` (over the
-    weights), and how many tokens it decodes before running out of memory under one cap for all —
-    the baseline prefill's reserved peak plus the bf16 KV of ``extra`` tokens (notebook 07 §3) — up
-    to ``max_new``. A run that cannot even prefill is reported with 0 tokens, not raised."""
-    measure.free_memory()
-    torch.cuda.reset_peak_memory_stats()
-    generation.tokens_until_oom(model, "baseline", batch, seq_len, 0)       # prefill only, no cap
-    cap_gib = (torch.cuda.max_memory_reserved() + budget.kv_bytes(model.config, extra, batch)) / GiB
+    weights), and how many tokens it decodes before running out of memory under one cap for all
+    (:func:`helpers.generation.oom_points`: the baseline prefill's reserved peak plus the bf16 KV of
+    ``extra`` tokens), up to ``max_new``. A run that cannot even prefill is reported with 0 tokens."""
+    oom = generation.oom_points(model, batch, seq_len, extra, max_new, kinds)
     rows = []
-    for kind in kinds:
+    for kind, o in zip(kinds, oom["rows"]):
         r = measure.oom_guard(generation.measure_generate, model, seq_len, batch, new_tokens, cache=kind)
-        with device.memory_limit(cap_gib):
-            o = generation.tokens_until_oom(model, kind, batch, seq_len, max_new)
         rows.append({"kv": kind, "peak": r["result"]["peak_meas"] if r["ok"] else None,
                      "tokens_before_oom": o["generated"], "ran_out": o["oom"]})
-    return {"cap_gib": cap_gib, "rows": rows}
+    return {"cap_gib": oom["cap_gib"], "rows": rows}
 
 
 def kv_widget(archs=tuple(models.ARCHITECTURES), model=None):

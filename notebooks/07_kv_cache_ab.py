@@ -48,7 +48,7 @@ import torch, transformers
 from helpers import budget, data, generation, key_numbers, kvcache, llm_compressor, measure, models, plots, widgets
 from helpers.qspec import QuantSpec
 from helpers.config import pick
-from helpers.device import has_cuda, get_device, memory_limit
+from helpers.device import has_cuda, get_device
 cuda, dev = has_cuda(), get_device()
 GiB, MiB = 2**30, 2**20
 
@@ -160,13 +160,8 @@ ckpt
 # %%
 BATCH, PROMPT, EXTRA, MAX_NEW = pick(full=(16, 1024, 256, 2048), ci=(8, 256, 128, 1024))
 if cuda:
-    measure.free_memory(); torch.cuda.reset_peak_memory_stats()
-    generation.tokens_until_oom(model, "baseline", BATCH, PROMPT, 0)  # prefill only, no cap: its peak
-    cap_gib = (torch.cuda.max_memory_reserved() + budget.kv_bytes(model.config, EXTRA, BATCH)) / GiB
-    rows = []
-    with memory_limit(cap_gib):
-        for kind in ("baseline", "fp8-e4m3", "int4"):
-            rows.append({"kv": kind, **generation.tokens_until_oom(model, kind, BATCH, PROMPT, MAX_NEW)})
+    oom = generation.oom_points(model, BATCH, PROMPT, EXTRA, MAX_NEW)
+    cap_gib, rows = oom["cap_gib"], oom["rows"]
     print(f"cap {cap_gib:.2f} GiB (baseline prefill peak + bf16 KV of {EXTRA} tokens), batch {BATCH}, prompt {PROMPT}")
     display(pd.DataFrame(rows))
     key_numbers.record("07_kv_cache_ab", oom_point={"cap_gib": cap_gib, "batch": BATCH, "prompt": PROMPT, "rows": rows})
