@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .models import check_token_ids
-from .qspec import as_int, positive_int
+from .validate import as_int, flag, non_negative_int, one_of, positive_int
 
 
 def windows(n_tokens: int, seq_len: int, stride: int | None = None, bos: bool = False) -> list[tuple[int, int, int]]:
@@ -35,7 +35,7 @@ def windows(n_tokens: int, seq_len: int, stride: int | None = None, bos: bool = 
     A window can score positions ``begin + 1 … end − 1`` (``begin … end − 1`` with a BOS in front);
     it scores those no earlier window scored. ``stride = seq_len`` (non-overlapping, the default)
     drops a last incomplete window, as the GPTQ/AWQ evaluation scripts do."""
-    n_tokens, seq_len = as_int(n_tokens, "n_tokens"), as_int(seq_len, "seq_len")
+    n_tokens, seq_len, bos = as_int(n_tokens, "n_tokens"), as_int(seq_len, "seq_len"), flag(bos, "bos")
     if seq_len < 2:
         raise ValueError(f"seq_len must be ≥ 2, got {seq_len}")
     stride = seq_len if stride is None else as_int(stride, "stride")
@@ -60,6 +60,10 @@ def windows(n_tokens: int, seq_len: int, stride: int | None = None, bos: bool = 
 def window_nll(logits: torch.Tensor, tokens: torch.Tensor, n: int, stop: int) -> float:
     """``Σ −log p(tokens[t+1] | tokens[≤t])`` over the ``n`` positions ``t`` ending at ``stop − 1``
     (``logits[t]`` predicts token ``t + 1``): the scored part of one window, in nats, summed in fp64."""
+    n, stop = positive_int(n, "n", "positions to score"), as_int(stop, "stop")
+    if not n <= stop <= len(logits) or stop >= len(tokens):
+        raise ValueError(f"window_nll needs n ≤ stop ≤ len(logits) = {len(logits)} and stop < len(tokens) = "
+                         f"{len(tokens)}, got n={n}, stop={stop}")
     lg = logits[stop - n:stop].float()
     tgt = tokens[stop - n + 1:stop + 1]
     return -torch.log_softmax(lg, -1).gather(-1, tgt[:, None]).double().sum().item()
@@ -76,6 +80,21 @@ def check_token_stream(model, ids) -> torch.Tensor:
     return ids
 
 
+def protocol_windows(ids: torch.Tensor, seq_len: int, stride: int | None = None, max_tokens: int | None = None,
+             bos_token_id: int | None = None, vocab: int | None = None):
+    """The checked protocol shared by every perplexity of the course (ours, llama.cpp's):
+    ``(ids[:max_tokens], bos_token_id, windows)`` with the windows of :func:`windows`; the BOS id
+    must be a token of the vocabulary ``[0, vocab)``."""
+    if max_tokens is not None:
+        ids = ids[:positive_int(max_tokens, "max_tokens", "the first tokens of the stream to score, or None")]
+    if bos_token_id is not None:
+        bos_token_id = non_negative_int(bos_token_id, "bos_token_id", "the tokenizer's bos_token_id, or None")
+        if vocab is not None and bos_token_id >= vocab:
+            raise ValueError(f"bos_token_id={bos_token_id} is outside the vocabulary [0, {vocab}): use the "
+                             "tokenizer's bos_token_id")
+    return ids, bos_token_id, windows(len(ids), seq_len, stride, bos=bos_token_id is not None)
+
+
 @torch.no_grad()
 def perplexity(model, ids: torch.Tensor, seq_len: int = 512, stride: int | None = None,
                batch_size: int = 4, max_tokens: int | None = None, bos_token_id: int | None = None,
@@ -87,9 +106,11 @@ def perplexity(model, ids: torch.Tensor, seq_len: int = 512, stride: int | None 
     """
     ids = check_token_stream(model, ids)
     batch_size = positive_int(batch_size, "batch_size")
-    if max_tokens is not None:
-        ids = ids[:positive_int(max_tokens, "max_tokens")]
-    spans = windows(len(ids), seq_len, stride, bos=bos_token_id is not None)
+    ids, bos_token_id, spans = protocol_windows(ids, seq_len, stride, max_tokens, bos_token_id, model.config.vocab_size)
+    if not isinstance(logits_dtype, torch.dtype) or not logits_dtype.is_floating_point:
+        raise TypeError(f"logits_dtype must be a floating torch.dtype (torch.float32, torch.bfloat16, …), got "
+                        f"{logits_dtype!r}")
+    progress = flag(progress, "progress")
     dev = next(model.parameters()).device
     total, count, t0 = 0.0, 0, time.perf_counter()
     for i in tqdm(range(0, len(spans), batch_size), desc="perplexity", disable=not progress, leave=False):
@@ -114,8 +135,10 @@ def agreement(model, reference, prompts: torch.Tensor, new_tokens: int = 16) -> 
     """Task-level check that needs no labels: next-token top-1 agreement of ``model`` with
     ``reference`` over every position of ``prompts`` [batch, len], and the fraction of greedy
     continuations (``new_tokens`` long) that are identical."""
-    if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2:
+    if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2 or 0 in prompts.shape:
         raise ValueError(f"prompts must be token ids [batch, len], got {getattr(prompts, 'shape', prompts)!r}")
+    check_token_ids(model, prompts, "prompts")
+    check_token_ids(reference, prompts, "prompts")
     new_tokens = positive_int(new_tokens, "new_tokens")
     dev = next(model.parameters()).device
     p = prompts.to(dev)
@@ -152,18 +175,26 @@ def seed_perplexity(model, tokenizer, texts: list[str], max_length: int = 2048, 
     (a short text's loss counts for more than it scored); ``"per_token"`` weights by the ``n − 1``
     tokens really scored, i.e. the exact mean over tokens (texts of one token score nothing and are
     skipped). Returns ``{"ppl", "texts", "tokens"}`` (tokens summed the way the weighting counts)."""
-    if weighting not in ("as_written", "per_token"):
-        raise ValueError(f"weighting must be 'as_written' or 'per_token', got {weighting!r}")
+    one_of(weighting, "weighting", ("as_written", "per_token"))
+    if isinstance(texts, str) or not isinstance(texts, (list, tuple)) or not texts \
+            or not all(isinstance(t, str) for t in texts):
+        raise TypeError(f"texts must be a non-empty list of strings (one text: [text]), got {str(texts)[:60]!r}")
+    max_length = positive_int(max_length, "max_length", "tokens kept of each text")
     dev = next(model.parameters()).device
     total_loss, total_tokens, used = 0.0, 0, 0
-    for text in texts:
+    for i, text in enumerate(texts):
         ids = tokenizer(text, return_tensors="pt", max_length=max_length, truncation=True)["input_ids"].to(dev)
         n = ids.shape[1]
         if weighting == "per_token" and n < 2:
             continue
+        if n < 2:
+            raise ValueError(f"texts[{i}] has {n} token: its loss (a mean over no token) is NaN; drop texts of "
+                             "fewer than 2 tokens or use weighting='per_token'")
         loss = model(ids, labels=ids).loss.float().item()
         weight = n if weighting == "as_written" else n - 1
         total_loss += loss * weight
         total_tokens += weight
         used += 1
+    if total_tokens == 0:
+        raise ValueError("no text of texts has a token to score (each needs 2 tokens or more): give longer texts")
     return {"ppl": math.exp(total_loss / total_tokens), "texts": used, "tokens": total_tokens}

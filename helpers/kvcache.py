@@ -20,8 +20,14 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, QuantizedCache, QuantizedLayer, StaticCache
 
 from .quant import FP8_FORMATS
+from .validate import flag, model_config, non_negative_int, one_of, positive_int, positive_number, tensor
 
 KV_KINDS = ("baseline", "fp8-e4m3", "fp8-e5m2", "int4", "int4-hqq")
+# every name make_cache takes, and the keywords each one passes on to its layers
+CACHE_KEYWORDS = {"baseline": (), "static": (), "fp8-e4m3": ("margin",), "fp8-e5m2": ("margin",),
+                  "fp8-e4m3-unit": (), "fp8-e5m2-unit": (), "int4": ("q_group_size", "residual_length"),
+                  "int4-hqq": ("q_group_size", "residual_length")}
+HQQ_INSTALL = "pip install hqq==0.2.8.post1"
 
 
 def available_kinds() -> tuple[str, ...]:
@@ -34,12 +40,12 @@ class FP8Layer(DynamicLayer):
 
     def __init__(self, fmt: str = "e4m3fn", margin: float = 2.0, unit_scale: bool = False):
         super().__init__()
-        if fmt not in FP8_FORMATS:
-            raise ValueError(f"unknown FP8 format {fmt!r}; use one of {sorted(FP8_FORMATS)}")
-        self.fp8 = FP8_FORMATS[fmt]
+        self.fp8 = FP8_FORMATS[one_of(fmt, "fmt", FP8_FORMATS, what="FP8 format")]
         self.fmax = torch.finfo(self.fp8).max
-        self.margin = margin
-        self.unit_scale = unit_scale   # scale 1.0: what vLLM/SGLang use when a checkpoint has no k/v scales
+        self.margin = positive_number(margin, "margin", "the scale is amax × margin / fp8 max; 2.0 leaves room "
+                                      "for later, larger tokens")
+        # scale 1.0: what vLLM/SGLang use when a checkpoint has no k/v scales
+        self.unit_scale = flag(unit_scale, "unit_scale")
         self.length = 0
 
     def lazy_initialization(self, key_states, value_states):
@@ -66,6 +72,7 @@ class FP8Layer(DynamicLayer):
         return (codes.view(self.fp8).float() * scale).to(self.dtype)
 
     def update(self, key_states, value_states, *args, **kwargs):
+        _check_states(key_states, value_states, self.k_codes if self.is_initialized else None)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.k_codes = torch.cat([self.k_codes, self._encode(key_states, self.k_scale)], dim=-2)
@@ -80,16 +87,47 @@ class FP8Layer(DynamicLayer):
         return [self.k_codes, self.v_codes, self.k_scale, self.v_scale] if self.is_initialized else []
 
 
+def _check_states(key_states, value_states, codes=None) -> None:
+    """New keys and values [batch, kv_heads, tokens, head_dim], floating, of one shape (and of the
+    batch, heads and head_dim already stored)."""
+    k = tensor(key_states, "key_states", 4, "float", "[batch, kv_heads, tokens, head_dim]")
+    v = tensor(value_states, "value_states", 4, "float", "[batch, kv_heads, tokens, head_dim]")
+    if k.shape != v.shape:
+        raise ValueError(f"key_states {tuple(k.shape)} and value_states {tuple(v.shape)} must have one shape")
+    if codes is not None and (k.shape[:2], k.shape[-1]) != (codes.shape[:2], codes.shape[-1]):
+        raise ValueError(f"key_states {tuple(k.shape)} does not continue the cache's [batch, kv_heads, ·, head_dim] = "
+                         f"{tuple(codes.shape)}: use a fresh cache for another batch or model")
+
+
+def int4_group(head_dim: int, q_group_size: int) -> int:
+    """Columns per (scale, min) of :class:`Int4Layer` along ``head_dim``: ``q_group_size``, or the whole
+    row when the group is at least as wide as the head; a smaller group must divide ``head_dim``."""
+    if q_group_size >= head_dim:
+        return head_dim
+    if head_dim % q_group_size:
+        raise ValueError(f"q_group_size={q_group_size} does not divide head_dim={head_dim}; use a divisor of "
+                         f"{head_dim} (or ≥ {head_dim}: one group per head row)")
+    return q_group_size
+
+
 class Int4Layer(QuantizedLayer):
-    """transformers' QuantizedLayer with our own 4-bit backend (see module docstring)."""
+    """transformers' QuantizedLayer with our own 4-bit backend (see module docstring): groups of
+    ``q_group_size`` along ``head_dim`` (:func:`int4_group`); the last ``residual_length`` tokens
+    stay in full precision."""
 
     def __init__(self, q_group_size: int = 64, residual_length: int = 16):
-        super().__init__(nbits=4, axis_key=-1, axis_value=-1, q_group_size=q_group_size,
-                         residual_length=residual_length)
+        super().__init__(nbits=4, axis_key=-1, axis_value=-1,
+                         q_group_size=positive_int(q_group_size, "q_group_size", "columns of head_dim per scale"),
+                         residual_length=non_negative_int(residual_length, "residual_length",
+                                                          "recent tokens kept in full precision"))
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        _check_states(key_states, value_states)
+        return super().update(key_states, value_states, *args, **kwargs)
 
     def _quantize(self, tensor, axis):
         shape = tensor.shape
-        g = self.q_group_size if shape[-1] % self.q_group_size == 0 else shape[-1]
+        g = int4_group(shape[-1], self.q_group_size)
         x = tensor.float().reshape(*shape[:-1], shape[-1] // g, g)
         xmin, xmax = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
         scale = ((xmax - xmin) / 15).clamp(min=1e-8)
@@ -115,29 +153,44 @@ class Int4Layer(QuantizedLayer):
 
 def make_cache(kind: str, config, max_cache_len: int | None = None, **kw) -> Cache:
     """A fresh cache of one of :data:`KV_KINDS` for a model ``config`` (``"static"`` allocates
-    ``max_cache_len`` up front; the others grow)."""
-    n = config.num_hidden_layers
+    ``max_cache_len`` up front; the others grow and need none). ``kw`` goes to the layers:
+    ``margin`` for ``fp8-*``, ``q_group_size`` and ``residual_length`` for ``int4*`` (:data:`CACHE_KEYWORDS`);
+    ``-unit`` after an FP8 kind fixes the scale at 1.0 instead of the calibrated per-head scale."""
+    one_of(kind, "kind", CACHE_KEYWORDS, what="KV cache kind")
+    n = positive_int(model_config(config).num_hidden_layers, "config.num_hidden_layers")
+    if max_cache_len is not None:
+        max_cache_len = positive_int(max_cache_len, "max_cache_len", "tokens the cache can hold")
+    unknown = sorted(set(kw) - set(CACHE_KEYWORDS[kind]))
+    if unknown:
+        raise TypeError(f"make_cache({kind!r}) takes no keyword {unknown}; it takes {list(CACHE_KEYWORDS[kind]) or 'none'}")
     if kind == "baseline":  # the model's own dtype, transformers' default DynamicCache
         return DynamicCache(config=config)
     if kind == "static":
-        if not max_cache_len:
-            raise ValueError("a static cache needs max_cache_len")
+        if max_cache_len is None:
+            raise ValueError("a static cache needs max_cache_len (the prompt plus the new tokens)")
         return StaticCache(config=config, max_cache_len=max_cache_len)
-    if kind.startswith("fp8-"):   # "-unit": scale 1.0 instead of the calibrated per-head scale
-        fmt = {"fp8-e4m3": "e4m3fn", "fp8-e5m2": "e5m2"}.get(kind.removesuffix("-unit"))
-        if fmt is None:
-            raise ValueError(f"unknown FP8 cache {kind!r}; use fp8-e4m3 or fp8-e5m2 (optionally with -unit)")
+    if kind.startswith("fp8-"):
+        fmt = {"fp8-e4m3": "e4m3fn", "fp8-e5m2": "e5m2"}[kind.removesuffix("-unit")]
         return Cache(layers=[FP8Layer(fmt, unit_scale=kind.endswith("-unit"), **kw) for _ in range(n)])
     if kind == "int4":
-        return Cache(layers=[Int4Layer(**kw) for _ in range(n)])
-    if kind == "int4-hqq":  # transformers' QuantizedCache, HQQ backend (pip install hqq==0.2.8.post1)
-        kw = {"q_group_size": 64, "residual_length": 16, **kw}
-        return QuantizedCache("hqq", config, nbits=4, axis_key=1, axis_value=1, **kw)
-    raise ValueError(f"unknown KV cache kind {kind!r}; use one of {KV_KINDS} or 'static'")
+        layers = [Int4Layer(**kw) for _ in range(n)]
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        int4_group(head_dim, layers[0].q_group_size)       # a group that does not fit fails here, not in generate
+        return Cache(layers=layers)
+    # int4-hqq: transformers' QuantizedCache, HQQ backend
+    if importlib.util.find_spec("hqq") is None:
+        raise ImportError(f"the int4-hqq cache needs the hqq package: {HQQ_INSTALL} (available_kinds() lists "
+                          "the kinds installed here)")
+    kw = {"q_group_size": positive_int(kw.get("q_group_size", 64), "q_group_size"),
+          "residual_length": non_negative_int(kw.get("residual_length", 16), "residual_length")}
+    return QuantizedCache("hqq", config, nbits=4, axis_key=1, axis_value=1, **kw)
 
 
 def stored_bytes(cache: Cache) -> int:
     """Bytes the cache actually stores (codes, scales, residual full-precision tokens), each once."""
+    if not isinstance(cache, Cache):
+        raise TypeError(f"cache must be a transformers Cache (make_cache(kind, config), or the past_key_values of "
+                        f"a generate call), got {type(cache).__name__}")
     total, seen = 0, set()
     for layer in cache.layers:
         if hasattr(layer, "stored_tensors"):
@@ -167,7 +220,9 @@ def _flatten(obj) -> list:
 def fp8_roundtrip_bound(x: torch.Tensor, fmt: str = "e4m3fn", margin: float = 2.0) -> torch.Tensor:
     """Element-wise error bound of the FP8 layer's round trip: half an ulp of the scaled value,
     ``|x| · eps/2`` for normal values, plus half the subnormal spacing for tiny ones."""
-    dt = FP8_FORMATS[fmt]
+    tensor(x, "x", 4, "float", "[batch, kv_heads, tokens, head_dim] (keys or values)")
+    dt = FP8_FORMATS[one_of(fmt, "fmt", FP8_FORMATS, what="FP8 format")]
+    margin = positive_number(margin, "margin", "the same margin as the FP8Layer's")
     fi = torch.finfo(dt)
     mant = {"e4m3fn": 3, "e5m2": 2, "e4m3fnuz": 3}[fmt]
     scale = (x.abs().amax(dim=(0, 2, 3), keepdim=True).float() * margin / fi.max).clamp(min=1e-8)

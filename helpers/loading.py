@@ -19,6 +19,7 @@ CPU peaks are resident-set peaks of this process (Linux ``VmHWM``, reset through
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 from pathlib import Path
@@ -28,7 +29,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .config import file_lock
+from .config import file_lock, read_json
+from .models import parse_dtype, unreadable_safetensors
+from .validate import bad_file, json_fields, non_negative_number, positive_number, text
 
 _HWM = Path("/proc/self/status")
 _CLEAR = Path("/proc/self/clear_refs")
@@ -55,6 +58,9 @@ def _hwm() -> int:
 
 def peak_rss_during(fn):
     """``(fn(), peak resident bytes above the start)`` for this process while ``fn`` runs."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a function of no arguments (e.g. lambda: load_lazy(folder)), got "
+                        f"{type(fn).__name__}")
     gc.collect()
     base = _rss()
     if _reset_hwm():
@@ -76,12 +82,61 @@ def peak_rss_during(fn):
     return result, max(0, max(peak[0], _rss()) - base)
 
 
+def checkpoint_dir(folder, needs: tuple[str, ...] = ("safetensors",)) -> Path:
+    """``folder`` as a ``Path`` to a checkpoint directory holding what ``needs`` names — ``"config"``
+    (``config.json``), ``"safetensors"`` (readable ``*.safetensors``: a truncated copy is named here,
+    not deep in the library), ``"bin"`` (``pytorch_model.bin``) — or an error that says what to do."""
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"folder must be a checkpoint directory (str or Path), got {type(folder).__name__}")
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a directory: pass the folder save_pretrained(...) wrote")
+    if "config" in needs and not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} has no config.json: pass the folder save_pretrained(...) wrote")
+    if "safetensors" in needs:
+        if not any(folder.glob("*.safetensors")):
+            raise FileNotFoundError(f"{folder} holds no .safetensors files: pass a checkpoint directory "
+                                    "(save_pretrained(folder, safe_serialization=True))")
+        problem = unreadable_safetensors(folder)
+        if problem:
+            raise ValueError(f"{folder / problem.split(':')[0]} cannot be read ({problem.split(': ')[-1]}): the file "
+                             "is truncated or not safetensors. Save or download the checkpoint again.")
+    if "bin" in needs and not (folder / "pytorch_model.bin").is_file():
+        raise FileNotFoundError(f"{folder} has no pytorch_model.bin: call write_pickle_copy(folder) first")
+    return folder
+
+
+def _device(device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N' (the peaks measured here), got {device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device={device!r} but no CUDA device is visible here: use device='cpu'")
+    return dev
+
+
+def _float_dtype(dtype) -> torch.dtype:
+    dt = parse_dtype(dtype)
+    if not dt.is_floating_point:
+        raise ValueError(f"dtype must be a floating dtype to load weights in (bf16, fp16, fp32), got {dt}")
+    return dt
+
+
+def _torch_load(path: Path, **kw):
+    try:
+        return torch.load(path, weights_only=True, **kw)
+    except Exception as e:  # truncated, foreign or unsafe pickle: the library's error lacks the remedy
+        raise ValueError(f"{path} cannot be read by torch.load(weights_only=True) ({type(e).__name__}): delete it "
+                         "and call write_pickle_copy(folder) again") from None
+
+
 def write_pickle_copy(folder) -> Path:
     """Write the safetensors weights of ``folder`` also as a pickled ``pytorch_model.bin`` (same tensors)."""
-    folder = Path(folder)
+    folder = checkpoint_dir(folder)
     files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{folder} holds no .safetensors files: pass a checkpoint directory")
     state = {}
     for f in files:
         state.update(load_file(f))
@@ -93,19 +148,16 @@ def write_pickle_copy(folder) -> Path:
 def read_seconds(folder) -> dict:
     """Seconds to read every weight tensor into memory: safetensors vs pickled ``torch.load``
     (``weights_only=True``, and with ``mmap=True``). Each read touches every byte (a sum)."""
-    folder = Path(folder)
+    folder = checkpoint_dir(folder, ("safetensors", "bin"))
     st, pkl = sorted(folder.glob("*.safetensors")), folder / "pytorch_model.bin"
-    if not st or not pkl.exists():
-        raise FileNotFoundError(f"{folder} needs *.safetensors and pytorch_model.bin "
-                                "(call write_pickle_copy(folder) first)")
 
     def touch(state):
         return sum(float(t.float().sum()) for t in state.values() if t.is_floating_point())
 
     out = {}
     for name, read in (("safetensors", lambda: {k: v for f in st for k, v in load_file(f).items()}),
-                       ("torch.load", lambda: torch.load(pkl, weights_only=True)),
-                       ("torch.load mmap", lambda: torch.load(pkl, weights_only=True, mmap=True))):
+                       ("torch.load", lambda: _torch_load(pkl)),
+                       ("torch.load mmap", lambda: _torch_load(pkl, mmap=True))):
         t = time.perf_counter()
         touch(read())
         out[name] = time.perf_counter() - t
@@ -114,10 +166,10 @@ def read_seconds(folder) -> dict:
 
 def load_naive(folder, device="cpu"):
     """The tutorial load: model from config in fp32 (default dtype), state dict read whole, copied in."""
-    folder = Path(folder)
+    folder, device = checkpoint_dir(folder, ("config", "bin")), _device(device)
     config = AutoConfig.from_pretrained(folder)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device)
-    state = torch.load(folder / "pytorch_model.bin", weights_only=True, map_location=device)
+    state = _torch_load(folder / "pytorch_model.bin", map_location=device)
     model.load_state_dict(state, strict=False)
     del state
     return model
@@ -125,6 +177,7 @@ def load_naive(folder, device="cpu"):
 
 def load_lazy(folder, device="cpu", dtype=torch.bfloat16):
     """``from_pretrained``: meta-device model, memory-mapped safetensors, one copy in ``dtype``."""
+    folder, device, dtype = checkpoint_dir(folder, ("config", "safetensors")), _device(device), _float_dtype(dtype)
     return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, device_map=str(device),
                                                 use_safetensors=True, trust_remote_code=False)
 
@@ -132,11 +185,13 @@ def load_lazy(folder, device="cpu", dtype=torch.bfloat16):
 def load_peaks(folder, device="cpu", dtype=torch.bfloat16) -> list[dict]:
     """Peak and seconds of :func:`load_naive` and :func:`load_lazy` on ``device`` (CPU: resident set;
     CUDA: allocator peak), plus the bytes the loaded parameters hold."""
+    folder = checkpoint_dir(folder, ("config", "safetensors", "bin"))
+    device, dtype = _device(device), _float_dtype(dtype)
     rows = []
     for name, load in (("naive: fp32 from config + torch.load", lambda: load_naive(folder, device)),
                        (f"from_pretrained({str(dtype).replace('torch.', '')}, safetensors)",
                         lambda: load_lazy(folder, device, dtype))):
-        cuda = torch.device(device).type == "cuda"
+        cuda = device.type == "cuda"
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
@@ -153,21 +208,43 @@ def load_peaks(folder, device="cpu", dtype=torch.bfloat16) -> list[dict]:
     return rows
 
 
+# what one row of load_peaks() holds, checked when load_peaks.json is read back
+PEAK_ROW = {"load": text, "device": text, "peak_bytes": non_negative_number, "param_bytes": positive_number,
+            "peak_over_params": non_negative_number, "seconds": non_negative_number}
+
+
+def read_load_peaks(path) -> dict:
+    """``load_peaks.json`` as ``{"device:dtype": [row of load_peaks(), row]}``, every row checked
+    (type, keys, finite non-negative numbers); an error naming the file when it is not that."""
+    known = read_json(path)
+    if not isinstance(known, dict):
+        raise bad_file(path, f"holds {type(known).__name__}, not the {{'device:dtype': rows}} table of load_peaks")
+    for key, rows in known.items():
+        if not isinstance(rows, list) or len(rows) != 2:
+            raise bad_file(path, f"has {str(rows)[:40]!r} under {key!r}, not the two rows of load_peaks()")
+        for i, row in enumerate(rows):
+            json_fields(row, path, PEAK_ROW, f"{key!r} row {i}")
+    return known
+
 
 def remembered_load_peaks(folder, device="cpu", dtype=torch.bfloat16) -> list[dict]:
     """:func:`load_peaks`, measured once per checkpoint and device and kept next to the checkpoint
     (``load_peaks.json``): notebooks 08 and 09 share one measurement instead of repeating it (one
-    process measures; another that asks meanwhile waits for it)."""
+    process measures; another that asks meanwhile waits for it). A file that is not what
+    :func:`read_load_peaks` expects is measured again (and we say so), never trusted."""
     import json
-    path = Path(folder) / "load_peaks.json"
+    folder = checkpoint_dir(folder, ("config", "safetensors"))
+    device, dtype = _device(device), _float_dtype(dtype)
+    path = folder / "load_peaks.json"
     key = f"{device}:{str(dtype).replace('torch.', '')}"
     with file_lock(path.with_suffix(".lock")):
         try:
-            known = json.loads(path.read_text()) if path.exists() else {}
-        except ValueError:          # a corrupt file is re-measured, not trusted
+            known = read_load_peaks(path) if path.exists() else {}
+        except ValueError as e:
+            print(f"[loading] {str(e).split('. It is a file')[0]}; measuring again.")
             known = {}
         if key not in known:
-            if not (Path(folder) / "pytorch_model.bin").exists():
+            if not (folder / "pytorch_model.bin").exists():
                 write_pickle_copy(folder)
             known[key] = load_peaks(folder, device, dtype)
             path.write_text(json.dumps(known, indent=1))

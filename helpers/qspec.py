@@ -14,28 +14,15 @@ It mirrors compressed-tensors' ``QuantizationArgs`` (``num_bits``, ``strategy`` 
 """
 from __future__ import annotations
 
-import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+# as_int and positive_int are the course's shared door checks (helpers.validate); importable from here too
+from .validate import as_int, positive_int
+
+__all__ = ["SUPPORTED_BITS", "QuantSpec", "allowed_group_sizes", "as_int", "check_bits", "check_group_size",
+           "positive_int"]
 
 SUPPORTED_BITS = (2, 3, 4, 8)
-
-
-def as_int(value, name: str) -> int:
-    """``value`` as a Python int (numpy and torch integers accepted); bools and floats refused."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got the bool {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
-
-
-def positive_int(value, name: str) -> int:
-    """``value`` as an int ≥ 1, or a ``ValueError`` that names ``name``."""
-    v = as_int(value, name)
-    if v <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {v}")
-    return v
 
 
 def check_bits(bits) -> int:
@@ -59,7 +46,9 @@ def check_group_size(group_size) -> int | None:
 
 def allowed_group_sizes(columns: int, candidates=(16, 32, 64, 128, 256)) -> list[int]:
     """Group sizes among common choices that divide ``columns``."""
-    return [g for g in candidates if columns % g == 0]
+    columns = positive_int(columns, "columns", "the weight's number of input columns")
+    sizes = [positive_int(g, "candidates", "group sizes are positive integers") for g in candidates]
+    return [g for g in sizes if columns % g == 0]
 
 
 @dataclass(frozen=True)
@@ -79,6 +68,9 @@ class QuantSpec:
     def of(cls, spec: QuantSpec | None = None, **kw) -> QuantSpec:
         """``spec`` itself, or a spec built from keyword arguments (``bits``, ``group_size``,
         ``symmetric``); giving both is an error, so no argument is silently ignored."""
+        unknown = sorted(set(kw) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TypeError(f"unknown keyword(s) {unknown}: a QuantSpec takes bits=, group_size= and symmetric=")
         if spec is None:
             return cls(**kw)
         if not isinstance(spec, QuantSpec):
@@ -94,6 +86,7 @@ class QuantSpec:
 
     def group_for(self, columns: int) -> int:
         """Columns per (scale, zero) for a weight with ``columns`` inputs; the group must divide them."""
+        columns = positive_int(columns, "columns", "the weight's number of input columns")
         if self.group_size is None:
             return columns
         if columns % self.group_size:

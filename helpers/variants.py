@@ -9,13 +9,14 @@
   another dtype, other weights — another key, never a stale score.
 
 Every file read back is checked: a variant whose safetensors is truncated or whose size/hash does
-not match its JSON is rebuilt (with a message naming the file); a corrupt score table is set aside
-and rebuilt.
+not match its JSON is rebuilt (with a message naming the file); a score table that is corrupt, or
+parses but is not a table of scores (:func:`read_scores`), is set aside and rebuilt.
 """
 from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import json
 import os
 import time
@@ -25,40 +26,77 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from . import awq, evaluate, gptq, llm_compressor
+from .calib import options_and_calibration
 from .config import cache_dir, file_lock, profile, read_json
 from .course_model import Bench
 from .qspec import QuantSpec
 from .quant import quantizable_linears, rtn_model
+from .validate import as_int, bad_file, flag, json_fields, non_negative_int, positive_int, positive_number, text
 
 # Bump when one of our quantizers changes the weights it produces, so stored variants are rebuilt
 # (2: AWQ scores α in bf16 on CPUs with bf16 units and clips with one bmm; 3: keys carry QuantSpec).
 CACHE_VERSION = 3
 METHODS = ("rtn", "gptq", "awq")
 IMPLS = ("ours", "llmcompressor")
+SPEC_KEYWORDS = ("bits", "group_size", "symmetric")
+# the settings of helpers.evaluate.perplexity a remembered score may override (all enter its key)
+PROTOCOL_KEYS = ("seq_len", "stride", "batch_size", "max_tokens", "bos_token_id", "logits_dtype")
 
 
 # ----------------------------------------------------------------------------------- quantizers
+def _check_method(method, impl) -> None:
+    if not (isinstance(method, str) and method in METHODS) or impl not in IMPLS or (method == "rtn" and impl != "ours"):
+        raise ValueError(f"unknown quantizer method={method!r}, impl={impl!r}: methods {METHODS}, "
+                         f"implementations {IMPLS} (RTN is ours only)")
+
+
+# our quantizers: the options dataclass their settings go to, and the course's defaults (GPTQ: act-order
+# with static groups, llm-compressor's default, so both do the same work)
+OURS = {"gptq": (gptq.GPTQOptions, {"actorder": True, "static_groups": True}), "awq": (awq.AWQOptions, {})}
+
+
+def quantizer_settings(method: str, impl: str = "ours", spec: QuantSpec | None = None, **kw) -> tuple[QuantSpec, dict]:
+    """``(spec, settings)`` of a quantizer call, checked at the door: ``bits=``, ``group_size=``,
+    ``symmetric=`` build the spec (:meth:`QuantSpec.of`: with ``spec=`` too is an error); every other
+    keyword must be a setting of the quantizer that runs — a field of our options dataclass or of
+    :class:`helpers.calib.CalibSpec`, a parameter of llm-compressor's bridge; RTN has none — so none
+    is silently ignored."""
+    _check_method(method, impl)
+    spec = QuantSpec.of(spec, **{k: kw.pop(k) for k in SPEC_KEYWORDS if k in kw})
+    if method != "rtn" and impl == "ours":
+        options_type, defaults = OURS[method]
+        options_and_calibration(options_type, {**defaults, **kw})        # builds both: checks every value
+        return spec, kw
+    allowed = set() if method == "rtn" else {
+        n for n, p in inspect.signature(llm_compressor.oneshot_quantize).parameters.items()
+        if n not in ("model", "calib", "spec", "method") and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    unknown = sorted(set(kw) - allowed)
+    if unknown:
+        takes = sorted(allowed) if allowed else "none besides bits=, group_size=, symmetric="
+        raise TypeError(f"{method} ({impl}) has no setting {unknown}; its settings: {takes}")
+    return spec, kw
+
+
 def apply_quantizer(model, calib, method: str, impl: str = "ours", spec: QuantSpec | None = None,
                     **kw) -> dict:
     """Quantize ``model`` in place: ``method`` ∈ rtn | gptq | awq, ``impl`` ∈ ours | llmcompressor.
-    GPTQ defaults to act-order with static groups, like llm-compressor's default, so both do the
-    same work. Returns ``{"seconds", "calib_tokens", …}``."""
-    spec = QuantSpec.of(spec)
-    if method not in METHODS or impl not in IMPLS or (method == "rtn" and impl != "ours"):
-        raise ValueError(f"unknown quantizer method={method!r}, impl={impl!r}: methods {METHODS}, "
-                         f"implementations {IMPLS} (RTN is ours only)")
+    ``spec`` (or ``bits=``, ``group_size=``, ``symmetric=``) is the grid; other keywords are the
+    quantizer's settings (:func:`quantizer_settings`; ours split into their options and
+    :class:`helpers.calib.CalibSpec`). GPTQ defaults to act-order with static groups (:data:`OURS`),
+    like llm-compressor's default, so both do the same work. RTN uses no calibration.
+    Returns ``{"seconds", "calib_tokens", …}``."""
+    spec, kw = quantizer_settings(method, impl, spec, **kw)
     t0 = time.perf_counter()
     if method == "rtn":
         rtn_model(model, spec)
-        info = {}
+        info, calib = {}, None
     elif impl == "llmcompressor":
         info = llm_compressor.oneshot_quantize(model, calib, method, spec, **kw)
-    elif method == "gptq":
-        kw.setdefault("actorder", True)
-        kw.setdefault("static_groups", True)
-        info = gptq.gptq_model(model, calib, spec, progress=True, **kw)
     else:
-        info = awq.awq_model(model, calib, spec, progress=True, **kw)
+        options_type, defaults = OURS[method]
+        options, calibration = options_and_calibration(options_type, {**defaults, **kw})
+        run = gptq.gptq_model if method == "gptq" else awq.awq_model
+        info = run(model, calib, spec, options, calibration, progress=True)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return {"seconds": time.perf_counter() - t0, "calib_tokens": 0 if calib is None else int(calib.numel()),
@@ -69,6 +107,12 @@ def apply_quantizer(model, calib, method: str, impl: str = "ours", spec: QuantSp
 def variant_key(model: str, method: str, impl: str, spec: QuantSpec | None, calib_tokens: int = 0,
                 **extra) -> str:
     """A readable, stable key: ``model-method-impl-w4g64-c{calib_tokens}[-hash(extra)]``."""
+    if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
+        raise TypeError(f"model must be the model's name or path (str), got {type(model).__name__} {model!r}")
+    _check_method(method, impl)
+    if spec is not None and not isinstance(spec, QuantSpec):
+        raise TypeError(f"spec must be a QuantSpec or None, got {type(spec).__name__} {spec!r}")
+    calib_tokens = non_negative_int(calib_tokens, "calib_tokens", "calibration tokens (calib.numel(), 0 for RTN)")
     name = Path(str(model)).name.replace("/", "_")
     key = f"{name}-{method}-{impl}-{spec.label if spec else 'none'}-c{calib_tokens}"
     if extra:
@@ -78,6 +122,12 @@ def variant_key(model: str, method: str, impl: str, spec: QuantSpec | None, cali
 
 def _store() -> Path:
     return cache_dir("variants")
+
+
+def _check_key(key) -> str:
+    if not isinstance(key, str) or not key or any(c in key for c in "/\\") or key.startswith("."):
+        raise ValueError(f"key must be a file name without folders (variant_key(...) makes one), got {key!r}")
+    return key
 
 
 def _file_sha256(path: Path) -> str:
@@ -91,7 +141,9 @@ def _file_sha256(path: Path) -> str:
 def save(model, key: str, meta: dict) -> Path:
     """Store the decoder linears' (fake-quantized) weights as safetensors, and ``meta`` plus the
     file's size and SHA-256 as JSON (written last: a variant without its JSON is incomplete)."""
-    path = _store() / f"{key}.safetensors"
+    if not isinstance(meta, dict):
+        raise TypeError(f"meta must be a dict of facts to store with the variant, got {type(meta).__name__}")
+    path = _store() / f"{_check_key(key)}.safetensors"
     save_file({f"{n}.weight": m.weight.detach().cpu().contiguous()
                for n, m in quantizable_linears(model).items()}, str(path))
     meta = {**meta, "file_bytes": path.stat().st_size, "sha256": _file_sha256(path)}
@@ -102,13 +154,15 @@ def save(model, key: str, meta: dict) -> Path:
 def load(model, key: str) -> dict | None:
     """Load a stored variant into ``model`` in place and return its meta; None when it is not stored
     or fails its checks (size, hash, tensors) — then the caller rebuilds it, and we say why."""
-    path, meta_path = _store() / f"{key}.safetensors", _store() / f"{key}.json"
+    path, meta_path = _store() / f"{_check_key(key)}.safetensors", _store() / f"{key}.json"
     if not path.exists() or not meta_path.exists():
         return None
     problem = None
     try:
         meta = read_json(meta_path)
-        if path.stat().st_size != meta.get("file_bytes") or _file_sha256(path) != meta.get("sha256"):
+        if not isinstance(meta, dict):
+            problem = f"its JSON holds {type(meta).__name__}, not the dict of facts save() writes"
+        elif path.stat().st_size != meta.get("file_bytes") or _file_sha256(path) != meta.get("sha256"):
             problem = "its size or SHA-256 differs from what was written"
         else:
             state = load_file(str(path))
@@ -130,6 +184,7 @@ def load(model, key: str) -> dict | None:
 
 def bench_key(bench: Bench, method: str, impl: str, spec: QuantSpec, calib, **kw) -> str:
     """The store key of a variant of the bench model: everything that determines its weights."""
+    _check_bench(bench)
     return variant_key(bench.name, method, impl, spec, 0 if calib is None else calib.numel(),
                        profile=profile(), real=bench.quality_meaningful, version=CACHE_VERSION,
                        dtype=str(bench.dtype), **kw)
@@ -138,18 +193,30 @@ def bench_key(bench: Bench, method: str, impl: str, spec: QuantSpec, calib, **kw
 def stored_meta(bench: Bench, method: str, impl: str = "ours", spec: QuantSpec | None = None, **kw) -> dict | None:
     """The facts stored with a variant (``seconds``, …) without loading its weights; None when it
     is not stored (then :func:`variant` makes it)."""
-    spec = QuantSpec.of(spec) if spec is not None else QuantSpec()
+    _check_bench(bench)
+    spec, kw = quantizer_settings(method, impl, spec, **kw)
     key = bench_key(bench, method, impl, spec, None if method == "rtn" else bench.calib(), **kw)
     path = _store() / f"{key}.json"
-    return read_json(path) if path.exists() and (_store() / f"{key}.safetensors").exists() else None
+    if not path.exists() or not (_store() / f"{key}.safetensors").exists():
+        return None
+    meta = read_json(path)
+    return meta if isinstance(meta, dict) else None     # not a dict of facts: variant() rebuilds it
+
+
+def _check_bench(bench) -> None:
+    if not isinstance(bench, Bench):
+        raise TypeError(f"bench must be the Bench of helpers.course_model.setup(), got {type(bench).__name__}")
 
 
 def variant(bench: Bench, method: str, impl: str = "ours", spec: QuantSpec | None = None,
             rebuild: bool = False, **kw):
     """``(model, meta, key)``: a quantized copy of the bench model, from the store when it was made
     before (in this or an earlier notebook), else made now and stored. ``spec`` defaults to W4 g64
-    asymmetric; ``kw`` goes to the quantizer (and into the key)."""
-    spec = QuantSpec.of(spec) if spec is not None else QuantSpec()
+    asymmetric (``bits=``, ``group_size=``, ``symmetric=`` build it too); the other keywords go to the
+    quantizer (and into the key), checked by :func:`quantizer_settings`."""
+    _check_bench(bench)
+    spec, kw = quantizer_settings(method, impl, spec, **kw)
+    rebuild = flag(rebuild, "rebuild")
     calib = None if method == "rtn" else bench.calib()
     key = bench_key(bench, method, impl, spec, calib, **kw)
     model = copy.deepcopy(bench.model)
@@ -168,6 +235,7 @@ def weights_fingerprint(model) -> str:
     """SHA-1 of every parameter's and buffer's bytes, with its name, shape and dtype (tied weights
     counted once): any change of any weight changes it. About 0.4 s for 135 M fp32 weights on a
     2-core CPU. (SHA-1 identifies content here; nothing relies on it against an adversary.)"""
+    _check_model(model)
     h, seen = hashlib.sha1(), set()
     for name, p in model.state_dict().items():
         h.update(f"{name}|{tuple(p.shape)}|{p.dtype}".encode())
@@ -181,26 +249,52 @@ def weights_fingerprint(model) -> str:
 
 def score_key(model, ids: torch.Tensor, protocol: dict) -> str:
     """Everything that determines a perplexity: tokens, weights, dtype, protocol, quantizer version."""
+    _check_model(model)
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"ids must be the evaluated token ids (a torch.Tensor), got {type(ids).__name__}")
+    if not isinstance(protocol, dict):
+        raise TypeError(f"protocol must be a dict of perplexity settings, got {type(protocol).__name__}")
     tokens = hashlib.sha256(ids.cpu().numpy().tobytes()).hexdigest()[:16]
     dtype = str(next(model.parameters()).dtype)
     proto = json.dumps(protocol, sort_keys=True, default=str)
     return f"ppl|{tokens}|{weights_fingerprint(model)}|{dtype}|{proto}|v{CACHE_VERSION}"
 
 
+def _check_model(model) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch model (bench.model or a variant), got {type(model).__name__}")
+
+
 def _scores_path() -> Path:
     return cache_dir() / "scores.json"
 
 
+# what one remembered score holds, checked when scores.json is read back
+SCORE_FIELDS = {"ppl": positive_number, "scored_tokens": positive_int, "label": text}
+
+
+def read_scores(path) -> dict:
+    """``scores.json`` as ``{score key: {"ppl", "scored_tokens", "label"}}``, each entry checked
+    (type, keys, a finite positive perplexity); an error naming the file when it is not that."""
+    table = read_json(path)
+    if not isinstance(table, dict):
+        raise bad_file(path, f"holds {type(table).__name__}, not the {{score key: score}} table")
+    for key, row in table.items():
+        json_fields(row, path, SCORE_FIELDS, f"entry {key[:40]!r}")
+    return table
+
+
 def remembered_scores() -> dict:
-    """Every remembered score (``{score key: {"ppl", "scored_tokens", "label"}}``); a corrupt file is
-    set aside (renamed ``.corrupt``) and the scores are recomputed."""
+    """Every remembered score (:func:`read_scores`); a corrupt file, or one that is not such a
+    table, is set aside (renamed ``.corrupt``) and the scores are recomputed."""
     path = _scores_path()
     if not path.exists():
         return {}
     try:
-        return read_json(path)
+        return read_scores(path)
     except ValueError as e:
-        print(f"[variants] {e} Setting it aside as {path.name}.corrupt; scores will be recomputed.")
+        print(f"[variants] {str(e).split(' It is a file')[0]} Setting it aside as {path.name}.corrupt; "
+              "scores will be recomputed.")
         path.replace(path.with_suffix(".json.corrupt"))
         return {}
 
@@ -210,9 +304,21 @@ def perplexity(bench: Bench, model=None, label: str | None = None, **protocol) -
 
     ``model`` defaults to the bench model; ``label`` (a variant key) names the row in the table.
     ``protocol`` overrides :func:`helpers.evaluate.perplexity`'s settings (``seq_len``, ``stride``,
-    ``bos_token_id``, ``max_tokens``, ``logits_dtype``); all of them enter the remembered key."""
+    ``bos_token_id``, ``max_tokens``, ``logits_dtype``, ``batch_size``); all of them enter the remembered key."""
+    _check_bench(bench)
     model = bench.model if model is None else model
+    _check_model(model)
+    if label is not None:
+        text(label, "label", "the variant key that names the row, or None")
+    unknown = sorted(set(protocol) - set(PROTOCOL_KEYS))
+    if unknown:
+        raise TypeError(f"perplexity has no setting {unknown}; its settings: {list(PROTOCOL_KEYS)}")
     protocol = {"seq_len": bench.settings["seq_len"], "max_tokens": bench.settings["eval_tokens"], **protocol}
+    if protocol["max_tokens"] is not None:
+        protocol["max_tokens"] = positive_int(protocol["max_tokens"], "max_tokens", "tokens to score, or None")
+    for k in ("seq_len", "stride", "batch_size", "bos_token_id"):   # plain ints: numpy's 512 and 512 share a key
+        if protocol.get(k) is not None:
+            protocol[k] = as_int(protocol[k], k)
     ids = bench.eval_ids[:protocol["max_tokens"]] if protocol["max_tokens"] else bench.eval_ids
     key = score_key(model, ids, {k: v for k, v in protocol.items() if k != "max_tokens"})
     table = remembered_scores()

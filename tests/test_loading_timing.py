@@ -35,8 +35,10 @@ def test_read_seconds_and_same_tensors(checkpoint):
 
 
 def test_loading_bad_input(tmp_path):
+    from safetensors.torch import save_file
     with pytest.raises(FileNotFoundError, match="no .safetensors"):
         loading.write_pickle_copy(tmp_path)
+    save_file({"w": torch.zeros(4)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(FileNotFoundError, match="write_pickle_copy"):
         loading.read_seconds(tmp_path)
 
