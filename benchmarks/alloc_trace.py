@@ -1,8 +1,8 @@
 """The real allocation sequence of one ``generate``, recorded by PyTorch's memory history, beside the
-sequence :func:`helpers.budget.generation_ops` assumes: where the reserved-memory prediction comes from,
+sequence :func:`helpers.budget_detail.generation_ops` assumes: where the reserved-memory prediction comes from,
 and, where it misses, which blocks it misses (issue 16's device-level footprint).
 
-    python benchmarks/alloc_trace.py --arch Llama-3.2-1B --layers 2 --seq 2048 --batch 2 --out results/h200/alloc_trace.json
+    python -m benchmarks.alloc_trace --arch Llama-3.2-1B --layers 2 --seq 2048 --batch 2 --out results/h200/alloc_trace.json
 
 Writes per attention implementation: the allocator events of the call (``alloc``/``free_completed``
 with size and the innermost transformers/torch Python frame), the reserved bytes measured and
@@ -17,9 +17,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import budget, generation, measure, models  # noqa: E402
-from helpers.allocator_sim import simulate  # noqa: E402
+from helpers import budget_detail, generation, measure, models
+from helpers.allocator_sim import simulate
 
 
 def frame(entry) -> str:
@@ -72,8 +71,8 @@ def main():
         generation.measure_generate(model, 64, 1, 2)          # kernels loaded, workspaces allocated
         r = trace(model, args.seq, args.batch, args.new_tokens)
         cfg = model.config
-        w_ops = budget.weight_ops(cfg)
-        pred = simulate(budget.generation_ops(cfg, args.seq, args.new_tokens, args.batch, attention))["reserved"]
+        w_ops = budget_detail.weight_ops(cfg)
+        pred = simulate(budget_detail.generation_ops(cfg, args.seq, args.new_tokens, args.batch, attention))["reserved"]
         r.update(arch=args.arch, layers=args.layers, attention=attention, seq_len=args.seq, batch=args.batch,
                  new_tokens=args.new_tokens, reserved_pred_over_weights=pred - simulate(w_ops)["reserved"])
         rows.append(r)

@@ -1,15 +1,20 @@
 """Predicted vs measured GPU memory for real architectures (random weights), on the live CUDA device.
 
-    python benchmarks/budget_accuracy.py [--out results/h200/budget_accuracy.json]
-    python benchmarks/budget_accuracy.py --repredict      # after a formula change: predictions only
+    python -m benchmarks.budget_accuracy [--out results/h200/budget_accuracy.json]
+    python -m benchmarks.budget_accuracy --repredict      # after a formula change: predictions only
 
 Rows: model, attention (sdpa | eager), seq_len, batch, weights_pred/meas, kv_pred/meas,
 peak_pred/meas (bytes; peaks are over the weights, during ``generate`` with a dynamic bf16 cache),
 the same peak split into the prefill (first forward) and decode (later forwards) phases, the
 static-cache peak, and the device-level footprint smi_pred/smi_meas (NVML's per-process memory)
-beside reserved_meas. Ten architectures by default (``helpers.budget_check.ARCHS``; ``--archs`` picks
-some), six points each including 8192 × 2 (past 4096-token sliding windows). Targets (issue 16), on
-every row: weights ≤ 0.5 %, KV exact, generation peak ≤ 5 %, device-level footprint ≤ 5 %.
+beside reserved_meas. Seventeen architectures by default (``helpers.budget_check.ARCHS``: the ten of
+issue 16 and Gemma-3, OLMo-2, SmolLM3, Qwen3-MoE, GPT-OSS, Cohere2, Granite; ``--archs`` picks some,
+e.g. ``--archs Gemma-3-1B OLMo-2-1B SmolLM3-3B Qwen3-30B-A3B gpt-oss-20b Command-R7B Granite-3.1-2B
+--out results/h200/budget_accuracy_new.json``), six points each including 8192 × 2 (past 4096-token
+sliding windows); a point that runs out of memory is recorded as such. ``--repredict`` recomputes
+every ``*_pred`` field of ``--out`` from the current formulas on the CPU and leaves the measured
+fields as they are. Targets (issues 16, 27), on every row: weights ≤ 0.5 %, KV exact, generation,
+prefill and decode peaks ≤ 5 %, device-level footprint ≤ 5 %.
 """
 from __future__ import annotations
 
@@ -19,18 +24,23 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers.budget_check import predicted_vs_measured, repredict  # noqa: E402
+from helpers.budget_check import predicted_vs_measured, repredict
+from helpers.models import ARCHITECTURES
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results/h200/budget_accuracy.json")
     ap.add_argument("--repredict", action="store_true", help="only recompute the predictions in --out")
-    ap.add_argument("--archs", nargs="*", default=None, help="architecture names (default: all ten)")
+    ap.add_argument("--archs", nargs="*", default=None, help="architecture names (default: all of helpers.budget_check.ARCHS)")
     args = ap.parse_args()
+    unknown = sorted(set(args.archs or []) - set(ARCHITECTURES))
+    if unknown:
+        ap.error(f"unknown architectures {unknown}; known: {sorted(ARCHITECTURES)}")
     if args.repredict:
         for r in repredict(Path(args.out)):
+            if not r.get("peak_meas"):       # an error or OOM row: nothing measured to compare with
+                continue
             print(r["model"], r.get("attention", "sdpa"), r["seq_len"], r["batch"], f"peak {100 * (r['peak_pred'] / r['peak_meas'] - 1):+.2f}%",
                   f"decode {100 * (r['decode_pred'] / r['decode_meas'] - 1):+.2f}%")
         return

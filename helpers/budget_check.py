@@ -10,12 +10,14 @@ from pathlib import Path
 
 import torch
 
-from . import budget, generation, host_alloc, measure, models
+from . import budget, budget_detail, generation, host_alloc, measure, models
 from .config import read_json
 
 ARCHS = ["SmolLM2-135M", "Qwen2.5-0.5B", "TinyLlama-1.1B",          # the course's first three
          "Llama-3.2-1B", "Qwen3-1.7B", "Gemma-2-2B", "Mistral-7B", "Phi-3-mini",   # issue 16's families
-         "Qwen1.5-MoE-A2.7B", "DeepSeek-V2-Lite"]
+         "Qwen1.5-MoE-A2.7B", "DeepSeek-V2-Lite",
+         "Gemma-3-1B", "OLMo-2-1B", "SmolLM3-3B", "Qwen3-30B-A3B", "gpt-oss-20b",  # issue 27's families
+         "Command-R7B", "Granite-3.1-2B"]
 GRID = [(512, 1), (2048, 1), (8192, 1), (512, 16), (2048, 8), (8192, 2)]   # 8192 × 2: past 4096-token windows
 ATTENTION = ("sdpa", "eager")
 NEW_TOKENS = 32
@@ -26,22 +28,34 @@ def predicted_vs_measured(archs=ARCHS, grid=GRID, new_tokens=NEW_TOKENS, out: Pa
     """For each architecture (random weights, bf16, on CUDA), attention implementation and (seq_len,
     batch) point: predicted and measured weights, KV cache, generation peaks (prefill, decode, whole;
     dynamic and static cache) and the device-level footprint (``smi_pred`` from
-    :func:`helpers.budget.device_footprint`: the non-torch memory measured after a warm-up generate of
+    :func:`helpers.budget_detail.device_footprint`: the non-torch memory measured after a warm-up generate of
     the same model plus the simulated reserved memory ``reserved_pred``; ``smi_meas`` from NVML's
     per-process memory, beside ``reserved_meas``). ``out`` is rewritten after every point, so a cut-off run keeps what it measured;
-    a point that runs out of memory is recorded as such (``oom``), not raised."""
+    a point that runs out of memory is recorded as such (``oom``), not raised, and so is an attention
+    implementation a model does not have (GPT-OSS has no SDPA path) or weights that do not fit
+    (``error``, one row for the architecture and attention)."""
     rows = []
     context = measure.overhead()["context"]          # before anything is allocated: the CUDA context
     workspace = measure.warmup_cublas()  # the first matmul's workspace is overhead, not activations
     for arch in archs:
         cfg = models.architecture_config(arch)
         for attention in attentions:
-            model, w_meas = generation.measure_weights(arch, attn_implementation=attention)
-            # a short generate loads the kernels this model and attention use; what the process then
-            # holds outside the allocator is the non-torch part of the nvidia-smi prediction
-            generation.measure_generate(model, 64, 1, 2)
+            try:
+                model, w_meas = generation.measure_weights(arch, attn_implementation=attention)
+                # a short generate loads the kernels this model and attention use; what the process then
+                # holds outside the allocator is the non-torch part of the nvidia-smi prediction
+                generation.measure_generate(model, 64, 1, 2)
+            except Exception as e:  # no such attention implementation, or the weights do not fit: a row, not a stop
+                rows.append({"model": arch, "attention": attention, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                model = None
+                measure.free_memory()
+                if out:
+                    out.write_text(json.dumps(rows, indent=1))
+                if echo:
+                    print(f"{arch:<18}{attention:>6}  ERROR {rows[-1]['error']}", flush=True)
+                continue
             non_torch = measure.non_torch_bytes()
-            w_pred = budget.weight_allocation(cfg)          # formula bytes + simulated block rounding
+            w_pred = budget_detail.weight_allocation(cfg)   # formula bytes + simulated block rounding
             w_formula = budget.weight_bytes(cfg, "bf16")
             for seq, batch in grid:
                 try:
@@ -70,7 +84,8 @@ def _point(model, cfg, arch, attention, seq, batch, new_tokens, context, workspa
     if not r["ok"]:
         return {**row, "oom": True, "peak_pred": int(pred["peak"])}
     m = r["result"]
-    foot = budget.device_footprint(cfg, seq, new_tokens, batch, non_torch or 0, attention, workspace_bytes=workspace)
+    foot = budget_detail.device_footprint(cfg, seq, new_tokens, batch, non_torch or 0, attention,
+                                          workspace_bytes=workspace)
     row.update(kv_pred=int(pred["kv"]), kv_meas=int(m["kv_meas"]), peak_pred=int(pred["peak"]),
                peak_meas=int(m["peak_meas"]), prefill_pred=int(pred["prefill"]), decode_pred=int(pred["decode"]),
                prefill_meas=int(m["prefill_meas"]), decode_meas=int(m["decode_meas"]),
@@ -114,17 +129,20 @@ def repredict(path: Path) -> list[dict]:
     measured fields are left as they were measured). Keeps a file honest after a formula changes."""
     rows = read_json(path)
     for r in rows:
+        if "error" in r:             # nothing was measured: nothing to predict against
+            continue
         cfg = models.architecture_config(r["model"])
         attention = r.get("attention", "sdpa")     # rows recorded before the attention key were SDPA runs
         pred = budget.generation_peak(cfg, r["seq_len"], r["new_tokens"], r["batch"], attention=attention)
         spred = budget.generation_peak(cfg, r["seq_len"], r["new_tokens"], r["batch"], cache="static",
                                        attention=attention)
-        r.update(weights_pred=int(budget.weight_allocation(cfg)), weights_formula=int(budget.weight_bytes(cfg, "bf16")),
+        r.update(weights_pred=int(budget_detail.weight_allocation(cfg)),
+                 weights_formula=int(budget.weight_bytes(cfg, "bf16")),
                  kv_pred=int(pred["kv"]), peak_pred=int(pred["peak"]), prefill_pred=int(pred["prefill"]),
                  decode_pred=int(pred["decode"]), static_peak_pred=int(spred["peak"]))
         if "reserved_meas" in r:
-            foot = budget.device_footprint(cfg, r["seq_len"], r["new_tokens"], r["batch"], r.get("non_torch") or 0,
-                                           attention, workspace_bytes=r.get("cublas_workspace") or 0)
+            foot = budget_detail.device_footprint(cfg, r["seq_len"], r["new_tokens"], r["batch"], r.get("non_torch") or 0,
+                                                  attention, workspace_bytes=r.get("cublas_workspace") or 0)
             r.update(reserved_pred=int(foot["reserved"]),
                      smi_pred=int(foot["total"]) if r.get("non_torch") is not None else None)
     path.write_text(json.dumps(rows, indent=1))

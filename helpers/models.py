@@ -97,6 +97,43 @@ ARCHITECTURES: dict[str, dict] = {
                              qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=64, n_shared_experts=2,
                              num_experts_per_tok=6, first_k_dense_replace=1, max_position_embeddings=163840,
                              rms_norm_eps=1e-6, tie_word_embeddings=False),
+    # families people bring today (issue 27): 5:1 local/global windows, post-norms with full-width q/k
+    # norms, NoPE layers, 128 experts, sliding windows + attention sinks + experts, a parallel block
+    # with 3:1 sliding layers, μP multipliers. The memory-relevant fields of each model's public
+    # config.json (named in the comment); rope scaling and fields that change no memory are left at
+    # transformers' defaults. Parameter counts against the published sizes: tests/test_models_data.py.
+    "Gemma-3-1B": dict(model_type="gemma3_text", vocab_size=262144, hidden_size=1152, intermediate_size=6912,  # google/gemma-3-1b-pt
+                       num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+                       sliding_window=512, sliding_window_pattern=6, query_pre_attn_scalar=256,
+                       max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                       bos_token_id=2, eos_token_id=1, pad_token_id=0),
+    "OLMo-2-1B": dict(model_type="olmo2", vocab_size=100352, hidden_size=2048, intermediate_size=8192,  # allenai/OLMo-2-0425-1B
+                      num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=4096,
+                      rms_norm_eps=1e-6, tie_word_embeddings=False, pad_token_id=100277, eos_token_id=100257),
+    "SmolLM3-3B": dict(model_type="smollm3", vocab_size=128256, hidden_size=2048, intermediate_size=11008,  # HuggingFaceTB/SmolLM3-3B
+                       num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=4, no_rope_layer_interval=4,
+                       use_sliding_window=False, max_position_embeddings=65536, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128012, pad_token_id=128004),
+    "Qwen3-30B-A3B": dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,  # Qwen/Qwen3-30B-A3B
+                          moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                          decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=48, num_attention_heads=32,
+                          num_key_value_heads=4, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                          tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645),
+    # the hub checkpoint stores its experts in MXFP4 (quantization_config); here, like every entry, bf16
+    "gpt-oss-20b": dict(model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880,  # openai/gpt-oss-20b
+                        num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                        num_local_experts=32, num_experts_per_tok=4, sliding_window=128, attention_bias=True,
+                        max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                        eos_token_id=200002, pad_token_id=199999),
+    "Command-R7B": dict(model_type="cohere2", vocab_size=256000, hidden_size=4096, intermediate_size=14336,  # CohereLabs/c4ai-command-r7b-12-2024
+                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, sliding_window=4096,
+                        sliding_window_pattern=4, logit_scale=0.25, layer_norm_eps=1e-5, tie_word_embeddings=True,
+                        bos_token_id=5, eos_token_id=255001, pad_token_id=0),
+    "Granite-3.1-2B": dict(model_type="granite", vocab_size=49155, hidden_size=2048, intermediate_size=8192,  # ibm-granite/granite-3.1-2b-instruct
+                           num_hidden_layers=40, num_attention_heads=32, num_key_value_heads=8,
+                           max_position_embeddings=131072, rms_norm_eps=1e-5, embedding_multiplier=12.0,
+                           logits_scaling=8.0, residual_multiplier=0.22, attention_multiplier=0.015625,
+                           tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, pad_token_id=0),
 }
 
 

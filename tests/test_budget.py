@@ -3,6 +3,7 @@ import torch
 from transformers import LlamaConfig
 
 from helpers import budget as B
+from helpers import budget_detail as D
 from helpers import models
 
 GiB = 2**30
@@ -40,7 +41,7 @@ def test_weight_formats():
 
 def test_weight_allocation_adds_allocator_rounding():
     c = models.architecture_config("Qwen2.5-0.5B")
-    extra = B.weight_allocation(c) - B.weight_bytes(c, "bf16")
+    extra = D.weight_allocation(c) - B.weight_bytes(c, "bf16")
     assert extra == 8_256_512 + 256  # measured on an H200: 8,256,768 B above the formula
 
 
@@ -152,7 +153,37 @@ FAMILY_CASES = {
     "deepseek_v2 (q LoRA)": ("deepseek_v2", dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=20, qk_rope_head_dim=8, qk_nope_head_dim=8,
                                                  v_head_dim=12, n_routed_experts=4, n_shared_experts=2,
                                                  moe_intermediate_size=24, first_k_dense_replace=2, num_experts_per_tok=2)),
+    # the families people bring today, and decoders the course never listed: read from their configs
+    "gemma3 (5:1 local/global)": ("gemma3_text", dict(head_dim=16, sliding_window=8, sliding_window_pattern=6,
+                                                      num_hidden_layers=12)),
+    "olmo2 (post-norms, full-width q/k norms)": ("olmo2", {}),
+    "smollm3 (NoPE layers)": ("smollm3", dict(no_rope_layer_interval=2)),
+    "qwen3_moe (a dense layer)": ("qwen3_moe", dict(num_experts=8, moe_intermediate_size=24, num_experts_per_tok=2,
+                                                    head_dim=16, mlp_only_layers=[0])),
+    "gpt_oss (sliding + sinks + MoE)": ("gpt_oss", dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                                        sliding_window=8)),
+    "llama4_text (chunked attention, MoE)": ("llama4_text", dict(head_dim=16, num_local_experts=4, num_experts_per_tok=1,
+                                                                 attention_chunk_size=8, intermediate_size_mlp=128)),
+    "cohere2 (parallel block, 3:1 sliding)": ("cohere2", dict(sliding_window=8, sliding_window_pattern=4)),
+    "granite (μP multipliers)": ("granite", {}),
+    "olmo": ("olmo", {}), "olmoe": ("olmoe", dict(num_experts=4, num_experts_per_tok=2)),
+    "granitemoe": ("granitemoe", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "cohere": ("cohere", {}), "helium": ("helium", dict(head_dim=16)), "glm4 (fused gate|up, 4 norms)": ("glm4", {}),
+    "exaone4 (post-norms, 3:1 sliding)": ("exaone4", dict(sliding_window=8)),
+    "ministral": ("ministral", dict(head_dim=16, sliding_window=8)), "seed_oss (q/k/v biases)": ("seed_oss", {}),
+    "stablelm (LayerNorm biases)": ("stablelm", {}), "nemotron (ungated MLP)": ("nemotron", {}),
+    "phimoe": ("phimoe", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),
+    "hunyuan_v1_dense": ("hunyuan_v1_dense", dict(head_dim=16)), "vaultgemma": ("vaultgemma", dict(head_dim=16, sliding_window=8)),
+    "deepseek_v3 (MLA, q LoRA)": ("deepseek_v3", dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=20,
+                                                      qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12,
+                                                      n_routed_experts=4, n_shared_experts=1, moe_intermediate_size=24,
+                                                      first_k_dense_replace=1, num_experts_per_tok=2)),
+    "minicpm3 (MLA, dense)": ("minicpm3", dict(kv_lora_rank=16, q_lora_rank=12, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                               v_head_dim=12)),
 }
+NEW_FAMILIES = ["gemma3 (5:1 local/global)", "olmo2 (post-norms, full-width q/k norms)", "smollm3 (NoPE layers)",
+                "qwen3_moe (a dense layer)", "gpt_oss (sliding + sinks + MoE)", "llama4_text (chunked attention, MoE)",
+                "cohere2 (parallel block, 3:1 sliding)", "granite (μP multipliers)", "exaone4 (post-norms, 3:1 sliding)"]
 
 
 def family_config(name):
@@ -162,24 +193,121 @@ def family_config(name):
     return AutoConfig.for_model(mt, **{**TINY, **kw})
 
 
+def test_the_cases_cover_twenty_model_types():
+    assert len({mt for mt, _ in FAMILY_CASES.values()}) >= 20
+
+
 @pytest.mark.parametrize("name", list(FAMILY_CASES))
 def test_param_counts_equal_the_meta_model(name):
-    """Every family's count (extra norms, q/k norms, biases, experts, MLA factors) against the real
-    transformers class built on the meta device."""
+    """Every family's count (extra norms, q/k norms, biases, sinks, experts, MLA factors), part by part,
+    against the real transformers class built on the meta device; the bytes use the meta count."""
     cfg = family_config(name)
-    assert B.param_counts(cfg)["total"] == B.meta_param_count(cfg)
+    check = B.param_check(cfg)
+    assert check["matches"] and check["note"] is None, check["note"]
+    assert B.param_counts(cfg) == B.meta_param_counts(cfg)
+    assert B.weight_bytes(cfg, "bf16") == 2 * B.meta_param_count(cfg)
 
 
-def test_unknown_family_raises_instead_of_guessing():
+def test_a_layout_the_formula_misses_is_said_and_the_bytes_stay_exact():
+    """StarCoder2 names its MLP c_fc/c_proj, so the layout reader does not see their biases: the
+    mismatch is returned, naming the part and the count, and the weight bytes come from the meta model."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model("starcoder2", **{**TINY, "head_dim": 16})
+    check = B.param_check(cfg)
+    assert not check["matches"] and check["difference"]["linears"] == 4 * (96 + 64)     # c_fc's and c_proj's biases
+    assert "'starcoder2'" in check["note"] and "linears +640" in check["note"]
+    assert B.weight_bytes(cfg, "bf16") == 2 * B.meta_param_count(cfg)
+
+
+def test_a_decoder_without_llama_fields_gets_exact_weights_and_a_clear_refusal_of_the_formula():
     from transformers import AutoConfig
 
     cfg = AutoConfig.for_model("gpt2", n_embd=64, n_layer=2, n_head=4)
-    with pytest.raises(ValueError, match="does not know model_type 'gpt2'.*meta_param_count"):
+    with pytest.raises(ValueError, match="does not know model_type 'gpt2'.*intermediate_size.*meta_param_counts"):
         B.param_counts(cfg)
+    meta = B.meta_param_counts(cfg)          # GPT-2's Conv1D projections are its linears, wte/wpe its embeddings
+    assert meta["total"] == B.meta_param_count(cfg) and meta["embed"] == (cfg.vocab_size + cfg.n_positions) * 64
+    assert B.weight_bytes(cfg, "fp32") == 4 * meta["total"]
+
+
+def test_an_unknown_to_the_course_model_type_is_predicted_not_refused():
+    """EXAONE-4 is in no table of the course: parameters, KV and the generation peak come from its
+    config (3:1 sliding/full layers, post-norms, q/k norms) like any family's."""
+    cfg = family_config("exaone4 (post-norms, 3:1 sliding)")
+    assert cfg.model_type not in {a["model_type"] for a in models.ARCHITECTURES.values()}
+    b = B.budget(cfg, "int4", 64, 2, new_tokens=4)
+    assert all(v > 0 for k, v in b.items() if k != "overhead")
+    assert B.param_check(cfg)["matches"]
+    assert [c.kind for c in D.Shape.from_config(cfg).caches] == ["sliding", "sliding", "sliding", "full"]
+    # K+V · kv_heads · head_dim · batch · positions (3 sliding layers keep window − 1, the full one 64 + 4 − 1) · 2 B
+    assert b["kv_cache"] == 2 * 2 * 16 * 2 * (3 * 7 + 67) * 2
+
+
+def test_typed_descriptions_of_experts_latents_and_layers():
+    """The config read once: MoE and MLA as dataclasses, one LayerCache per layer."""
+    s = D.Shape.from_config(models.architecture_config("Qwen3-30B-A3B"))
+    assert s.moe == D.MoE(experts=128, per_token=8, width=768, shared_width=0, sparse_layers=frozenset(range(48)),
+                          fp32_routing=False) and s.mla is None
+    ds = D.Shape.from_config(models.architecture_config("DeepSeek-V2-Lite"))
+    assert ds.mla == D.MLA(q_lora_rank=None, kv_lora_rank=512, rope_dim=64, nope_dim=128, v_dim=128)
+    assert ds.moe.sparse_layers == frozenset(range(1, 27)) and ds.moe.shared_width == 2 * 1408 and ds.moe.fp32_routing
+    oss = D.Shape.from_config(models.architecture_config("gpt-oss-20b"))
+    assert oss.caches[:2] == (D.LayerCache("sliding", 128), D.LayerCache("full")) and len(oss.caches) == 24
+    gemma3 = D.Shape.from_config(models.architecture_config("Gemma-3-1B"))
+    assert [c.kind for c in gemma3.caches[:6]] == ["sliding"] * 5 + ["full"]
+    llama4 = D.Shape.from_config(family_config("llama4_text (chunked attention, MoE)"))
+    assert [c.kind for c in llama4.caches] == ["chunked"] * 3 + ["full"] and llama4.caches[0].window == 8
+    assert llama4.intermediate == 128 and llama4.moe.width == 96           # intermediate_size_mlp vs the experts'
+    lay = D.Layout.from_config(family_config("gpt_oss (sliding + sinks + MoE)"))
+    assert lay.sinks and lay.qkv_bias and lay.o_bias and lay.expert_bias and lay.router_bias
+    assert D.Layout.from_config(models.architecture_config("Phi-3-mini")).fused_qkv
+    assert D.Layout.from_config(family_config("olmo2 (post-norms, full-width q/k norms)")).qk_norm == "full"
+
+
+@pytest.mark.parametrize("name", list(FAMILY_CASES))
+def test_layer_caches_follow_transformers(name):
+    """One LayerCache per layer, as transformers' DynamicCache(config=...) builds its layers: full
+    layers a DynamicLayer, sliding and chunked ones a DynamicSlidingWindowLayer of that window."""
+    from transformers.cache_utils import DynamicCache
+
+    cfg = family_config(name)
+    layers = DynamicCache(config=cfg).layers
+    caches = D.Shape.from_config(cfg).caches
+    assert len(layers) == len(caches)
+    assert [getattr(layer, "sliding_window", None) for layer in layers] == [c.window for c in caches]
+
+
+def test_layers_without_a_cache_hold_no_kv():
+    """Layers that read an earlier layer's cache (``num_kv_shared_layers``, Gemma-3n) get no cache layer
+    in transformers' DynamicCache, and no KV bytes here."""
+    from transformers.cache_utils import DynamicCache
+
+    cfg = LlamaConfig(**{**TINY, "head_dim": 16})
+    full = B.kv_bytes(cfg, 10, 1)
+    cfg.num_kv_shared_layers = 1
+    assert len(DynamicCache(config=cfg).layers) == 3 == D.Shape.from_config(cfg).cached_layers
+    assert B.kv_bytes(cfg, 10, 1) == full * 3 / 4
+    assert D.kv_storage_positions(cfg, 10) == [10, 10, 10, 0]
+
+
+def test_layer_types_without_a_kv_cache_are_refused_by_name_but_weigh_exactly():
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model("qwen3_next", **{**TINY, "num_experts": 4, "num_experts_per_tok": 2,
+                                                "moe_intermediate_size": 24, "shared_expert_intermediate_size": 24})
+    with pytest.raises(ValueError, match="linear_attention.*qwen3_next"):
+        B.kv_bytes(cfg, 10)
+    assert B.weight_bytes(cfg, "bf16") == 2 * B.meta_param_count(cfg)
+
+
+def test_mla_latents_are_refused_by_the_course_quantized_caches():
+    with pytest.raises(ValueError, match="kv_lora_rank 512, qk_rope_head_dim 64"):
+        B.kv_bytes(models.architecture_config("DeepSeek-V2-Lite"), 512, 1, "fp8")
 
 
 @pytest.mark.parametrize("name", ["mistral (sliding)", "qwen2 (max_window_layers)", "gemma2 (4 norms, local/global)",
-                                  "gemma3", "deepseek_v2 (MLA)", "llama"])
+                                  "gemma3", "deepseek_v2 (MLA)", "llama", *NEW_FAMILIES])
 @pytest.mark.parametrize("prompt,decode", [(20, 0), (20, 5), (5, 0), (5, 10)])
 def test_kv_bytes_follow_windows_and_latents(name, prompt, decode):
     """budget.kv_bytes equals what transformers' DynamicCache stores, sliding windows (w − 1 kept) and
@@ -221,7 +349,7 @@ def test_sliding_window_past_the_window_is_flat():
 
     cfg = MistralConfig()  # transformers' default: sliding_window=4096, 32 layers, 8 KV heads of 128
     assert B.kv_bytes(cfg, 8192, 2) == B.kv_bytes(cfg, 4095, 2) == 2 * 32 * 8 * 128 * 4095 * 2 * 2
-    assert B.layer_windows(cfg) == [4096] * 32
+    assert D.layer_windows(cfg) == [4096] * 32
 
 
 def test_generation_ops_by_hand():
@@ -231,15 +359,15 @@ def test_generation_ops_by_hand():
     from helpers.allocator_sim import simulate
     c = models.architecture_config("SmolLM2-135M")
     for attention in ("sdpa", "eager"):
-        ops = B.generation_ops(c, 256, 5, 2, attention)
-        w = len(B.weight_ops(c))
+        ops = D.generation_ops(c, 256, 5, 2, attention)
+        w = len(D.weight_ops(c))
         cats = [op for op in ops[w:] if op[0] == "alloc" and op[1].startswith(("K", "V"))]
         assert len(cats) == c.num_hidden_layers * 2 * 5            # prefill + 4 fed-back tokens
         end = simulate(ops)
         kv = B.kv_bytes(c, 256 + 4, 2)
-        assert end["allocated"] == pytest.approx(B.weight_allocation(c) + kv, rel=1e-3)
+        assert end["allocated"] == pytest.approx(D.weight_allocation(c) + kv, rel=1e-3)
         assert end["reserved"] >= end["allocated"]
-    sdpa, eager = (B.device_footprint(c, 2048, 8, 4, 700 * 2**20, a) for a in ("sdpa", "eager"))
+    sdpa, eager = (D.device_footprint(c, 2048, 8, 4, 700 * 2**20, a) for a in ("sdpa", "eager"))
     assert eager["reserved"] > sdpa["reserved"] and sdpa["total"] == sdpa["reserved"] + 700 * 2**20
 
 
@@ -247,7 +375,7 @@ def test_eager_ops_follow_the_score_copies():
     """Eager attention's score-sized blocks, in order: q·kᵀ, ×scaling (q·kᵀ freed), +mask, fp32 copy,
     fp32 softmax, weights in the model dtype — 2, 2, 2, 4, 4, 2 bytes per score (bf16)."""
     c = models.architecture_config("SmolLM2-135M")
-    ops = B.generation_ops(c, 128, 1, 1, "eager")
+    ops = D.generation_ops(c, 128, 1, 1, "eager")
     S = 9 * 128 * 128
     sizes = [op[2] // S for op in ops if op[0] == "alloc" and op[1].endswith("0")
              and op[1][:-1] in ("qk", "scaled", "masked", "fp32", "softmax", "weights")]
@@ -257,19 +385,19 @@ def test_eager_ops_follow_the_score_copies():
 def test_device_footprint_bad_input():
     c = models.architecture_config("SmolLM2-135M")
     with pytest.raises(ValueError, match="non_torch_bytes"):
-        B.device_footprint(c, 128, 4, 1, -1)
+        D.device_footprint(c, 128, 4, 1, -1)
     with pytest.raises(ValueError, match="attention"):
-        B.device_footprint(c, 128, 4, 1, 0, "flash")
+        D.device_footprint(c, 128, 4, 1, 0, "flash")
     with pytest.raises(ValueError, match="workspace_bytes"):
-        B.device_footprint(c, 128, 4, 1, 0, workspace_bytes=-5)
+        D.device_footprint(c, 128, 4, 1, 0, workspace_bytes=-5)
 
 
 def test_device_footprint_counts_the_cublas_workspace_in_reserved():
     """The workspaces the first matmuls take through the caching allocator are reserved memory (65 MiB
     in the H200 run: most of the gap on SmolLM2-size models)."""
     c = models.architecture_config("SmolLM2-135M")
-    base = B.device_footprint(c, 256, 4, 2, 500 * 2**20)
-    with_ws = B.device_footprint(c, 256, 4, 2, 500 * 2**20, workspace_bytes=65 * 2**20)
+    base = D.device_footprint(c, 256, 4, 2, 500 * 2**20)
+    with_ws = D.device_footprint(c, 256, 4, 2, 500 * 2**20, workspace_bytes=65 * 2**20)
     assert with_ws["reserved"] - base["reserved"] == 65 * 2**20
     assert with_ws["total"] == with_ws["reserved"] + 500 * 2**20
 
@@ -281,15 +409,15 @@ def test_kv_storage_after_the_prefill_is_the_whole_prompt():
     from transformers import MistralConfig
 
     cfg = MistralConfig()
-    assert B.kv_storage_positions(cfg, 8192) == [8192] * 32                  # after the prefill
-    assert B.kv_storage_positions(cfg, 8192, 1) == [4096] * 32               # cat(window − 1, new)
-    assert B.kv_storage_positions(cfg, 100, 5) == [105] * 32                 # inside the window
+    assert D.kv_storage_positions(cfg, 8192) == [8192] * 32                  # after the prefill
+    assert D.kv_storage_positions(cfg, 8192, 1) == [4096] * 32               # cat(window − 1, new)
+    assert D.kv_storage_positions(cfg, 100, 5) == [105] * 32                 # inside the window
     per = 2 * 8 * 128 * 2                                                    # K+V, one position, bf16
     g = B.generation_peak(cfg, 8192, 16, 1)
     assert g["kv"] == 32 * 4095 * per                                        # what the cache exposes
     assert g["prefill"] - B.activation_bytes(cfg, 8192, 1)["peak"] == 32 * 8192 * per
     with pytest.raises(ValueError, match="steps"):
-        B.kv_storage_positions(cfg, 10, -1)
+        D.kv_storage_positions(cfg, 10, -1)
 
 
 @pytest.mark.parametrize("name", ["mistral (sliding)", "gemma2 (4 norms, local/global)"])
@@ -300,23 +428,94 @@ def test_kv_storage_matches_the_cache_tensors_storage(name):
 
     cfg = family_config(name)
     model = AutoModelForCausalLM.from_config(cfg).eval()
-    prompt = 3 * max(w for w in B.layer_windows(cfg) if w) + 5
+    prompt = 3 * max(w for w in D.layer_windows(cfg) if w) + 5
     cache = DynamicCache(config=cfg)
 
     def storage_bytes():
         return sum(t.untyped_storage().nbytes() for layer in cache.layers for t in (layer.keys, layer.values))
 
-    per = B.kv_position_bytes(cfg, "fp32") * 2
+    per = D.kv_position_bytes(cfg, "fp32") * 2
     with torch.no_grad():
         model(torch.randint(3, 120, (2, prompt)), past_key_values=cache, use_cache=True)
-        assert storage_bytes() == sum(B.kv_storage_positions(cfg, prompt)) * per
+        assert storage_bytes() == sum(D.kv_storage_positions(cfg, prompt)) * per
         model(torch.randint(3, 120, (2, 1)), past_key_values=cache, use_cache=True)
-        assert storage_bytes() == sum(B.kv_storage_positions(cfg, prompt, 1)) * per
+        assert storage_bytes() == sum(D.kv_storage_positions(cfg, prompt, 1)) * per
 
 
 def test_moe_decode_term_only_for_moe_and_only_on_the_gpu():
     c = models.architecture_config("DeepSeek-V2-Lite")
-    assert B.moe_decode_gather_bytes(c, 16) == 16 * 6 * (3 * 1408 * 2048 + 2048 + 3 * 1408) * 2
-    assert B.moe_decode_gather_bytes(models.architecture_config("Llama-3.2-1B"), 16) == 0
+    assert D.moe_decode_gather_bytes(c, 16) == 16 * 6 * (3 * 1408 * 2048 + 2048 + 3 * 1408) * 2
+    assert D.moe_decode_gather_bytes(models.architecture_config("Llama-3.2-1B"), 16) == 0
     gpu, cpu = (B.generation_peak(c, 512, 8, 16, device=d)["decode"] for d in ("cuda", "cpu"))
-    assert gpu - cpu == B.moe_decode_gather_bytes(c, 16)
+    assert gpu - cpu == D.moe_decode_gather_bytes(c, 16)
+
+
+# ------------------------------------------------------------------------------ bad input, at the door
+SMOL = "SmolLM2-135M"
+BAD_INPUT = [
+    (lambda c: B.kv_bytes(c, 10, True), "batch must be a positive integer"),
+    (lambda c: B.kv_bytes(c, 10.0, 1), "seq_len must be a positive integer"),
+    (lambda c: B.kv_bytes(c, 10, 1, "int4", group_size=0), "group_size must be a positive integer"),
+    (lambda c: B.kv_bytes(c, 10, 1, "int4", residual_tokens=-1), "residual_tokens must be an int in"),
+    (lambda c: B.kv_bytes(c, 10, 1, "int4", residual_dtype="fp7"), "unknown dtype 'fp7'"),
+    (lambda c: B.kv_bytes(c, 10, 1, cache="paged"), "cache must be one of"),
+    (lambda c: B.kv_bytes(c, 10, 1, kv_dtype=None), "unknown dtype None"),
+    (lambda c: B.weight_bytes(c, None), "unknown weight format None"),
+    (lambda c: B.activation_bytes(c, 0), "positions must be a positive integer"),
+    (lambda c: B.activation_bytes(c, 16, device="tpu"), "device must be one of"),
+    (lambda c: B.activation_bytes(c, 16, keep_all_logits="yes"), "keep_all_logits must be True or False"),
+    (lambda c: B.activation_bytes(c, 16, act_dtype="int3"), "unknown dtype 'int3'"),
+    (lambda c: B.generation_peak(c, 16, 0), "new_tokens must be a positive integer"),
+    (lambda c: B.generation_peak(c, 16, 4, batch=-2), "batch must be a positive integer"),
+    (lambda c: B.generation_peak(c, 16, 4, attention="flash"), "attention must be 'sdpa' or 'eager'"),
+    (lambda c: B.budget(c, "bf16", 128, overhead=float("nan")), "overhead must be a finite number of bytes"),
+    (lambda c: B.budget(c, "bf16", 128, overhead=float("inf")), "overhead must be a finite number of bytes"),
+    (lambda c: B.budget(c, "bf16", 128, overhead="1 GB"), "overhead must be a finite number of bytes"),
+    (lambda c: B.budget(c, "bf16", 128, new_tokens=1.5), "new_tokens must be a positive integer"),
+    (lambda c: B.budget(c, "bf16", 128.0), "seq_len is the prompt's length: prompt_len must be a positive"),
+    (lambda c: B.fits_table(c, 128, 1, formats="int4"), "formats must be a non-empty list"),
+    (lambda c: B.fits_table(c, 128, 1, formats=("int4", "int5")), "unknown weight format 'int5'"),
+    (lambda c: B.fits_table(c, 128, 1, gpus={"T4": -16}), r"gpus\['T4'\] must be a finite number"),
+    (lambda c: B.fits_table(c, 128, 1, gpus={}), "gpus must be a non-empty dict"),
+    (lambda c: B.fits_table(c, 128, 1, overhead_gb=float("nan")), "overhead_gb must be a finite number"),
+    (lambda c: B.int4_residual_tokens(-1), "decode_steps must be an integer ≥ 0"),
+    (lambda c: B.int4_residual_tokens(3, 0), "residual_length must be a positive integer"),
+    (lambda c: B.meta_param_counts({"model_type": "llama"}), "config must be a transformers config"),
+    (lambda c: B.weight_bytes("HuggingFaceTB/SmolLM2-135M"), "config must be a transformers config"),
+    (lambda c: D.kv_positions(c, 0), "tokens must be a positive integer"),
+    (lambda c: D.kv_positions(c, 8, cache="rolling"), "cache must be one of"),
+    (lambda c: D.kv_storage_positions(c, 8, 1.0), "steps must be an int ≥ 0"),
+    (lambda c: D.kv_position_bytes(c, "fp6"), "unknown dtype 'fp6'"),
+    (lambda c: D.eager_score_bytes("bf8"), "unknown dtype 'bf8'"),
+    (lambda c: D.moe_decode_gather_bytes(c, 0), "batch must be a positive integer"),
+    (lambda c: D.weight_ops(c, "float12"), "unknown dtype 'float12'"),
+    (lambda c: D.generation_ops(c, 16, 2, 1, "flash"), "attention must be one of"),
+    (lambda c: D.generation_ops(c, 16, 0), "new_tokens must be a positive integer"),
+    (lambda c: D.device_footprint(c, 16, 2, 1, non_torch_bytes=1.5), "non_torch_bytes must be bytes ≥ 0"),
+    (lambda c: D.device_footprint(c, 16, 2, 1, workspace_bytes=True), "workspace_bytes must be bytes ≥ 0"),
+]
+
+
+@pytest.mark.parametrize("call,message", BAD_INPUT, ids=[m[:40] for _, m in BAD_INPUT])
+def test_bad_input_is_refused_at_the_door_naming_the_argument(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(models.architecture_config(SMOL))
+
+
+def test_integers_of_any_library_are_integers():
+    """numpy and 0-d torch integers are counts like Python ints; the number does not change."""
+    import numpy as np
+
+    c = models.architecture_config(SMOL)
+    want = B.kv_bytes(c, 100, 3)
+    assert B.kv_bytes(c, np.int64(100), torch.tensor(3)) == want
+    assert B.generation_peak(c, np.int32(64), torch.tensor(4), np.int64(2)) == B.generation_peak(c, 64, 4, 2)
+    assert B.budget(c, "bf16", np.int64(128), overhead=np.float32(1e9))["overhead"] == 1e9
+
+
+def test_a_config_that_transformers_cannot_build_is_named():
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model("t5", d_model=64, num_layers=2, num_heads=4, d_ff=96, d_kv=16)  # an encoder-decoder
+    with pytest.raises(ValueError, match="cannot build model_type 't5' as a causal LM"):
+        B.meta_param_count(cfg)

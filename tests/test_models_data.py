@@ -35,6 +35,21 @@ def test_architectures_match_real_parameter_counts():
     assert budget.meta_param_count(cfg) == 134_515_008
 
 
+# the sizes the models' cards and hub pages publish (total parameters, experts included)
+PUBLISHED = {"Gemma-3-1B": 1.00e9, "OLMo-2-1B": 1.48e9, "SmolLM3-3B": 3.08e9, "Qwen3-30B-A3B": 30.5e9,
+             "gpt-oss-20b": 20.9e9, "Command-R7B": 8.03e9, "Granite-3.1-2B": 2.53e9}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_new_architectures_build_on_meta_and_have_their_published_size(name):
+    """Each added architecture builds on the meta device from its config and counts what its card says
+    (within 1 %, the rounding of a published "1.48B"); the hand formula agrees exactly."""
+    cfg = models.architecture_config(name)
+    n = budget.meta_param_count(cfg)
+    assert abs(n / PUBLISHED[name] - 1) < 0.01, f"{name}: {n:,} parameters, published {PUBLISHED[name]:,.0f}"
+    assert budget.param_counts(cfg)["total"] == n
+
+
 def test_offline_model_and_local_dir_path(offline_model, tmp_path):
     model, tok = offline_model
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
