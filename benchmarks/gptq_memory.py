@@ -2,13 +2,12 @@
 and as CUDA graphs sharing one pool (the default), on one architecture (random weights, 128 × 512
 calibration tokens, W4 g128, static groups as llm-compressor).
 
-    python benchmarks/gptq_memory.py --arch Llama-3.2-1B --out results/h200/gptq_memory.json
+    python -m benchmarks.gptq_memory --arch Llama-3.2-1B --out results/h200/gptq_memory.json
 """
 from __future__ import annotations
 
 import argparse
 import copy
-import functools
 import json
 import sys
 import time
@@ -16,10 +15,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import gptq as G  # noqa: E402
-from helpers import models  # noqa: E402
-from helpers.qspec import QuantSpec  # noqa: E402
+from helpers import gptq as G
+from helpers import models
+from helpers.qspec import QuantSpec
 
 
 def main():
@@ -32,24 +30,25 @@ def main():
         sys.exit("gptq_memory needs a CUDA device")
     base = models.model_from_config(args.arch, device="cuda", dtype=torch.bfloat16)
     calib = torch.randint(3, base.config.vocab_size - 1, (args.samples, 512), generator=torch.Generator().manual_seed(0))
-    rows, original = [], G.column_loop_graphs
-    for name, graphs, share in (("graphs, shared pool", True, True), ("graphs, a pool per shape", True, False),
-                                ("eager column loop", False, True)):
-        G.column_loop_graphs = functools.partial(original, share_pool=share)
+    spec, options = QuantSpec(4, 128), G.GPTQOptions(actorder=True, static_groups=True)
+    rows = []
+    for name, share in (("graphs, shared pool", True), ("graphs, a pool per shape", False), ("eager column loop", None)):
         m = copy.deepcopy(base)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
         t0 = time.perf_counter()
-        G.gptq_model(m, calib, QuantSpec(4, 128), static_groups=True, actorder=True, progress=False, graphs=graphs)
+        graphs = False if share is None else G.BlockGraphs(spec, share_pool=share)
+        G.gptq_model(m, calib, spec, options, progress=False, graphs=graphs)
+        if graphs:
+            graphs.close()
         torch.cuda.synchronize()
         rows.append({"arch": args.arch, "column_loop": name, "seconds": round(time.perf_counter() - t0, 2),
                      "peak_bytes": torch.cuda.max_memory_allocated() - before, "calib_tokens": calib.numel()})
         print(rows[-1], flush=True)
-        del m
+        del m, graphs
         torch.cuda.empty_cache()
         Path(args.out).write_text(json.dumps(rows, indent=1))
-    G.column_loop_graphs = original
 
 
 if __name__ == "__main__":

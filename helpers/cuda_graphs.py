@@ -4,7 +4,8 @@ A loop made of many tiny kernels (GPTQ's column loop: ~10 launches per column) i
 launches on a GPU, not by arithmetic. A CUDA graph (PyTorch docs, "CUDA Graphs") records those
 launches once on static buffers; each later call copies its inputs into the buffers and replays the
 whole recording with one launch. Same kernels, same order, so the results are bit-identical to the
-eager call (tested on the H200 in ``tests/test_gptq.py``).
+eager call. The function replayed must be one of fixed-shape tensors with no host synchronisation
+(no ``.item()``, no data-dependent shapes) — e.g. :func:`helpers.gptq.static_block`.
 
 :class:`GraphedCalls` owns its graphs: they live as long as the object, and :meth:`GraphedCalls.close`
 (or leaving its ``with`` block) frees them and their buffers deterministically — no module-level cache.
@@ -15,10 +16,12 @@ import torch
 
 
 class GraphedCalls:
-    """``fn(*tensors) -> tuple of tensors``, captured once per input signature and replayed.
+    """``fn(*tensors) -> tuple of tensors``, captured once per input signature (shapes, dtypes,
+    devices) and replayed.
 
     ``fn`` may update some inputs in place (their positions in ``mutated``); those updates are copied
-    back to the caller's tensors after each replay. Outputs are returned as fresh copies.
+    back to the caller's tensors (views included) after each replay. Outputs are returned as fresh
+    copies. ``share_pool``: every graph's temporaries in one private memory pool (see ``__init__``).
     """
 
     def __init__(self, fn, mutated: tuple[int, ...] = (), share_pool: bool = True):

@@ -1,33 +1,40 @@
-"""GPTQ (Frantar, Ashkboos, Hoefler, Alistarh 2022, arXiv:2210.17323), written as the paper writes it.
+"""GPTQ (Frantar, Ashkboos, Hoefler, Alistarh 2022, arXiv:2210.17323), Algorithm 1 in the reference's names.
 
 Layer-wise problem: for a linear layer with weight ``W`` [rows, columns] and calibration inputs ``X``
 [columns, N], find a quantized ``Ŵ`` minimising ``‖WX − ŴX‖²``. Its Hessian with respect to a row of
-``W`` is ``H = 2/N · Σ XXᵀ`` (the same for every row). GPTQ (Algorithm 1) quantizes the columns in a
-fixed order; after quantizing column i it spreads the error over the not-yet-quantized columns with
-the inverse Hessian:
+``W`` is ``H = 2/N · Σ XXᵀ`` (the same for every row). GPTQ quantizes the columns in one order for
+all rows; after quantizing column j it spreads the error over the columns not yet quantized with the
+inverse Hessian (the OBS update, the paper's eq. 2–3):
 
-    err = (w_i − q_i) / Hinv[i, i]            W[:, i:] −= err ⊗ Hinv[i, i:]
+    err = (w_j − q_j) / Hinv[j, j]            W[:, j:] −= err ⊗ Hinv[j, j:]
 
-where ``Hinv`` is the upper Cholesky factor of ``H⁻¹`` (the "Cholesky trick": all the rows of the
-successive inverses that the OBQ update needs are rows of this one factor). Updates are applied
-lazily in blocks of ``blocksize`` columns: inside a block column by column, to the rest of the
-matrix once per block (``W[:, i2:] −= Err · Hinv[i1:i2, i2:]``), which is what makes it fast.
-Dampening adds ``percdamp · mean(diag H)`` to the diagonal; "dead" inputs (diag H = 0) get weight 0.
-``actorder`` processes columns by decreasing ``diag H``; ``static_groups`` fixes every group's
-(scale, zero) from the original weights before any update (needed with act-order for a simple
+where ``Hinv`` is the upper Cholesky factor of ``H⁻¹`` (§3 "Cholesky reformulation": every row of the
+successive inverses that the updates need is a row of this one factor). Updates are applied lazily
+in blocks of ``blocksize`` columns (§3 "Lazy batch-updates"): inside a block column by column, to
+the rest of the matrix once per block, ``W[:, i2:] −= Err1 · Hinv[i1:i2, i2:]``. Dampening adds
+``percdamp · mean(diag H)`` to the diagonal; "dead" inputs (diag H = 0) get weight 0. ``actorder``
+processes the columns by decreasing ``diag H``; ``static_groups`` fixes every group's (scale, zero)
+from the original weights before any update (with act-order each group keeps one grid, a simple
 kernel layout; llm-compressor always does this).
 
-**Where a group's (scale, zero) come from without static groups.** Ours: when the loop reaches the
-first column of a group, from the weights *as they are then*, including the updates that earlier
-columns of the same block made (``W1``). The reference (IST-DASLab ``gptq.py``,
-``find_params(W[:, i1+i : i1+i+groupsize])``) reads them from ``W``, whose columns inside the current
-block have not yet received those in-block updates (they reach ``W`` only at the end of the block).
-The two agree when every group starts a block (``group_size`` a multiple of ``blocksize``) and differ
-otherwise, e.g. g64 with blocks of 128 (``tests/test_gptq.py`` shows both).
+The code follows IST-DASLab ``gptq.py``'s ``GPTQ.fasterquant`` (names ``W1, Q1, Err1, Hinv1``,
+``find_params``), split where Algorithm 1 nests: :func:`quantize_weight` is the algorithm — Hessian,
+act-order, grids, the blocks and their lazy update — :func:`quantize_block` its inner loop over one
+block, :func:`column_step` one column. :class:`GPTQ` accumulates ``H`` from a layer's inputs, as the
+reference's class does. The grid is :mod:`helpers.quant`'s.
 
-One loop, :func:`quantize_block`, is the paper's inner loop; on CUDA with static groups the same
-function is replayed as a CUDA graph by the speed layer :class:`helpers.cuda_graphs.GraphedCalls`.
-The structure follows IST-DASLab/gptq ``gptq.py``; the quantization grid is :mod:`helpers.quant`'s.
+**Where a group's (scale, zero) come from without static groups.** When the loop reaches the first
+column of a group, from the weights as they are then (:func:`find_params` on ``W[:, j:j+g]``). Ours
+updates the block in place (``W1`` is a view of ``W``, as in the paper's Algorithm 1), so this
+includes the updates that earlier columns of the same block made; the reference's ``W1`` is a copy,
+so its ``find_params(W[:, i1+i : i1+i+groupsize])`` reads those columns without them (they reach
+``W`` only at the end of the block). The two agree when every group starts a block (``group_size``
+a multiple of ``blocksize``) and differ otherwise, e.g. g64 with blocks of 128 (``tests/test_gptq.py``
+shows both).
+
+Speed layer, kept apart: :class:`BlockGraphs` replays :func:`quantize_block` for static grids as CUDA
+graphs (:class:`helpers.cuda_graphs.GraphedCalls`); :func:`quantize_weight` takes it in place of
+:func:`quantize_block` and does not know the difference.
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ import contextlib
 import functools
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -45,15 +53,65 @@ from .qspec import QuantSpec, positive_int
 from .quant import check_finite, compute_qparams, quantize_with
 
 
+@dataclass(frozen=True)
+class GPTQOptions:
+    """The reference's ``fasterquant`` settings, validated once: ``blocksize`` (columns per lazy batch
+    update), ``percdamp`` (dampening, the fraction of ``mean(diag H)`` added to the diagonal),
+    ``actorder`` (columns by decreasing ``diag H``), ``static_groups`` (every group's grid from the
+    original weights)."""
+    blocksize: int = 128
+    percdamp: float = 0.01
+    actorder: bool = False
+    static_groups: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "blocksize", positive_int(self.blocksize, "blocksize"))
+        if isinstance(self.percdamp, bool) or not isinstance(self.percdamp, (int, float)) or not 0 <= self.percdamp < 1:
+            raise ValueError(f"percdamp must be in [0, 1), got {self.percdamp!r}")
+        for name in ("actorder", "static_groups"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+
+
+@dataclass
+class Grids:
+    """Every group's grid, ``scale`` and ``zero`` [rows, groups], and ``group_of[j]``: the group of the
+    j-th column in processing order (with act-order and static groups, the group of the column's
+    original position). ``static``: the table was filled from the original weights before the loop;
+    otherwise :func:`quantize_block` fills a group's entry when it reaches the group's first column."""
+    scale: torch.Tensor
+    zero: torch.Tensor
+    group_of: list[int]
+    size: int
+    static: bool
+
+    @functools.cached_property
+    def group_index(self) -> torch.Tensor:
+        """``group_of`` as a tensor on the table's device (to gather a block's grids in one op)."""
+        return torch.tensor(self.group_of, device=self.scale.device)
+
+
+@dataclass(frozen=True)
+class GPTQResult:
+    """``Q``: the quantized weight [rows, columns] (float32, original column order); ``losses``: per
+    row, ``Σ_j (w_j − q_j)² / Hinv[j, j]² / 2`` (the reference's ``Losses`` summed over the columns);
+    ``dead_columns``: inputs with ``diag H = 0``; ``damp``: what was added to the diagonal."""
+    Q: torch.Tensor
+    losses: torch.Tensor
+    dead_columns: int
+    damp: float
+
+
 def find_params(w: torch.Tensor, spec: QuantSpec):
-    """Per-row (scale, zero) of a slice of columns ``w`` [rows, cols]: min/max over the slice."""
+    """Per-row (scale, zero) of a slice of columns ``w`` [rows, cols] from its min and max (the
+    reference's ``Quantizer.find_params``; the formulas of :func:`helpers.quant.compute_qparams`)."""
     return compute_qparams(w.amin(1), w.amax(1), spec.bits, spec.symmetric)
 
 
 def column_step(W1, Hinv1, i: int, scale, zero, spec: QuantSpec):
-    """One column of Algorithm 1 inside a block: quantize ``w = W1[:, i]`` with (scale, zero), then
-    spread its error over the block's later columns, ``W1[:, i:] −= err ⊗ Hinv1[i, i:]`` with
-    ``err = (w − q) / Hinv1[i, i]``. Returns ``(q, err)``."""
+    """One column of Algorithm 1: ``q = quant(w)`` for ``w = W1[:, i]`` on the grid (scale, zero), then
+    its error spread over the block's later columns, ``err = (w − q) / Hinv1[i, i]``,
+    ``W1[:, i:] −= err ⊗ Hinv1[i, i:]`` (in place). Returns ``(q, err)``."""
     w = W1[:, i]
     q = (quantize_with(w, scale, zero, spec.bits, spec.symmetric) - zero) * scale
     err = (w - q) / Hinv1[i, i]
@@ -61,30 +119,83 @@ def column_step(W1, Hinv1, i: int, scale, zero, spec: QuantSpec):
     return q, err
 
 
-def quantize_block(W1, Hinv1, grid, spec: QuantSpec):
-    """The inner loop of Algorithm 1 over one block's columns; ``W1`` is updated in place.
-    ``grid(i, W1) -> (scale, zero)`` gives column ``i``'s quantization grid. Returns ``(Q1, Err1)``."""
+def quantize_block(W, Hinv, i1: int, i2: int, grids: Grids, spec: QuantSpec):
+    """Algorithm 1's inner loop over the columns ``i1 … i2−1`` of ``W``, in place: each column on its
+    group's grid (a dynamic group's grid found at its first column, from the weights as they are
+    then), its error spread over the block's later columns. Returns ``(Q1, Err1)`` [rows, i2 − i1]:
+    the block's quantized columns and their errors ``(w − q) / Hinv[j, j]``."""
+    W1, Hinv1 = W[:, i1:i2], Hinv[i1:i2, i1:i2]      # W1 is a view: the in-block updates land in W
     Q1, Err1 = torch.zeros_like(W1), torch.zeros_like(W1)
-    for i in range(W1.shape[1]):
-        scale, zero = grid(i, W1)
-        Q1[:, i], Err1[:, i] = column_step(W1, Hinv1, i, scale, zero, spec)
+    g = grids.size
+    for i in range(i2 - i1):
+        j = i1 + i
+        if not grids.static and j % g == 0:            # a group begins: its grid from the weights now
+            grids.scale[:, j // g], grids.zero[:, j // g] = find_params(W[:, j:j + g], spec)
+        k = grids.group_of[j]
+        Q1[:, i], Err1[:, i] = column_step(W1, Hinv1, i, grids.scale[:, k], grids.zero[:, k], spec)
     return Q1, Err1
 
 
-def quantize_block_static(W1, Hinv1, S1, Z1, spec: QuantSpec):
-    """:func:`quantize_block` when every column's (scale, zero) is known up front (``S1``, ``Z1``
-    [rows, block columns]): the form a CUDA graph can replay."""
-    return quantize_block(W1, Hinv1, lambda i, _W1: (S1[:, i], Z1[:, i]), spec)
+def quantize_weight(W: torch.Tensor, H: torch.Tensor, spec: QuantSpec, options: GPTQOptions = GPTQOptions(),
+                    block=quantize_block) -> GPTQResult:
+    """Algorithm 1 on a weight ``W`` [rows, columns] (not modified) with the Hessian of its inputs
+    ``H`` [columns, columns], which is **consumed** — overwritten and freed as the steps go, like the
+    reference's ``H = self.H; del self.H``: pass a copy to keep it (and hold no other reference to
+    free it). ``block`` runs the inner loop over one block (:func:`quantize_block`, or the same
+    replayed as CUDA graphs, :class:`BlockGraphs`). Autograd-free by construction (both detached;
+    no ``torch.no_grad`` decorator, whose wrapper would hold ``H`` for the whole call)."""
+    spec = QuantSpec.of(spec)
+    if not isinstance(options, GPTQOptions):
+        raise TypeError(f"options must be a GPTQOptions, got {type(options).__name__}")
+    rows, columns = W.shape
+    g = spec.group_for(columns)
+    W, H = W.detach().clone().float(), H.detach()
+    check_finite(W, "the layer's weight")
+    check_finite(H, "the Hessian H (calibration inputs)")
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1
+    W[:, dead] = 0
+    if options.static_groups:                          # every group's grid from the original weights
+        found = [find_params(W[:, j:j + g], spec) for j in range(0, columns, g)]
+        S, Z = torch.stack([s for s, _ in found], 1), torch.stack([z for _, z in found], 1)
+        del found
+    perm = None
+    if options.actorder:
+        perm = torch.argsort(torch.diag(H), descending=True)
+        W = W[:, perm]
+        H = H[perm]        # one permuted copy at a time: the previous one is freed by the rebinding
+        H = H[:, perm]
+    order = perm.tolist() if perm is not None else range(columns)
+    grids = Grids(S, Z, [c // g for c in order], g, True) if options.static_groups else \
+        Grids(W.new_zeros(rows, columns // g), W.new_zeros(rows, columns // g), [j // g for j in range(columns)], g, False)
 
+    damp = options.percdamp * torch.mean(torch.diag(H))
+    H[range(columns), range(columns)] += damp
+    # Hinv = chol(H⁻¹)ᵀ, each step rebinding the name so that only two columns² matrices live at once
+    H = torch.linalg.cholesky(H)
+    H = torch.cholesky_inverse(H)
+    Hinv = torch.linalg.cholesky(H, upper=True)
+    del H
 
-def column_loop_graphs(spec: QuantSpec, share_pool: bool = True) -> GraphedCalls:
-    """:func:`quantize_block_static` replayed as CUDA graphs (one per block shape, their temporaries in
-    one shared memory pool unless ``share_pool=False``); close it after use."""
-    return GraphedCalls(functools.partial(quantize_block_static, spec=spec), mutated=(0,), share_pool=share_pool)
+    Q = torch.zeros_like(W)
+    Losses = torch.zeros(rows, device=W.device)
+    for i1 in range(0, columns, options.blocksize):
+        i2 = min(i1 + options.blocksize, columns)
+        # the column loop is many tiny ops: on a CPU one thread beats several (device.cpu_threads)
+        with cpu_threads(1) if W.device.type == "cpu" else contextlib.nullcontext():
+            Q1, Err1 = block(W, Hinv, i1, i2, grids, spec)
+        Q[:, i1:i2] = Q1
+        Losses += Err1.pow(2).sum(1) / 2          # Σ (w − q)² / Hinv[j, j]² / 2 per row: the reference's Losses1
+        W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]      # the lazy batch update of the later blocks
+
+    if perm is not None:
+        Q = Q[:, torch.argsort(perm)]
+    return GPTQResult(Q, Losses, int(dead.sum()), damp.item())
 
 
 class GPTQ:
-    """Accumulates ``H`` for one linear layer from its inputs, then quantizes its weight."""
+    """One linear layer's ``H``, accumulated from its inputs (:meth:`add_batch`), then its weight
+    quantized in place (:meth:`fasterquant`): the reference's class."""
 
     def __init__(self, layer: torch.nn.Linear):
         self.layer = layer
@@ -95,6 +206,8 @@ class GPTQ:
     @torch.no_grad()
     def add_batch(self, inp: torch.Tensor) -> None:
         """H ← running mean of 2·x xᵀ over all N tokens seen so far (H = 2/N · Σ XXᵀ)."""
+        if self.H is None:
+            raise RuntimeError("GPTQ.add_batch after fasterquant: H was consumed; start a new GPTQ(layer)")
         if inp.shape[-1] != self.columns:
             raise ValueError(f"add_batch got inputs with {inp.shape[-1]} features; the layer has "
                              f"{self.columns} input columns")
@@ -106,93 +219,29 @@ class GPTQ:
         x = math.sqrt(2 / self.nsamples) * x
         self.H += x.t() @ x
 
-    @torch.no_grad()
-    def fasterquant(self, spec: QuantSpec, blocksize: int = 128, percdamp: float = 0.01,
-                    actorder: bool = False, static_groups: bool = False,
-                    graphs: GraphedCalls | None = None, free_hessian: bool = False) -> dict:
-        """Run Algorithm 1 on the layer's weight in place (the reference's name); returns the loss.
-
-        ``graphs`` (from :func:`column_loop_graphs`, static groups on CUDA only) replays each block's
-        column loop as one CUDA graph: the same function, the same numbers, one launch.
-        ``free_hessian`` consumes ``self.H`` instead of copying it (as the reference does,
-        ``H = self.H; del self.H``): for a ``columns²`` Hessian — 256 MiB for an 8192-wide
-        ``down_proj`` — one copy fewer at the peak; ``self.H`` is None afterwards."""
+    def _check_ready(self) -> None:
         if self.nsamples == 0:
             raise RuntimeError("GPTQ.fasterquant called before add_batch: no calibration inputs seen")
-        spec = QuantSpec.of(spec)
-        blocksize = positive_int(blocksize, "blocksize")
-        if not 0 <= percdamp < 1:
-            raise ValueError(f"percdamp must be in [0, 1), got {percdamp}")
-        W = self.layer.weight.data.clone().float()
-        check_finite(W, "the layer's weight")
-        check_finite(self.H, "the Hessian H (calibration inputs)")
-        g = spec.group_for(self.columns)
-        if graphs is not None and not (W.is_cuda and static_groups):
-            raise ValueError("graphs need a CUDA weight and static_groups=True")
-        H = self.H if free_hessian else self.H.clone()
-        if free_hessian:
-            self.H = None
-        dead = torch.diag(H) == 0
-        H[dead, dead] = 1
-        W[:, dead] = 0
-        groups = [find_params(W[:, j:j + g], spec) for j in range(0, self.columns, g)] if static_groups else None
-        perm = None
-        if actorder:
-            perm = torch.argsort(torch.diag(H), descending=True)
-            W = W[:, perm]
-            H = H[perm]        # one permuted copy at a time: the previous one is freed by the rebinding
-            H = H[:, perm]
+        if self.H is None:
+            raise RuntimeError("GPTQ's H was already consumed by fasterquant; start a new GPTQ(layer)")
 
-        damp = percdamp * torch.mean(torch.diag(H))
-        H[range(self.columns), range(self.columns)] += damp
-        # Hinv = chol(H⁻¹)ᵀ, each step rebinding the name so that only two columns² matrices live at once
-        H = torch.linalg.cholesky(H)
-        H = torch.cholesky_inverse(H)
-        Hinv = torch.linalg.cholesky(H, upper=True)
-        del H
+    def take_hessian(self) -> torch.Tensor:
+        """``H``, handed over: this object keeps no reference, so :func:`quantize_weight` can consume it."""
+        self._check_ready()
+        H, self.H = self.H, None
+        return H
 
-        if static_groups:  # every group's (scale, zero) up front, [rows, groups]; gi: each column's group,
-            # in processing order (a block's columns gather theirs: [rows, blocksize], not [rows, columns])
-            gi = torch.tensor([c // g for c in (perm.tolist() if perm is not None else range(self.columns))],
-                              device=W.device)
-            S_grp = torch.stack([s for s, _ in groups], 1)
-            Z_grp = torch.stack([z for _, z in groups], 1)
-            del groups
-        Q = torch.zeros_like(W)
-        Losses = torch.zeros(self.rows, device=W.device)
-        current: dict = {}  # the dynamic grid of the group in progress (a group may span blocks)
-        for i1 in range(0, self.columns, blocksize):
-            i2 = min(i1 + blocksize, self.columns)
-            W1, Hinv1 = W[:, i1:i2].clone(), Hinv[i1:i2, i1:i2]
-            # the column loop is many tiny ops: on a CPU one thread beats several (device.cpu_threads)
-            with cpu_threads(1) if W.device.type == "cpu" else contextlib.nullcontext():
-                if static_groups:
-                    S1, Z1 = S_grp[:, gi[i1:i2]], Z_grp[:, gi[i1:i2]]
-                    loop = graphs or functools.partial(quantize_block_static, spec=spec)
-                    Q1, Err1 = loop(W1, Hinv1, S1, Z1)
-                else:
-                    Q1, Err1 = quantize_block(W1, Hinv1, self._dynamic_grid(W, i1, i2, g, spec, current), spec)
-            Q[:, i1:i2] = Q1
-            Losses += Err1.pow(2).sum(1) / 2          # Σ (w − q)² / Hinv[i,i]² / 2, per row
-            W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]      # the lazy batch update of the later blocks
-
-        if perm is not None:
-            Q = Q[:, torch.argsort(perm)]
-        self.layer.weight.data.copy_(Q.to(self.layer.weight.dtype))
-        self.row_losses = Losses
-        return {"loss": Losses.sum().item(), "dead_columns": int(dead.sum()), "damp": damp.item()}
-
-    @staticmethod
-    def _dynamic_grid(W, i1: int, i2: int, g: int, spec: QuantSpec, current: dict):
-        """Column ``i``'s grid inside block ``[i1, i2)``: a group's (scale, zero) found when its first
-        column is reached, from the weights as updated so far (``W1`` for this block's columns, ``W``
-        beyond it; see the module docstring for how the reference differs). ``current`` carries the
-        grid of a group that spans blocks."""
-        def grid(i, W1):
-            if (i1 + i) % g == 0:
-                current["p"] = find_params(torch.cat([W1[:, i:], W[:, i2:]], 1)[:, :g], spec)
-            return current["p"]
-        return grid
+    @torch.no_grad()
+    def fasterquant(self, spec: QuantSpec, blocksize: int = 128, percdamp: float = 0.01, actorder: bool = False,
+                    static_groups: bool = False) -> dict:
+        """:func:`quantize_weight` on the layer's weight, written back in place; consumes ``H``, as the
+        reference does. Returns ``{"loss", "dead_columns", "damp"}``."""
+        self._check_ready()
+        options, spec = GPTQOptions(blocksize, percdamp, actorder, static_groups), QuantSpec.of(spec)
+        spec.group_for(self.columns)                  # a bad group size fails before H is consumed
+        r = quantize_weight(self.layer.weight.data, self.take_hessian(), spec, options)
+        self.layer.weight.data.copy_(r.Q.to(self.layer.weight.dtype))
+        return {"loss": r.losses.sum().item(), "dead_columns": r.dead_columns, "damp": r.damp}
 
 
 def layer_error(W: torch.Tensor, Wq: torch.Tensor, X: torch.Tensor) -> float:
@@ -202,85 +251,137 @@ def layer_error(W: torch.Tensor, Wq: torch.Tensor, X: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def gptq_block(block, hidden: list, kwargs: list, **quant_kw) -> dict:
-    """Quantize every linear of one decoder block with GPTQ (autograd off: with it on, ``H += xᵀx``
-    would make ``H`` part of an autograd graph that keeps every batch's inputs alive — 10 GB on a
-    1B model's 128 × 512 calibration tokens, measured on the H200): one calibration pass collects ``H`` of
-    each linear (linears reading the same input — q/k/v, gate/up — share one ``H``), then each is
-    quantized. Returns ``{linear name: loss}``."""
+def gptq_block(block, hidden: list, kwargs: list, spec: QuantSpec, options: GPTQOptions = GPTQOptions(),
+               quantize=quantize_block) -> dict:
+    """GPTQ on every linear of one decoder block, in place. One calibration pass accumulates the ``H``
+    of each distinct input (linears reading the same input tensor — q/k/v, gate/up — share one); then
+    the rows of the linears sharing an ``H`` are stacked and quantized together: GPTQ treats rows
+    independently, so that is the same as one by one, in one column loop. ``quantize`` is the inner
+    loop :func:`quantize_weight` runs. Autograd stays off: with it on, ``H += xᵀx`` would become part
+    of a graph that keeps every batch's inputs alive. Returns ``{linear name: loss}``."""
     lins = C.linears(block)
-    gptq = {n: GPTQ(m) for n, m in lins.items()}
-    shared: dict = {}  # id(input) → (input, the GPTQ that accumulated it); holding it keeps ids unique
+    hessians: dict[str, GPTQ] = {}     # the first linear reading an input → the GPTQ accumulating its H
+    reader: dict[str, str] = {}        # linear → the first linear that read the same input tensor
+    batch: dict[int, tuple] = {}       # id(input) → (input, its first reader) in one batch; holding it keeps ids unique
 
     def make_hook(name):
         def hook(_m, args, _out):
             x = args[0]
-            seen = shared.get(id(x))
-            if seen is None or seen[0] is not x:
-                shared[id(x)] = (x, gptq[name])
-                gptq[name].add_batch(x)
-            else:  # the same input tensor as a sibling linear: share its H
-                gptq[name].twin = seen[1]
+            seen = batch.get(id(x))
+            if seen is not None and seen[0] is x:
+                reader[name] = seen[1]
+                return
+            batch[id(x)] = (x, name)
+            reader[name] = name
+            if name not in hessians:
+                hessians[name] = GPTQ(lins[name])
+            hessians[name].add_batch(x)
         return hook
 
     hooks = [m.register_forward_hook(make_hook(n)) for n, m in lins.items()]
     try:
         dev = C.block_device(block)
         for x, kw in zip(hidden, kwargs):
-            shared.clear()
+            batch.clear()
             block(x.to(dev), use_cache=False, **kw)
     finally:
         for h in hooks:
             h.remove()
-    shared.clear()
-    # Linears that read the same input share H, and GPTQ treats rows independently: stacking their
-    # rows (q|k|v, gate|up) into one matrix gives the same result in one column loop instead of three.
-    groups: dict = {}
-    for n, q in gptq.items():
-        groups.setdefault(id(getattr(q, "twin", q)), []).append(n)
-    out = {}
-    for names in groups.values():
-        owner = gptq[names[0]]
+    batch.clear()
+    unused = [n for n in lins if n not in reader]
+    if unused:
+        raise RuntimeError(f"gptq_block: linears {unused} received no input in the calibration pass")
+    stacks: dict[str, list[str]] = {}
+    for n in lins:
+        stacks.setdefault(reader[n], []).append(n)
+    losses = {}
+    for first, names in stacks.items():
         weights = [lins[n].weight for n in names]
-        stacked = torch.nn.Linear(owner.columns, sum(w.shape[0] for w in weights), bias=False,
-                                  device=weights[0].device, dtype=weights[0].dtype)
-        stacked.weight.data.copy_(torch.cat([w.data for w in weights]))
-        joint = GPTQ(stacked)
-        joint.H, joint.nsamples = owner.H, owner.nsamples
-        owner.H = None                      # the joint GPTQ holds the only reference: it may consume it
-        joint.fasterquant(**quant_kw, free_hessian=True)
+        r = quantize_weight(torch.cat([w.data for w in weights]), hessians.pop(first).take_hessian(), spec,
+                            options, quantize)
         r0 = 0
         for n, w in zip(names, weights):
-            w.data.copy_(stacked.weight.data[r0:r0 + w.shape[0]])
-            out[n] = joint.row_losses[r0:r0 + w.shape[0]].sum().item()
+            w.data.copy_(r.Q[r0:r0 + w.shape[0]].to(w.dtype))
+            losses[n] = r.losses[r0:r0 + w.shape[0]].sum().item()
             r0 += w.shape[0]
-    return out
+    return losses
 
 
 @torch.no_grad()
-def gptq_model(model, calib: torch.Tensor, spec: QuantSpec | None = None, blocksize: int = 128,
-               percdamp: float = 0.01, actorder: bool = False, static_groups: bool = False,
-               batch_size: int = 8, progress: bool = True, graphs: bool | None = None,
-               offload: bool | str = "auto", **spec_kw) -> dict:
-    """GPTQ over a whole decoder, block by block (see :mod:`helpers.calib`), in place.
+def gptq_model(model, calib: torch.Tensor, spec: QuantSpec | None = None, options: GPTQOptions | None = None,
+               calibration: C.CalibSpec | None = None, progress: bool = True, graphs=None, **spec_kw) -> dict:
+    """GPTQ over a whole decoder, block by block (:func:`helpers.calib.sequential`), in place.
 
     ``calib`` is [n_samples, seq_len] token ids from the calibration split; ``spec`` (or ``bits=``,
-    ``group_size=``, ``symmetric=``) the grid. Embeddings and lm_head are kept, as in the paper.
-    ``graphs`` (default: on CUDA with static groups) replays column loops as CUDA graphs, freed at
-    the end. ``offload`` keeps the block inputs on the CPU between blocks (default: when the model is
-    on a GPU; :func:`helpers.calib.store_device`). Returns ``{"seconds", "calib_tokens", "losses": {layer: loss}}``.
+    ``group_size=``, ``symmetric=``) the grid; ``options`` the algorithm's settings (default
+    :class:`GPTQOptions`); ``calibration`` how the pass runs (:class:`helpers.calib.CalibSpec`).
+    Embeddings and lm_head are kept, as in the paper. ``graphs``: replay the column loops as CUDA graphs
+    (:class:`BlockGraphs`) — ``None`` (default) does so on CUDA with static groups, ``True``/``False``
+    force it, a :class:`BlockGraphs` is used as given (and left open). Returns ``{"seconds",
+    "calib_tokens", "losses": {layer: loss}}``.
     """
     spec = QuantSpec.of(spec, **spec_kw)
+    options = GPTQOptions() if options is None else options
+    if not isinstance(options, GPTQOptions):
+        raise TypeError(f"options must be a GPTQOptions, got {type(options).__name__}")
+    if not (graphs is None or isinstance(graphs, (bool, BlockGraphs))):
+        raise TypeError(f"graphs must be None, True, False or a BlockGraphs, got {graphs!r}")
     C.check_calib(model, calib)
     cuda = next(model.parameters()).is_cuda
-    graphs = (cuda and static_groups) if graphs is None else graphs
+    if graphs is None:
+        graphs = cuda and options.static_groups
+    if graphs is not False and not (cuda and options.static_groups):
+        raise ValueError("graphs need a CUDA model and GPTQOptions(static_groups=True)")
+    replay = contextlib.nullcontext(graphs) if isinstance(graphs, BlockGraphs) else \
+        BlockGraphs(spec) if graphs else contextlib.nullcontext(quantize_block)
     t0 = time.perf_counter()
-    with column_loop_graphs(spec) if graphs else contextlib.nullcontext() as replay:
-        kw = dict(spec=spec, blocksize=blocksize, percdamp=percdamp, actorder=actorder,
-                  static_groups=static_groups, graphs=replay)
-        recs = C.sequential(model, calib, lambda i, b, h, k: gptq_block(b, h, k, **kw),
-                            desc=f"GPTQ {spec.label}", batch_size=batch_size, progress=progress,
-                            offload=offload)
+    with replay as quantize:
+        recs = C.sequential(model, calib, lambda i, b, h, k: gptq_block(b, h, k, spec, options, quantize),
+                            calibration, desc=f"GPTQ {spec.label}", progress=progress)
     losses = {f"model.layers.{i}.{n}": v for i, r in enumerate(recs) for n, v in r.items()}
     return {"seconds": time.perf_counter() - t0, "calib_tokens": C.tokens_of(calib), "losses": losses}
 
+
+# ------------------------------------------------------------------------ speed layer: CUDA graphs
+def static_block(W1, Hinv1, S1, Z1, spec: QuantSpec):
+    """:func:`quantize_block` over all of ``W1`` when every column's grid is given (``S1``, ``Z1``
+    [rows, columns of ``W1``]): a function of fixed-shape tensors, the form a CUDA graph replays."""
+    n = W1.shape[1]
+    return quantize_block(W1, Hinv1, 0, n, Grids(S1, Z1, list(range(n)), 1, True), spec)
+
+
+class BlockGraphs:
+    """:func:`quantize_block` for static grids, replayed as CUDA graphs: pass it to
+    :func:`quantize_weight` in its place. Each call copies the block's columns, its ``Hinv`` block
+    and its columns' grids into the buffers of a graph recorded once per block shape, which runs
+    :func:`static_block` — the same kernels in the same order as the eager loop, so the same weights,
+    in one launch instead of ~10 per column (a column loop on a GPU is bound by kernel launches).
+    The graphs' temporaries share one memory pool unless ``share_pool=False``; ``graphed`` is the
+    replayer (:class:`helpers.cuda_graphs.GraphedCalls`). Close it, or leave its ``with`` block, to
+    free the graphs."""
+
+    def __init__(self, spec: QuantSpec, share_pool: bool = True, graphed=GraphedCalls):
+        self.spec = QuantSpec.of(spec)
+        self.calls = graphed(functools.partial(static_block, spec=self.spec), mutated=(0,), share_pool=share_pool)
+
+    def __call__(self, W, Hinv, i1: int, i2: int, grids: Grids, spec: QuantSpec):
+        if spec != self.spec:
+            raise ValueError(f"BlockGraphs recorded for {self.spec.label} was called for {spec.label}")
+        if not grids.static:
+            raise ValueError("BlockGraphs replays static grids only: use GPTQOptions(static_groups=True)")
+        idx = grids.group_index[i1:i2]
+        return self.calls(W[:, i1:i2], Hinv[i1:i2, i1:i2], grids.scale[:, idx], grids.zero[:, idx])
+
+    @property
+    def n_graphs(self) -> int:
+        """How many block shapes have a recorded graph."""
+        return self.calls.n_graphs
+
+    def close(self) -> None:
+        self.calls.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -28,7 +28,11 @@
 # the block, the rest of the matrix is updated once per block — memory-bound → compute-bound), and
 # (3) the **Cholesky trick**: every row of the successive inverses that the updates need is a row of
 # the upper Cholesky factor of $H^{-1}$, computed once, numerically stable with a little dampening.
-# Our `helpers/gptq.py` is Algorithm 1, line for line.
+# Our `helpers/gptq.py` is Algorithm 1 in the names of the reference implementation (IST-DASLab's
+# `gptq.py`, `fasterquant`: `W1, Q1, Err1, Hinv1`), split where the algorithm nests:
+# `quantize_weight` (dampening, act-order, the groups' grids, the blocks and their lazy update),
+# `quantize_block` (the inner loop over one block's columns) and `column_step` (one column). A test
+# transcribes `fasterquant` line for line and checks ours against it bit for bit.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/gpu-quant-course/gpu-quant-course/blob/main/notebooks/04_gptq.ipynb)
 
@@ -191,8 +195,9 @@ pd.DataFrame([r for r in llm_compressor.API_MAP if r[0] == "AutoGPTQ"], columns=
 # Python, so the GPU mostly waits for launches (the course's first H200 run, before graphs: 40.0 s for
 # Qwen2.5-0.5B, 2× llm-compressor — recorded in the README's H200 section). `gptq.py` therefore
 # records one block's column loop as a **CUDA graph** and replays it for every block of that shape
-# (`column_loop_graphs`, on by default on CUDA with static groups): the same kernels, bit-identical
-# weights (tested), one launch per block — the H200 rows printed below.
+# (`gptq.BlockGraphs`, a layer around `quantize_block` that `quantize_weight` takes in its place; on
+# by default on CUDA with static groups): the same kernels, bit-identical weights (tested), one
+# launch per block — the H200 rows printed below.
 
 # %%
 import json

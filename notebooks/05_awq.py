@@ -110,16 +110,22 @@ from helpers.models import decoder_layers
 hidden, kw = C.capture_block_inputs(model, cal)
 blk = copy.deepcopy(decoder_layers(model)[0])
 feats = C.linear_inputs(blk, hidden, kw)
+spec = QuantSpec(BITS, G)
 fig, ax = plt.subplots(figsize=(7, 3))
-for mp in awq.mappings(blk):
-    r = awq.search_scale(blk, mp, feats[mp["input"]], kw, QuantSpec(BITS, G), n_grid=S["n_grid"])
+for m in awq.family_of(model).resolve(blk):     # the model family's mappings, resolved against this block
+    xs = feats[m.input]                         # what the scaled linears read, one tensor per batch
+    s_x = torch.cat([x.flatten(0, -2) for x in xs]).abs().float().mean(0)   # mean |x_j| per input channel
+    r = awq.search_scale(m, s_x, awq.OutputError(m, xs, kw, spec), spec, n_grid=S["n_grid"])
     alphas = [k / S["n_grid"] for k in range(S["n_grid"])]
-    ax.plot(alphas, [e / r["errors"][0] for e in r["errors"]], marker="o", label=f"{mp['inspect']} (best α={r['alpha']:.2f})")
+    ax.plot(alphas, [e / r["errors"][0] for e in r["errors"]], marker="o", label=f"{m.name} (best α={r['alpha']:.2f})")
 ax.set_xlabel("α"); ax.set_ylabel("output error / error at α=0"); ax.set_title("block 0: the α grid"); ax.legend(); plt.show()
 
 # %% [markdown]
 # α = 0 is plain RTN; the search picks the α with the lowest error of the block part that reads the
-# scaled linears. Now the whole model, without and with clipping:
+# scaled linears (`awq.OutputError`: that part run once per α, as llm-awq's `_search_module_scale`
+# does). `awq.awq_model` scores the same errors faster (`awq.scale_error`: for a mapping that scales
+# one linear the error is a quadratic form in $X^\top X$, no forward pass; the others in bf16 where
+# the CPU has bf16 units). Now the whole model, without and with clipping:
 
 # %%
 awq_runs = {}
@@ -174,7 +180,7 @@ cmp
 # does, §4 of its paper), so each block sees the error made before it. llm-awq's `run_awq` feeds each
 # block the outputs of the **full-precision** blocks before it (it computes a block's outputs before
 # scaling and clipping it). Which is better is an empirical question; measured here, same tokens,
-# same settings (`next_inputs` of `awq.awq_model`):
+# same settings (`next_inputs` of `helpers.calib.CalibSpec`, the spec of the block-by-block pass):
 
 # %%
 choice_rows = []
@@ -271,8 +277,8 @@ exercises.check("awq_alpha_error", awq_alpha_error)
 blk2 = copy.deepcopy(decoder_layers(model)[0]).float()
 x1, kw1 = [hidden[0].float()], [C.cast_floats(kw[0], torch.float32)]
 ref = C.run_block(blk2, x1, kw1)[0]
-for mp in awq.mappings(blk2):
-    awq.apply_scale(mp["prev"], mp["linears"], torch.rand(mp["linears"][0].in_features, device=ref.device) + 0.5)
+for m in awq.family_of(model).resolve(blk2):
+    awq.apply_scale(m.smooth, m.balance, torch.rand(m.balance[0].in_features, device=ref.device) + 0.5)
 out = C.run_block(blk2, x1, kw1)[0]
 print("max |Δ| after folding random scales:", (out - ref).abs().max().item())
 assert torch.allclose(out, ref, atol=1e-4 * ref.abs().max().item())

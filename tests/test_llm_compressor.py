@@ -56,7 +56,8 @@ def test_our_gptq_is_bit_identical_to_llm_compressor_on_the_first_block(tiny_lla
     from helpers import gptq
 
     ours, lib = copy.deepcopy(tiny_llama), copy.deepcopy(tiny_llama)
-    gptq.gptq_model(ours, tiny_calib, QuantSpec(4, 32), actorder=True, static_groups=True, progress=False)
+    gptq.gptq_model(ours, tiny_calib, QuantSpec(4, 32), gptq.GPTQOptions(actorder=True, static_groups=True),
+                    progress=False)
     llmc.oneshot_quantize(lib, tiny_calib, "gptq", QuantSpec(4, 32))
     for name, mod in ours.model.layers[0].named_modules():
         if isinstance(mod, torch.nn.Linear):
