@@ -1,6 +1,6 @@
 """Whole-model decode and prefill speed per weight format, against the bandwidth roofline (CUDA).
 
-    python benchmarks/decode.py --out results/h200/decode.json
+    python -m benchmarks.decode --out results/h200/decode.json
 
 An 8B-class architecture (Llama-3.1-8B's config, random weights: speed and memory are real, the
 tokens mean nothing) in bf16, W4A16 with our Triton kernel (helpers/w4_kernel.py) and W4A16 with
@@ -19,36 +19,44 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import budget, models, timing  # noqa: E402
-from helpers.decode_bench import build, resident_bytes, run, tune_shapes  # noqa: E402
+from helpers import budget, models, timing
+from helpers.decode_bench import build, resident_bytes, run, step_profile
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--arch", default="Llama-3.1-8B")
-    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--batches", default="1,8,16")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--formats", default="bf16,W4A16 ours,W4A16 tinygemm")
+    ap.add_argument("--family-from", help="a kernels.json whose meta.family our W4 layers use (auto_config)")
+    ap.add_argument("--profile", action="store_true", help="one eager step per format under torch.profiler")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("decode.py measures CUDA decode; there is no CUDA device here")
     batches = [int(b) for b in args.batches.split(",")]
     copy = timing.copy_bandwidth_gbps()
     config = models.architecture_config(args.arch)
-    rows, tuned = [], {}
+    rows = []
+    family = json.loads(Path(args.family_from).read_text())["meta"].get("family") if args.family_from else None
     for fmt in args.formats.split(","):
-        if fmt == "W4A16 ours" and not tuned:
-            tuned = tune_shapes(args.arch, batches)
         try:
-            model = build(args.arch, fmt, tuned)
+            model = build(args.arch, fmt, family=family)
         except Exception as e:  # noqa: BLE001 - record what could not be built (e.g. torchao missing)
             rows.append({"model": args.arch, "format": fmt, "error": f"{type(e).__name__}: {e}"})
             print(fmt, "failed:", e, flush=True)
             continue
         wbytes = resident_bytes(model)
+        if args.profile:
+            try:
+                prof = step_profile(model, 1, args.prompt)
+                rows.append({"model": args.arch, "format": fmt, "batch": 1, "profile": prof})
+                print(fmt, "eager step:", {k: round(v) for k, v in prof["us"].items()}, "kernels", prof["kernels"],
+                      "wall", round(prof["wall_us"]), flush=True)
+            except Exception as e:  # noqa: BLE001
+                print(fmt, "profile failed:", e, flush=True)
         for batch in batches:
             kv_mid = budget.kv_bytes(config, args.prompt + args.steps // 2, 1, "bf16")
             roof = batch * timing.roofline_tokens_per_s(wbytes, copy, batch * kv_mid) if batch else 0
@@ -68,7 +76,7 @@ def main():
         del model
         torch.cuda.empty_cache()
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_GBps": copy,
-            "tuned_configs": {f"{n}x{k}": v for (n, k), v in tuned.items()}}
+            "kernel_family": family}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
     print("wrote", args.out)

@@ -1,132 +1,252 @@
 """Low-bit matmul kernels against the bandwidth limit, on real layer shapes (CUDA only).
 
-    python benchmarks/kernels.py --out results/h200/kernels.json
+    python -m benchmarks.kernels --out results/h200/kernels.json [--budget-s 240]
 
-Per (K, N) weight shape (Llama-3-8B and Llama-2-70B projections) and rows M: the median time of
-``y = x @ W.T`` for bf16 (cuBLAS), W4A16 tinygemm (torchao ``Int4WeightOnlyConfig``, tile-packed),
-our Triton W4A16 kernel (helpers/w4_kernel.py: its optimisation steps one by one, then tuned),
-INT8 weight-only (torchao) and FP8 W8A8 rowwise (``torch._scaled_mm``, capability ≥ 8.9). Every
-time is taken with the L2 cache flushed (helpers/timing.py). ``GBps`` = the weight bytes the kernel
-must read / time; ``copy_GBps`` = the measured device-to-device copy bandwidth, the practical limit.
+Per (K, N) weight shape (Llama-3-8B, Llama-2-70B and four other models' projections), group size and
+rows M: the time of ``y = x @ W.T`` for bf16 (cuBLAS), W4A16 tinygemm (torchao ``Int4WeightOnlyConfig``,
+tile-packed) and our Triton W4A16 kernels (helpers/w4_kernel.py), and at a few M INT8 weight-only
+(torchao) and FP8 W8A8 rowwise (``torch._scaled_mm``, capability ≥ 8.9).
+
+Timing (the ``timing`` column): ``cudagraph`` — :func:`helpers.timing.graph_ms`, the calls replayed
+from one CUDA graph over enough copies of the weight that they exceed the L2 cache (what a decode
+step sees: no launch gaps, weights from HBM); ``do_bench`` — :func:`triton.testing.do_bench`, one
+call at a time with the L2 flushed (launch overhead included). ``GBps`` = the weight bytes the
+kernel must read / time; ``copy_GBps`` = the measured device-to-device copy bandwidth.
+
+Our kernel is chosen in three phases, each row saying which (``phase``): A1 picks the dequantizer
+and the MMA orientation, A2 the block width, groups per step, split-K reduction and warps, on three
+shapes; B times the chosen family on every shape, group and M with every split of K, and the
+shape-only rule :func:`helpers.w4_kernel.auto_config` beside it. Every timed shape, group and M is
+checked against :func:`helpers.w4_kernel.reference_matmul` (``exact``).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import decode_bench, timing, w4_kernel  # noqa: E402
+from helpers import decode_bench, timing, w4_kernel
 
-SHAPES = {"8B q/o 4096x4096": (4096, 4096), "8B gate/up 4096x14336": (4096, 14336),
-          "8B down 14336x4096": (14336, 4096), "70B gate/up 8192x28672": (8192, 28672),
-          "70B down 28672x8192": (28672, 8192)}
-STEPS = {  # our kernel, one optimisation at a time (helpers/w4_kernel.py docstring); M = 1 only
-    "ours step 1: one group per step": dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=1, MAGIC=False, num_warps=4),
-    "ours step 2: + 4 groups per step (wide loads)": dict(BLOCK_N=32, BLOCK_K=512, SPLIT_K=1, MAGIC=False, num_warps=4),
-    "ours step 3: + split-K": dict(BLOCK_N=32, BLOCK_K=512, SPLIT_K=4, MAGIC=False, num_warps=4),
-    "ours step 4: + 0x6400 nibble→fp16": dict(BLOCK_N=32, BLOCK_K=512, SPLIT_K=4, MAGIC=True, num_warps=4),
+SHAPES = {  # label: (K, N) — in_features, out_features
+    "8B q/o 4096x4096": (4096, 4096), "8B gate/up 4096x14336": (4096, 14336), "8B down 14336x4096": (14336, 4096),
+    "70B gate/up 8192x28672": (8192, 28672), "70B down 28672x8192": (28672, 8192),
+    "14B-class 5120x13824": (5120, 13824), "14B-class 13824x5120": (13824, 5120), "7B-class 3584x18944": (3584, 18944),
+    "1B-class 2048x8192": (2048, 8192),
+}
+PHASE_A_SHAPES = ("8B gate/up 4096x14336", "70B gate/up 8192x28672")
+SPLITS = (1, 2, 4, 8, 16)
+STEPS = {  # the CUDA-core GEMV, one optimisation at a time (helpers/w4_kernel.py docstring); M = 1 only
+    "gemv step 1: one group per step": dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=128, SPLIT_K=1, MAGIC=False, num_warps=4),
+    "gemv step 2: + 4 groups per step (wide loads)": dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=512, SPLIT_K=1, MAGIC=False,
+                                                          num_warps=4),
+    "gemv step 3: + split-K": dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=512, SPLIT_K=4, MAGIC=False, num_warps=4),
+    "gemv step 4: + fp32 magic-number nibble→float (0x4B000000)": dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=512,
+                                                                        SPLIT_K=4, MAGIC=True, num_warps=4),
 }
 
 
-def torchao_linear(w: torch.Tensor, config) -> torch.nn.Module | None:
-    from torchao.quantization import quantize_
-    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device="cuda", dtype=torch.bfloat16)
-    lin.weight.data.copy_(w)
-    quantize_(lin, config)
-    return lin
+def copies_for(nbytes: int) -> int:
+    """How many copies of a weight make the rotation exceed the L2 cache three times over."""
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 * 2**20)
+    return max(2, math.ceil(3 * l2 / max(1, nbytes)))
 
 
-def fp8_rowwise(w: torch.Tensor):
-    """W8A8 FP8 e4m3 with a scale per weight row and per activation row (``torch._scaled_mm``)."""
-    wmax = w.abs().amax(1, keepdim=True).float().clamp(min=1e-12)
-    ws = wmax / 448.0
-    wq = (w.float() / ws).to(torch.float8_e4m3fn)
+class Shape:
+    """One weight shape on the GPU: bf16 copies, our packed copies per group, tinygemm per group."""
 
-    def run(x):
-        xs = x.abs().amax(1, keepdim=True).float().clamp(min=1e-12) / 448.0
-        xq = (x.float() / xs).to(torch.float8_e4m3fn)
-        return torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(), out_dtype=torch.bfloat16)
+    def __init__(self, k: int, n: int, groups=(64, 128)):
+        torch.manual_seed(0)
+        self.k, self.n = k, n
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        self.w = [w] + [w.clone() for _ in range(copies_for(w.numel() * 2) - 1)]
+        self.packed = {}
+        self.tiny = {}
+        for g in groups:
+            p = w4_kernel.pack_w4(w, g)
+            self.packed[g] = [p] + [w4_kernel.W4Weight(p.words.clone(), p.scale.clone(), p.zero.clone(), g, p.shape)
+                                    for _ in range(copies_for(p.nbytes) - 1)]
+            t = decode_bench.tinygemm_linear(w, g)
+            self.tiny[g] = None if t is None else [t] + [decode_bench.tinygemm_linear(w, g)
+                                                         for _ in range(copies_for(p.nbytes) - 1)]
 
-    def matmul_only(x):  # activations already FP8 (what a fused kernel or a W8A8 engine passes along)
-        xs = x.abs().amax(1, keepdim=True).float().clamp(min=1e-12) / 448.0
-        xq = (x.float() / xs).to(torch.float8_e4m3fn)
-        return lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(), out_dtype=torch.bfloat16)
-    run.matmul_only = matmul_only
-    return run, wq.numel() + ws.numel() * 4
+    def free(self):
+        self.w = self.packed = self.tiny = None
+        torch.cuda.empty_cache()
+
+
+def ours_ms(sh: Shape, g: int, x: torch.Tensor, cfg: dict) -> dict:
+    """Our kernel with ``cfg`` on every packed copy: graph-replay ms per call (and ``do_bench`` ms)."""
+    ps = sh.packed[g]
+    locks = torch.zeros(4096, dtype=torch.int32, device="cuda")
+    fns = [lambda p=p: w4_kernel.w4a16_matmul(x, p, cfg, locks=locks) for p in ps]
+    return {"cudagraph": timing.graph_ms(fns), "do_bench": None}
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    import triton
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.kernels")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--rows", default="1,16,64")
-    ap.add_argument("--crossover-rows", default="1,2,4,8,16,32,64,128")
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--group", type=int, default=128)
+    ap.add_argument("--rows", default="1,2,8,16")
+    ap.add_argument("--crossover-rows", default="4,32,64", help="extra M on the first phase-A shape")
+    ap.add_argument("--groups", default="64,128")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="stop phase B (rows kept) after this many seconds")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("kernels.py times CUDA kernels; there is no CUDA device here")
-    from torchao.quantization import Int8WeightOnlyConfig
+    t_start = time.perf_counter()
     cap = torch.cuda.get_device_capability()
     copy = timing.copy_bandwidth_gbps()
     print(f"copy bandwidth {copy:.0f} GB/s on {torch.cuda.get_device_name()}", flush=True)
-    rows = []
+    groups = [int(g) for g in args.groups.split(",")]
+    rows, out = [], Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "capability": list(cap), "copy_GBps": copy, "sms": torch.cuda.get_device_properties(0).multi_processor_count}
 
-    def add(kernel, fmt, k, n, m, ms, nbytes, **extra):
-        row = {"kernel": kernel, "format": fmt, "K": k, "N": n, "M": m, "ms": ms,
-               "GBps": nbytes / (ms * 1e-3) / 1e9, "copy_GBps": copy, **extra}
+    def save():
+        out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+
+    def add(kernel, fmt, label, k, n, m, g, ms, nbytes, timing_kind, **extra):
+        if ms is None:
+            return
+        row = {"kernel": kernel, "format": fmt, "shape": label, "K": k, "N": n, "M": m, "group": g, "ms": ms,
+               "GBps": nbytes / (ms * 1e-3) / 1e9, "copy_GBps": copy, "timing": timing_kind, **extra}
         rows.append(row)
-        print(f"{kernel:48s} K={k:6d} N={n:6d} M={m:4d} {ms:8.4f} ms {row['GBps']:7.0f} GB/s", flush=True)
+        print(f"{kernel[:44]:44s} {label[:22]:22s} M={m:3d} g{g or '-':<4} {ms * 1e3:8.1f} µs {row['GBps']:6.0f} GB/s "
+              f"[{timing_kind}]", flush=True)
 
-    for label in args.shapes.split(","):
+    def try_ours(sh, label, g, x, cfg, phase):
+        try:
+            r = ours_ms(sh, g, x, cfg)
+        except Exception as e:  # noqa: BLE001 - a variant Triton cannot compile is recorded, not fatal
+            rows.append({"kernel": "ours (Triton)", "shape": label, "M": x.shape[0], "group": g, "config": cfg,
+                         "phase": phase, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            print("  failed:", cfg, type(e).__name__, str(e)[:200], flush=True)
+            return None
+        return r["cudagraph"]
+
+    def best_split(sh, label, g, x, family, phase):
+        best = None
+        for split in SPLITS:
+            cfg = {**family, "SPLIT_K": split}
+            try:
+                w4_kernel._check_config(cfg, sh.packed[g][0], x.shape[0])
+            except ValueError:
+                continue
+            ms = try_ours(sh, label, g, x, cfg, phase)
+            if ms is not None:
+                add("ours (Triton)", f"W4A16 g{g}", label, sh.k, sh.n, x.shape[0], g, ms, sh.packed[g][0].nbytes,
+                    "cudagraph", config=cfg, phase=phase)
+                if best is None or ms < best[1]:
+                    best = (cfg, ms)
+        return best
+
+    # ---------------- phase A: which kernel family (two shapes, g128, M = 1 and 16)
+    base = dict(KERNEL="tc", GROUPS=2, REDUCE="atomic", num_warps=4, num_stages=3)
+    a1 = [{**base, "DEQUANT": d, "SWAP": s, "BLOCK_N": bn} for d in ("lop3",) for s in (False, True) for bn in (64, 128)]
+    a1 += [{**base, "DEQUANT": "shift", "SWAP": True, "BLOCK_N": 64, "GROUPS": 1}]   # round 1's best, for reference
+    shapes_a = {lab: Shape(*SHAPES[lab], groups=(128,)) for lab in PHASE_A_SHAPES}
+    xs = {m: {lab: torch.randn(m, SHAPES[lab][0], device="cuda", dtype=torch.bfloat16) for lab in PHASE_A_SHAPES}
+          for m in (1, 16)}
+
+    def score(family, phase):
+        best = []
+        for lab, sh in shapes_a.items():
+            for m in (1, 16):
+                b = best_split(sh, lab, 128, xs[m][lab], family, phase)
+                best.append(b[1] if b else float("inf"))
+        return statistics.geometric_mean(best) if all(math.isfinite(v) for v in best) else float("inf")
+
+    scored = sorted(((score(f, "A1"), i) for i, f in enumerate(a1)))
+    fam = a1[scored[0][1]]
+    print("phase A1 best:", fam, f"{scored[0][0] * 1e3:.1f} µs geomean", flush=True)
+    save()
+    a2 = [dict(fam), {**fam, "GROUPS": 1}, {**fam, "GROUPS": 4}, {**fam, "REDUCE": "serial"}, {**fam, "num_warps": 8},
+          {**fam, "num_stages": 2}, {**fam, "num_stages": 4}, {**fam, "num_stages": 5}]
+    scored2 = sorted(((score(f, "A2"), i) for i, f in enumerate(a2)))
+    fam = a2[scored2[0][1]]
+    meta["family"] = fam
+    print("phase A2 best:", fam, f"{scored2[0][0] * 1e3:.1f} µs geomean", flush=True)
+    for sh in shapes_a.values():
+        sh.free()
+    save()
+
+    # ---------------- phase B: every shape, group and M; baselines under the same timing
+    ms_rows = [int(r) for r in args.rows.split(",")]
+    for si, label in enumerate(args.shapes.split(",")):
+        if time.perf_counter() - t_start > args.budget_s:
+            meta["stopped"] = f"budget reached before {label}"
+            break
         k, n = SHAPES[label]
-        torch.manual_seed(0)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-        p = w4_kernel.pack_w4(w, args.group)
-        int4 = decode_bench.tinygemm_linear(w, args.group)
-        int8 = torchao_linear(w, Int8WeightOnlyConfig())
-        fp8, fp8_bytes = fp8_rowwise(w) if cap >= (8, 9) else (None, 0)
-        ms_rows = sorted({int(r) for r in args.rows.split(",")} | {int(r) for r in args.crossover_rows.split(",")})
-        for m in ms_rows:
+        sh = Shape(k, n, groups=groups)
+        extra_m = [int(r) for r in args.crossover_rows.split(",")] if label == PHASE_A_SHAPES[0] else []
+        for m in ms_rows + extra_m:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            main_row = str(m) in args.rows.split(",")
-            add("bf16 cuBLAS", "bf16", k, n, m, timing.gpu_ms(lambda: x @ w.t()), w.numel() * 2, shape=label)
-            if int4 is not None:
-                add("tinygemm (torchao int4)", f"W4A16 g{args.group}", k, n, m,
-                    timing.gpu_ms(lambda: int4(x)), p.nbytes, shape=label)
-            cfg, ms = w4_kernel.tuned_config(x, p, lambda fn: timing.gpu_ms(fn, iters=20, warmup=2))
-            add("ours (Triton, tuned)", f"W4A16 g{args.group}", k, n, m, timing.gpu_ms(lambda: w4_kernel.w4a16_matmul(x, p, cfg)),
-                p.nbytes, shape=label, config=cfg)
-            if main_row and m == 1:
-                for step, scfg in STEPS.items():
-                    try:
-                        ms = timing.gpu_ms(lambda: w4_kernel.w4a16_matmul(x, p, scfg))
-                    except ValueError:
-                        continue
-                    add(step, f"W4A16 g{args.group}", k, n, m, ms, p.nbytes, shape=label, config=scfg)
-            if main_row:
-                if int8 is not None:
-                    add("torchao int8 weight-only (eager)", "W8A16", k, n, m, timing.gpu_ms(lambda: int8(x)),
-                        w.numel() + n * 2, shape=label)
-                if fp8 is not None:
-                    add("FP8 rowwise _scaled_mm (+ act. quant)", "W8A8 fp8", k, n, m, timing.gpu_ms(lambda: fp8(x)),
-                        fp8_bytes, shape=label)
-                    add("FP8 rowwise _scaled_mm (matmul only)", "W8A8 fp8", k, n, m,
-                        timing.gpu_ms(fp8.matmul_only(x)), fp8_bytes, shape=label)
-            # correctness of ours on this shape, every row count
-            ref = w4_kernel.reference_matmul(x.float(), p).float()
-            got = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
-            assert (got - ref).abs().max() <= 1e-3 * ref.abs().max(), (label, m, (got - ref).abs().max().item())
-        w = p = int4 = int8 = fp8 = None
-        torch.cuda.empty_cache()
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "capability": list(cap),
-            "copy_GBps": copy, "group": args.group, "l2_flushed": True}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print("wrote", args.out)
+            add("bf16 cuBLAS", "bf16", label, k, n, m, None, timing.graph_ms([lambda w=w: x @ w.t() for w in sh.w]),
+                n * k * 2, "cudagraph")
+            add("bf16 cuBLAS", "bf16", label, k, n, m, None,
+                triton.testing.do_bench(lambda: x @ sh.w[0].t(), return_mode="median"), n * k * 2, "do_bench")
+            for g in groups:
+                nbytes = sh.packed[g][0].nbytes
+                if sh.tiny[g] is not None:
+                    add("tinygemm (torchao int4)", f"W4A16 g{g}", label, k, n, m, g,
+                        timing.graph_ms([lambda t=t: t(x) for t in sh.tiny[g]]), nbytes, "cudagraph")
+                fam_g = dict(fam)
+                if k % (g * fam_g["GROUPS"]):
+                    fam_g["GROUPS"] = 1
+                best = best_split(sh, label, g, x, fam_g, "B")
+                auto = w4_kernel.auto_config(sh.packed[g][0], m)
+                auto = {**auto, **{kk: fam_g[kk] for kk in ("DEQUANT", "SWAP", "REDUCE", "BLOCK_N", "num_warps",
+                                                              "num_stages")}}
+                ams = try_ours(sh, label, g, x, auto, "B-auto")
+                add("ours (Triton, auto_config)", f"W4A16 g{g}", label, k, n, m, g, ams, nbytes, "cudagraph",
+                    config=auto, phase="B-auto")
+                if best is None:
+                    continue
+                cfg = best[0]
+                p0 = sh.packed[g][0]
+                add("ours (Triton, best split)", f"W4A16 g{g}", label, k, n, m, g,
+                    triton.testing.do_bench(lambda cfg=cfg: w4_kernel.w4a16_matmul(x, p0, cfg), return_mode="median"),
+                    nbytes, "do_bench", config=cfg, phase="B")
+                ref = w4_kernel.reference_matmul(x.float(), p0).float()
+                got = w4_kernel.w4a16_matmul(x, p0, cfg, out_dtype=torch.float32)
+                err = ((got - ref).abs().max() / ref.abs().max()).item()
+                rows[-1]["exact"] = bool(err <= 1e-3)
+                rows[-1]["rel_err"] = err
+                if m == 1 and g == 128 and label in PHASE_A_SHAPES + ("8B down 14336x4096",):
+                    for step, scfg in STEPS.items():
+                        try:
+                            add(step, f"W4A16 g{g}", label, k, n, m, g,
+                                timing.graph_ms([lambda p=p, c=scfg: w4_kernel.w4a16_matmul(x, p, c) for p in sh.packed[g]]),
+                                nbytes, "cudagraph", config=scfg)
+                        except Exception as e:  # noqa: BLE001
+                            print("  step failed:", step, e, flush=True)
+            if m in (1, 16) and si < 5:
+                try:
+                    from torchao.quantization import Int8WeightOnlyConfig
+                    int8 = decode_bench.torchao_linear(sh.w[0], Int8WeightOnlyConfig())
+                    add("torchao int8 weight-only (eager)", "W8A16", label, k, n, m, None,
+                        triton.testing.do_bench(lambda: int8(x), return_mode="median"), n * k + n * 2, "do_bench")
+                except Exception as e:  # noqa: BLE001
+                    print("  int8 failed:", e, flush=True)
+                if cap >= (8, 9):
+                    fp8, fp8_bytes = decode_bench.fp8_rowwise(sh.w[0])
+                    add("FP8 rowwise _scaled_mm (+ act. quant)", "W8A8 fp8", label, k, n, m, None,
+                        triton.testing.do_bench(lambda: fp8(x), return_mode="median"), fp8_bytes, "do_bench")
+                    add("FP8 rowwise _scaled_mm (matmul only)", "W8A8 fp8", label, k, n, m, None,
+                        triton.testing.do_bench(fp8.matmul_only(x), return_mode="median"), fp8_bytes, "do_bench")
+        sh.free()
+        save()
+    meta["seconds"] = time.perf_counter() - t_start
+    save()
+    print("wrote", out, f"({meta['seconds']:.0f} s)")
 
 
 if __name__ == "__main__":

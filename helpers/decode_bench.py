@@ -16,6 +16,11 @@ from . import models, timing, w4_kernel
 from .cuda_graphs import GraphedCalls
 
 FORMATS = ("bf16", "W4A16 ours", "W4A16 tinygemm")
+CATEGORIES = {  # kernel-name fragments → what a decode step spends its time on
+    "weight matmuls": ("gemm", "gemv", "w4a16", "int4", "tinygemm", "cutlass", "nvjet", "sm90_xmma", "matmul"),
+    "attention": ("flash", "fmha", "attention", "sdpa", "efficient"),
+    "copies and fills": ("memcpy", "memset", "copy_", "fill_", "cat"),
+}
 
 
 def model_bytes(model) -> int:
@@ -35,13 +40,38 @@ def tinygemm_config(group_size: int = 128):
 def tinygemm_linear(w: torch.Tensor, group_size: int = 128):
     """A bias-free bf16 ``Linear`` holding ``w [N, K]``, quantized by torchao for tinygemm (None without torchao)."""
     config = tinygemm_config(group_size)
-    if config is None:
-        return None
+    return None if config is None else torchao_linear(w, config)
+
+
+def torchao_linear(w: torch.Tensor, config) -> torch.nn.Module:
+    """A bias-free bf16 ``Linear`` holding ``w [N, K]``, quantized in place by torchao with ``config``."""
     from torchao.quantization import quantize_
     lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=torch.bfloat16)
     lin.weight.data.copy_(w)
     quantize_(lin, config)
     return lin
+
+
+def fp8_rowwise(w: torch.Tensor):
+    """W8A8 FP8 e4m3 with a scale per weight row and per activation row (``torch._scaled_mm``):
+    ``(run, weight bytes)``; ``run(x)`` quantizes the activations then multiplies, and
+    ``run.matmul_only(x)`` returns a call that only multiplies (activations already FP8)."""
+    ws = w.abs().amax(1, keepdim=True).float().clamp(min=1e-12) / 448.0
+    wq = (w.float() / ws).to(torch.float8_e4m3fn)
+
+    def quant(x):
+        xs = x.abs().amax(1, keepdim=True).float().clamp(min=1e-12) / 448.0
+        return (x.float() / xs).to(torch.float8_e4m3fn), xs
+
+    def run(x):
+        xq, xs = quant(x)
+        return torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(), out_dtype=torch.bfloat16)
+
+    def matmul_only(x):
+        xq, xs = quant(x)
+        return lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(), out_dtype=torch.bfloat16)
+    run.matmul_only = matmul_only
+    return run, wq.numel() + ws.numel() * 4
 
 
 def resident_bytes(model) -> int:
@@ -69,21 +99,60 @@ def tune_shapes(arch: str, batches=(1,)) -> dict:
     return out
 
 
-def build(arch: str, fmt: str, tuned: dict | None = None):
-    """``arch`` with random weights on the GPU, in format ``fmt`` (see :data:`FORMATS`); our kernel's
-    configurations are tuned on this GPU unless ``tuned`` (from :func:`tune_shapes`) is given."""
+def build(arch: str, fmt: str, tuned: dict | None = None, group_size: int = 128, family: dict | None = None):
+    """``arch`` with random weights on the GPU, in format ``fmt`` (see :data:`FORMATS`); our kernel runs
+    the configs of ``tuned`` (from :func:`tune_shapes`) where given, else
+    :func:`helpers.w4_kernel.auto_config`'s, chosen from each shape (with ``family``'s kernel family)."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
-    if fmt == "W4A16 ours" and not tuned:
-        tuned = tune_shapes(arch)
     model = models.model_from_config(arch, device="cuda", dtype=torch.bfloat16).eval()
     if fmt == "W4A16 ours":
-        w4_kernel.swap_linears(model, 128, tuned)
+        w4_kernel.swap_linears(model, group_size, tuned, family=family)
     elif fmt == "W4A16 tinygemm":
         from torchao.quantization import quantize_
-        quantize_(model.model.layers, tinygemm_config(128))
+        quantize_(model.model.layers, tinygemm_config(group_size))
     torch.cuda.empty_cache()
     return model
+
+
+def kernel_category(name: str) -> str:
+    """Which part of a decode step a CUDA kernel belongs to, from its name (:data:`CATEGORIES`; the
+    rest — norms, rotary embeddings, activations, sampling — is "elementwise and norms")."""
+    low = name.lower()
+    for cat, keys in CATEGORIES.items():
+        if any(k in low for k in keys):
+            return cat
+    return "elementwise and norms"
+
+
+@torch.no_grad()
+def step_profile(model, batch: int, prompt: int) -> dict:
+    """Where one eager decode step's GPU time goes: device microseconds per :func:`kernel_category`
+    (``torch.profiler``), the kernel count, and the step's wall time; wall − Σ kernels is the launch
+    gaps a CUDA graph removes."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import StaticCache
+    cfg, dev = model.config, next(model.parameters()).device
+    cache = StaticCache(config=cfg, max_cache_len=prompt + 16)
+    ids = torch.randint(0, cfg.vocab_size, (batch, prompt), device=dev)
+    model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(prompt, device=dev), logits_to_keep=1)
+    tok, pos = ids[:, -1:], torch.tensor([prompt], device=dev)
+    for i in range(3):
+        model(input_ids=tok, past_key_values=cache, cache_position=pos + i)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        model(input_ids=tok, past_key_values=cache, cache_position=pos + 3)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    out = {c: 0.0 for c in (*CATEGORIES, "elementwise and norms")}
+    n = 0
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0
+        if getattr(getattr(e, "device_type", None), "name", "") == "CUDA" and t > 0:
+            out[kernel_category(e.key)] += t
+            n += e.count
+    return {"us": out, "kernels": n, "wall_us": wall * 1e6, "kernel_us": sum(out.values())}
 
 
 @torch.no_grad()

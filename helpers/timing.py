@@ -70,3 +70,41 @@ def roofline_tokens_per_s(weight_bytes: float, bandwidth_gbps: float, kv_bytes: 
     if weight_bytes <= 0 or bandwidth_gbps <= 0:
         raise ValueError(f"weight_bytes and bandwidth_gbps must be positive, got {weight_bytes}, {bandwidth_gbps}")
     return bandwidth_gbps * 1e9 / (weight_bytes + kv_bytes)
+
+
+def graph_ms(fns: list, replays: int = 20, warmup: int = 2) -> float:
+    """Milliseconds per call of the calls ``fns`` (each a zero-argument function) replayed as one CUDA
+    graph: captured once, in order, then replayed ``replays`` times; the median replay ÷ ``len(fns)``.
+
+    This is how a decode step sees a kernel: launched from a graph (no Python or launch gaps), and —
+    when each of ``fns`` reads its own copy of the weights and together they exceed the L2 cache —
+    with its weights coming from HBM, as every layer's do when the other layers ran in between. One
+    call timed alone under replay would read its weights from L2 after the first replay."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("graph_ms times CUDA graphs; there is no CUDA device here")
+    if not fns or not all(callable(f) for f in fns):
+        raise ValueError("fns must be a non-empty list of zero-argument callables")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            for f in fns:
+                f()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for f in fns:
+            f()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    del graph
+    return statistics.median(times) / len(fns)

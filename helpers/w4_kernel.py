@@ -1,4 +1,4 @@
-"""How int4 becomes speed: a W4A16 matmul in Triton that reads the course's packed format.
+"""How int4 becomes speed: W4A16 matmuls in Triton that read the course's packed format.
 
 The weight ``W[N, K]`` (``N`` outputs, ``K`` inputs) is quantized 4-bit asymmetric per group of
 ``g`` inputs (notebook 03): codes ``q ∈ [0, 15]``, an fp16 scale ``s`` and zero ``z`` per group, and
@@ -6,38 +6,45 @@ The weight ``W[N, K]`` (``N`` outputs, ``K`` inputs) is quantized 4-bit asymmetr
     y[m, n] = Σ_groups s[n, j] · ( Σ_{k ∈ group j} x[m, k] · q[n, k]  −  z[n, j] · Σ_{k ∈ group j} x[m, k] )
 
 which is ``x @ dequantize(W).T`` rearranged so the scale is applied once per group, not per weight.
-The codes are packed by :func:`helpers.quant.pack_codes` (two per byte, low nibble first) row by row
-and read as int32 words: nibble ``j`` of word ``w`` in row ``n`` is ``q[n, 8w + j]``.
+The codes are packed by :func:`helpers.quant.pack_codes` (two per byte, low nibble first) row by row:
+byte ``b`` of row ``n`` holds ``q[n, 2b]`` (low nibble) and ``q[n, 2b + 1]`` (high nibble); read as
+int32 words, nibble ``j`` of word ``w`` is ``q[n, 8w + j]``.
 
-Every weight byte is read once per call, so at decode (``M`` = 1 … 16 rows) the kernel is
-memory-bound and its limit is ``bytes read / copy bandwidth``. The steps that turn the 4× fewer
-bytes into time (the lesson of notebook 08, measured one by one in ``benchmarks/kernels.py``):
+Every weight byte is read once per call, so at decode (``M`` = 1 … 64 rows) the matmul is
+memory-bound: its limit is ``bytes read / copy bandwidth``. Two kernels, the second built on what the
+first taught (notebook 08 measures each step, ``benchmarks/kernels.py``):
 
-1. ``BLOCK_K`` spans several groups and the codes arrive as int32 words (wide loads);
-2. split-K (``SPLIT_K`` programs along ``K``, fp32 atomics) so every SM streams even when ``N`` is small;
-3. nibble → float without an integer-to-float convert (a quarter-rate instruction): ``0x4B000000 | q``
-   *is* the float32 number ``2^23 + q``, so one OR and one subtraction give ``q`` exactly — the fp32
-   form of the ``0x6400 | q`` = fp16 ``1024 + q`` trick in Marlin and FasterTransformer's ``lop3``
-   dequantizers (``MAGIC=True``);
-4. the block shape tuned per matrix shape (``triton.autotune``).
+* ``KERNEL="gemv"`` — one row on CUDA cores: several groups per step read as int32 words (wide
+  loads), split-K so every SM streams, and the nibble → float conversion without an int→float
+  instruction (``MAGIC``: ``0x4B000000 | q`` *is* the float32 ``2^23 + q``).
+* ``KERNEL="tc"`` — any ``M`` up to 64 on tensor cores (``tl.dot``; one row is padded to a 16-row
+  tile, whose wasted products cost less than the unpacking they replace): per group, the even and
+  the odd codes of each byte become two 16-bit tiles multiplied by the even and odd columns of
+  ``x``. ``DEQUANT="lop3"`` builds two fp16 (or bf16) codes per 32-bit instruction —
+  ``(b & 0x000F000F) | 0x64006400`` *is* the fp16 pair ``1024 + q`` (FasterTransformer's and
+  Marlin's ``lop3`` dequantizer; ``0x4300`` is bf16's ``128``), the magic number then subtracted two
+  codes at a time (exact);
+  ``"shift"`` is the same in plain Triton (and runs in the interpreter). ``SWAP`` multiplies
+  ``W · xᵀ`` instead (the weight tile is the 64-row operand of the MMA); ``REDUCE`` sums the split-K
+  partials with fp32 atomics, or ``"serial"``: each split writes its partial, and the last to
+  arrive adds them and writes the output once, in its dtype (one launch, no zero-fill).
 
-The readable reference is :func:`reference_matmul` (dequantize, then matmul); the kernel is tested
-against it exactly on small shapes in Triton's interpreter on CPU.
+The readable reference is :func:`reference_matmul` (dequantize, then matmul); both kernels are
+tested against it on small shapes in Triton's interpreter on CPU (``TRITON_INTERPRET=1``, read when
+triton is imported: :func:`helpers.device.use_triton_interpreter_without_gpu` sets it, before that).
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
 import torch
 
-if not torch.cuda.is_available():  # no GPU: the same kernel source runs in Triton's interpreter (numpy),
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # exact and slow; read when triton is first imported
+from .qspec import QuantSpec
+from .quant import check_finite, quantize_tensor
 
-from .qspec import QuantSpec  # noqa: E402
-from .quant import check_finite, quantize_tensor  # noqa: E402
-
-try:  # Triton is optional: CPU installs without it still import this module (the kernel then refuses)
+try:  # Triton is optional: CPU installs without it still import this module (the kernels then refuse)
     import triton
     import triton.language as tl
 except ImportError:  # pragma: no cover - exercised where triton is absent
@@ -46,12 +53,42 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
 
 @dataclass
 class W4Weight:
-    """A packed 4-bit weight: int32 words ``[N, K/8]``, fp16 scales and zeros ``[N, K/g]``."""
+    """A packed 4-bit weight: int32 words ``[N, K/8]``, fp16 scales and zeros ``[N, K/g]``, all on one
+    device. Checked when built: a weight whose words or groups cover fewer rows or columns than its
+    shape would make a kernel read past its tensors."""
     words: torch.Tensor
     scale: torch.Tensor
     zero: torch.Tensor
     group_size: int
     shape: tuple[int, int]   # (N, K)
+
+    def __post_init__(self):
+        for name in ("words", "scale", "zero"):
+            if not isinstance(getattr(self, name), torch.Tensor):
+                raise TypeError(f"W4Weight.{name} must be a tensor, got {type(getattr(self, name)).__name__}")
+        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 8 \
+                or self.group_size % 8:
+            raise ValueError(f"W4Weight.group_size must be a positive multiple of 8, got {self.group_size!r}")
+        try:
+            n, k = (int(v) for v in self.shape)
+        except (TypeError, ValueError):
+            raise ValueError(f"W4Weight.shape must be (out_features, in_features), got {self.shape!r}") from None
+        if n < 1 or k < 1 or k % 8 or k % self.group_size:
+            raise ValueError(f"W4Weight.shape {self.shape}: in_features must be a positive multiple of 8 and of "
+                             f"group_size={self.group_size}")
+        self.shape = (n, k)
+        want = {"words": ((n, k // 8), torch.int32), "scale": ((n, k // self.group_size), torch.float16),
+                "zero": ((n, k // self.group_size), torch.float16)}
+        for name, (shp, dt) in want.items():
+            t = getattr(self, name)
+            if tuple(t.shape) != shp or t.dtype != dt:
+                raise ValueError(f"W4Weight.{name} must be {dt} of shape {shp} for a {n}×{k} weight in groups of "
+                                 f"{self.group_size}, got {t.dtype} {tuple(t.shape)} (pack with pack_w4)")
+            if not t.is_contiguous():
+                raise ValueError(f"W4Weight.{name} must be contiguous (call .contiguous())")
+        if not (self.words.device == self.scale.device == self.zero.device):
+            raise ValueError(f"W4Weight tensors are on different devices: words {self.words.device}, scale "
+                             f"{self.scale.device}, zero {self.zero.device} (move them together with .to(device))")
 
     @property
     def nbytes(self) -> int:
@@ -69,13 +106,14 @@ def pack_w4(w: torch.Tensor, group_size: int = 128) -> W4Weight:
                          f"{getattr(w, 'shape', type(w).__name__)}")
     check_finite(w, "w")
     n, k = w.shape
-    if k % 8 or k % group_size:
-        raise ValueError(f"in_features={k} must be a multiple of 8 and of group_size={group_size} "
-                         "(pick a group size that divides it: helpers.quant.allowed_group_sizes)")
     spec = QuantSpec(bits=4, group_size=group_size, symmetric=False)
+    if k % 8 or k % spec.group_size:
+        raise ValueError(f"in_features={k} must be a multiple of 8 and of group_size={group_size} "
+                         "(pick a group size that divides it: helpers.qspec.allowed_group_sizes)")
     q = quantize_tensor(w.float(), bits=4, symmetric=False, granularity="group", group_size=spec.group_size)
     words = pack_rows(q.codes).view(torch.int32)      # little-endian bytes: nibble j of word i = code 8i+j
-    return W4Weight(words.contiguous(), q.scale.to(torch.float16), q.zero.to(torch.float16), group_size, (n, k))
+    return W4Weight(words.contiguous(), q.scale.to(torch.float16).contiguous(),
+                    q.zero.to(torch.float16).contiguous(), spec.group_size, (n, k))
 
 
 def pack_rows(codes: torch.Tensor) -> torch.Tensor:
@@ -105,161 +143,316 @@ def reference_matmul(x: torch.Tensor, p: W4Weight) -> torch.Tensor:
     return (x.float() @ dequantize_w4(p, torch.float32).T).to(x.dtype)
 
 
-if triton is not None:
-    def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K, stride_wn, stride_sn,
-                           GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           SPLIT_K: tl.constexpr, MAGIC: tl.constexpr):
-        """One row of x (decode at batch 1): reduce on CUDA cores, scale and zero once per group."""
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < N
-        NG: tl.constexpr = BLOCK_K // GROUP
-        NW: tl.constexpr = BLOCK_K // 8                   # int32 words per row and step
-        WPG: tl.constexpr = GROUP // 8                    # int32 words per group
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        k_span = K // SPLIT_K
-        for k0 in range(pid_k * k_span, (pid_k + 1) * k_span, BLOCK_K):
-            words = tl.load(w_ptr + offs_n[:, None] * stride_wn + (k0 // 8 + tl.arange(0, NW))[None, :],
-                            mask=mask_n[:, None], other=0)                             # [BN, NW] int32
-            part = tl.zeros((BLOCK_N, NW), dtype=tl.float32)
-            for j in tl.static_range(8):                  # nibble j of every word: codes 8w + j
-                nib = (words >> (4 * j)) & 0xF
-                if MAGIC:   # 0x4B000000 | q is the float32 2^23 + q: no (quarter-rate) int→float convert
-                    qf = (nib | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-                else:
-                    qf = nib.to(tl.float32)
-                xj = tl.load(x_ptr + k0 + tl.arange(0, NW) * 8 + j).to(tl.float32)
-                part += qf * xj[None, :]
-            part = tl.sum(tl.reshape(part, (BLOCK_N, NG, WPG)), axis=2)                 # [BN, NG] Σ x·q per group
-            x = tl.load(x_ptr + k0 + tl.arange(0, BLOCK_K)).to(tl.float32)
-            xs = tl.sum(tl.reshape(x, (NG, GROUP)), axis=1)                             # [NG]    Σ x per group
-            g = k0 // GROUP + tl.arange(0, NG)
-            sc = tl.load(s_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
-            z = tl.load(z_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
-            acc += tl.sum(sc * (part - z * xs[None, :]), axis=1)
-        if SPLIT_K == 1:
-            tl.store(y_ptr + offs_n, acc, mask=mask_n)
-        else:
-            tl.atomic_add(y_ptr + offs_n, acc, mask=mask_n)
+def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K, stride_wn, stride_sn,
+                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       SPLIT_K: tl.constexpr, MAGIC: tl.constexpr):
+    """One row of x (decode at batch 1): reduce on CUDA cores, scale and zero once per group."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    NG: tl.constexpr = BLOCK_K // GROUP
+    NW: tl.constexpr = BLOCK_K // 8                   # int32 words per row and step
+    WPG: tl.constexpr = GROUP // 8                    # int32 words per group
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    k_span = K // SPLIT_K
+    for k0 in range(pid_k * k_span, (pid_k + 1) * k_span, BLOCK_K):
+        words = tl.load(w_ptr + offs_n[:, None] * stride_wn + (k0 // 8 + tl.arange(0, NW))[None, :],
+                        mask=mask_n[:, None], other=0)                             # [BN, NW] int32
+        part = tl.zeros((BLOCK_N, NW), dtype=tl.float32)
+        for j in tl.static_range(8):                  # nibble j of every word: codes 8w + j
+            nib = (words >> (4 * j)) & 0xF
+            if MAGIC:   # 0x4B000000 | q is the float32 2^23 + q: no int→float convert
+                qf = (nib | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+            else:
+                qf = nib.to(tl.float32)
+            xj = tl.load(x_ptr + k0 + tl.arange(0, NW) * 8 + j).to(tl.float32)
+            part += qf * xj[None, :]
+        part = tl.sum(tl.reshape(part, (BLOCK_N, NG, WPG)), axis=2)                 # [BN, NG] Σ x·q per group
+        x = tl.load(x_ptr + k0 + tl.arange(0, BLOCK_K)).to(tl.float32)
+        xs = tl.sum(tl.reshape(x, (NG, GROUP)), axis=1)                             # [NG]    Σ x per group
+        g = k0 // GROUP + tl.arange(0, NG)
+        sc = tl.load(s_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
+        acc += tl.sum(sc * (part - z * xs[None, :]), axis=1)
+    if SPLIT_K == 1:
+        tl.store(y_ptr + offs_n, acc, mask=mask_n)
+    else:
+        tl.atomic_add(y_ptr + offs_n, acc, mask=mask_n)
 
-    def _w4a16_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
-                           GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           SPLIT_K: tl.constexpr):
-        """Several rows: tensor cores on the integer codes, one group per step, then
-        ``acc += s · (x @ q − z · Σx)`` — the scale and zero once per group and output."""
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        pid_m = tl.program_id(2)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        mask_n = offs_n < N
-        mask_m = offs_m < M
-        WPG: tl.constexpr = GROUP // 8
+
+def _w4a16_tc_kernel(x_ptr, b_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, M, N, K, SPLIT_K,
+                     stride_xm, stride_bn, stride_sn, stride_ym,
+                     GROUP: tl.constexpr, GROUPS: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, DEQUANT: tl.constexpr, SWAP: tl.constexpr,
+                     REDUCE: tl.constexpr, CODE_DT: tl.constexpr, OFFSET: tl.constexpr):
+    """Up to 64 rows on tensor cores. Per group: the bytes [BN, g/2] become the even and the odd codes
+    (two 16-bit tiles), multiplied by x's even and odd columns; then acc += s·(x·q − z·Σx). OFFSET
+    names the magic number of the lop3 variant (1024: fp16 codes, 128: bf16 codes)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_n = offs_n < N
+    mask_m = offs_m < M
+    HALF: tl.constexpr = GROUP // 2
+    offs_b = tl.arange(0, HALF)
+    offs_g = tl.arange(0, GROUP)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        k_span = K // SPLIT_K
-        for k0 in range(pid_k * k_span, (pid_k + 1) * k_span, GROUP):
-            words = tl.load(w_ptr + offs_n[:, None] * stride_wn + (k0 // 8 + tl.arange(0, WPG))[None, :],
-                            mask=mask_n[:, None], other=0)                             # [BN, WPG] int32
-            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for j in tl.static_range(8):                  # codes 8w + j: a [BN, WPG] tile per nibble
-                xj = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + tl.arange(0, WPG) * 8 + j)[None, :],
-                             mask=mask_m[:, None], other=0.0)
-                qj = ((words >> (4 * j)) & 0xF).to(xj.dtype)
-                part += tl.dot(xj, tl.trans(qj))                                         # exact codes
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + tl.arange(0, GROUP))[None, :],
-                        mask=mask_m[:, None], other=0.0)
+    k_span = K // SPLIT_K
+    for k0 in range(pid_k * k_span, (pid_k + 1) * k_span, GROUP * GROUPS):
+        for j in tl.static_range(GROUPS):
+            kg = k0 + j * GROUP
+            b = tl.load(b_ptr + offs_n[:, None] * stride_bn + (kg // 2 + offs_b)[None, :], mask=mask_n[:, None],
+                        other=0, eviction_policy="evict_first")                     # [BN, g/2] bytes
+            if DEQUANT == "lop3":      # two 16-bit codes per lop3 (magic + q), then the magic subtracted, exactly
+                if OFFSET == 128.0:    # bf16: 0x4300 is 128; the high nibble is shifted down first
+                    lo, hi = tl.inline_asm_elementwise(
+                        "{ .reg .b32 t0, t1, u0, u1, zz, one, off; mov.b32 zz, 0;"
+                        " mov.b32 one, 0x3F803F80; mov.b32 off, 0xC300C300;"
+                        " prmt.b32 t0, $4, zz, 0x4140; prmt.b32 t1, $4, zz, 0x4342;"
+                        " shr.b32 u0, t0, 4; shr.b32 u1, t1, 4;"
+                        " lop3.b32 $0, t0, 0x000F000F, 0x43004300, 0xEA; lop3.b32 $1, t1, 0x000F000F, 0x43004300, 0xEA;"
+                        " lop3.b32 $2, u0, 0x000F000F, 0x43004300, 0xEA; lop3.b32 $3, u1, 0x000F000F, 0x43004300, 0xEA;"
+                        " fma.rn.bf16x2 $0, $0, one, off; fma.rn.bf16x2 $1, $1, one, off;"
+                        " fma.rn.bf16x2 $2, $2, one, off; fma.rn.bf16x2 $3, $3, one, off; }",
+                        "=r,=r,=r,=r,r", [b], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+                else:                  # fp16: 0x6400 is 1024
+                    lo, hi = tl.inline_asm_elementwise(
+                        "{ .reg .b32 t0, t1, u0, u1, zz, off; mov.b32 zz, 0; mov.b32 off, 0x64006400;"
+                        " prmt.b32 t0, $4, zz, 0x4140; prmt.b32 t1, $4, zz, 0x4342;"
+                        " shr.b32 u0, t0, 4; shr.b32 u1, t1, 4;"
+                        " lop3.b32 $0, t0, 0x000F000F, 0x64006400, 0xEA; lop3.b32 $1, t1, 0x000F000F, 0x64006400, 0xEA;"
+                        " lop3.b32 $2, u0, 0x000F000F, 0x64006400, 0xEA; lop3.b32 $3, u1, 0x000F000F, 0x64006400, 0xEA;"
+                        " sub.f16x2 $0, $0, off; sub.f16x2 $1, $1, off; sub.f16x2 $2, $2, off; sub.f16x2 $3, $3, off; }",
+                        "=r,=r,=r,=r,r", [b], dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+            else:
+                lo = (b & 0xF).to(CODE_DT)
+                hi = (b >> 4).to(CODE_DT)
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (kg + offs_g)[None, :], mask=mask_m[:, None],
+                        other=0.0)                                                   # [BM, g]
+            x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, HALF, 2)))
+            x_even, x_odd = x_even.to(CODE_DT), x_odd.to(CODE_DT)   # no-op on a GPU (CODE_DT is x's dtype)
             xs = tl.sum(x.to(tl.float32), axis=1)
-            g = k0 // GROUP
-            sc = tl.load(s_ptr + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
-            z = tl.load(z_ptr + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
-            acc += sc[None, :] * (part - z[None, :] * xs[:, None])
-        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+            sc = tl.load(s_ptr + offs_n * stride_sn + kg // GROUP, mask=mask_n, other=0.0).to(tl.float32)
+            zo = tl.load(z_ptr + offs_n * stride_sn + kg // GROUP, mask=mask_n, other=0.0).to(tl.float32)
+            if SWAP:                   # W·xᵀ: the weight tile is the MMA's first operand
+                part = tl.dot(lo, tl.trans(x_even))
+                part = tl.dot(hi, tl.trans(x_odd), part)
+                acc += sc[:, None] * (part - zo[:, None] * xs[None, :])
+            else:
+                part = tl.dot(x_even, tl.trans(lo))
+                part = tl.dot(x_odd, tl.trans(hi), part)
+                acc += sc[None, :] * (part - zo[None, :] * xs[:, None])
+    if SWAP:
+        y_off = offs_m[None, :] * stride_ym + offs_n[:, None]
+        w_off = offs_m[None, :] * N + offs_n[:, None]
+        mask = mask_n[:, None] & mask_m[None, :]
+    else:
+        y_off = offs_m[:, None] * stride_ym + offs_n[None, :]
+        w_off = offs_m[:, None] * N + offs_n[None, :]
         mask = mask_m[:, None] & mask_n[None, :]
-        if SPLIT_K == 1:
-            tl.store(y_ptrs, acc, mask=mask)
-        else:
-            tl.atomic_add(y_ptrs, acc, mask=mask)
+    if REDUCE == "none":
+        tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    elif REDUCE == "atomic":   # y is an fp32 buffer the host zeroed
+        tl.atomic_add(y_ptr + y_off, acc, mask=mask)
+    else:                      # serial: the last split to arrive adds the partials and writes y once
+        tl.store(ws_ptr + pid_k * M * N + w_off, acc, mask=mask)
+        tl.debug_barrier()
+        tile = pid_m * tl.num_programs(0) + pid_n
+        ticket = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT_K - 1:
+            total = tl.zeros_like(acc)
+            for part_k in range(0, SPLIT_K):
+                total += tl.load(ws_ptr + part_k * M * N + w_off, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + y_off, total.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(lock_ptr + tile, 0)
 
-    _w4a16_gemv_kernel = triton.jit(_w4a16_gemv_kernel)
-    _w4a16_gemm_kernel = triton.jit(_w4a16_gemm_kernel)
+
+_KERNELS: dict = {}   # a memo of the jitted kernel objects (Triton's own cache keeps their compiled binaries)
 
 
 def _interpreted() -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-    return isinstance(_w4a16_gemv_kernel, InterpretedFunction)
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-DEFAULT_CONFIG = dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, MAGIC=False, num_warps=4)
+def _kernel(name: str):
+    """The Triton kernel ``name`` ("gemv" or "tc"): ``triton.jit`` of it, which is Triton's interpreter
+    when ``TRITON_INTERPRET=1`` was set before triton was imported."""
+    if triton is None:
+        raise RuntimeError("the W4A16 kernels need Triton: pip install triton (Linux), or use reference_matmul")
+    if name not in _KERNELS:
+        _KERNELS[name] = triton.jit({"gemv": _w4a16_gemv_kernel, "tc": _w4a16_tc_kernel}[name])
+    return _KERNELS[name]
+
+
+GEMV_KEYS = {"KERNEL", "BLOCK_N", "BLOCK_K", "SPLIT_K", "MAGIC", "num_warps", "num_stages"}
+TC_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "DEQUANT", "SWAP", "REDUCE", "num_warps", "num_stages"}
+DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, MAGIC=False, num_warps=4)
+TC_DEFAULTS = dict(KERNEL="tc", BLOCK_N=64, GROUPS=1, SPLIT_K=1, DEQUANT="lop3", SWAP=True, REDUCE="serial",
+                   num_warps=4, num_stages=3)   # the family benchmarks/kernels.py chose on the H200
+
+
+def block_rows(m: int) -> int:
+    """Rows per program of the tensor-core kernel: tiles of 16, 32 or 64 rows (``tl.dot`` needs ≥ 16)."""
+    return 16 if m <= 16 else 32 if m <= 32 else 64
+
+
+def _pow2(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0
 
 
 def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
-    n, k = p.shape
-    unknown = set(cfg) - {"BLOCK_N", "BLOCK_K", "SPLIT_K", "MAGIC", "num_warps", "num_stages"}
+    """The config, completed and checked against this weight and row count (a bad one is refused
+    before launch: a kernel that indexes past its tensors returns garbage or kills the process)."""
+    kind = cfg.get("KERNEL", "tc" if m > 1 else "gemv")
+    if kind not in ("gemv", "tc"):
+        raise ValueError(f"config KERNEL must be 'gemv' or 'tc', got {kind!r}")
+    cfg = {**(DEFAULT_CONFIG if kind == "gemv" else TC_DEFAULTS), **cfg, "KERNEL": kind}
+    allowed = GEMV_KEYS if kind == "gemv" else TC_KEYS
+    unknown = set(cfg) - allowed
     if unknown:
-        raise ValueError(f"config has unknown keys {sorted(unknown)}; allowed: BLOCK_N, BLOCK_K, SPLIT_K, MAGIC, "
-                         "num_warps, num_stages")
-    step = cfg["BLOCK_K"] if block_rows(m) == 1 else p.group_size   # K consumed per loop step
-    if step % p.group_size:
-        raise ValueError(f"config BLOCK_K={cfg['BLOCK_K']} must be a multiple of group_size={p.group_size}")
+        raise ValueError(f"config has unknown keys {sorted(unknown)} for KERNEL={kind!r}; allowed: {sorted(allowed)}")
+    n, k = p.shape
+    if not _pow2(cfg["BLOCK_N"]) or cfg["BLOCK_N"] < 16:
+        raise ValueError(f"config BLOCK_N must be a power of 2 ≥ 16, got {cfg['BLOCK_N']!r}")
+    if isinstance(cfg["SPLIT_K"], bool) or not isinstance(cfg["SPLIT_K"], int) or cfg["SPLIT_K"] < 1:
+        raise ValueError(f"config SPLIT_K must be a positive integer, got {cfg['SPLIT_K']!r}")
+    for key in ("num_warps", "num_stages"):
+        if key in cfg and not (_pow2(cfg[key]) if key == "num_warps" else isinstance(cfg[key], int) and cfg[key] >= 1):
+            raise ValueError(f"config {key} must be a {'power of 2' if key == 'num_warps' else 'positive integer'}, "
+                             f"got {cfg[key]!r}")
+    if kind == "gemv":
+        if m != 1:
+            raise ValueError(f"KERNEL='gemv' computes one row; x has {m} rows (use KERNEL='tc')")
+        if not _pow2(cfg["BLOCK_K"]) or cfg["BLOCK_K"] % p.group_size:
+            raise ValueError(f"config BLOCK_K={cfg['BLOCK_K']} must be a power of 2 and a multiple of group_size="
+                             f"{p.group_size}")
+        step = cfg["BLOCK_K"]
+    else:
+        if p.group_size < 32 or not _pow2(p.group_size):
+            raise ValueError(f"KERNEL='tc' needs a power-of-2 group_size ≥ 32 (16 codes per dot), got {p.group_size}")
+        if not _pow2(cfg.get("GROUPS", 1)):
+            raise ValueError(f"config GROUPS must be a power of 2, got {cfg.get('GROUPS')!r}")
+        cfg.setdefault("GROUPS", 1)
+        for key, allowed_v in (("DEQUANT", ("lop3", "shift")), ("REDUCE", ("atomic", "serial")), ("SWAP", (True, False))):
+            if cfg[key] not in allowed_v:
+                raise ValueError(f"config {key} must be one of {allowed_v}, got {cfg[key]!r}")
+        step = p.group_size * cfg["GROUPS"]
     if k % (step * cfg["SPLIT_K"]):
         raise ValueError(f"in_features={k} must be a multiple of (K per step)·SPLIT_K = {step}·{cfg['SPLIT_K']}")
     return cfg
 
 
-def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_dtype=None) -> torch.Tensor:
-    """``x[M, K] @ dequantize(p).T`` by the Triton kernel (fp32 accumulation; output in ``out_dtype``,
+def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
+    """A config chosen from the shape alone, by the rule the H200 measurements support
+    (``results/h200/kernels.json``): one row runs the CUDA-core GEMV (four groups of int32 words per
+    step, ``K`` split in four, the fp32 magic-number conversion — faster than the tensor-core kernel
+    at ``M = 1`` on every shape measured); more rows run the tensor-core kernel with 256 input columns
+    per step (fewer where the groups do not divide ``K``), ``K`` split in four only where the output
+    tiles cannot occupy three quarters of the multiprocessors. ``family`` overrides
+    :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is lowered until it divides ``K``)."""
+    n, k = p.shape
+    if m == 1 and (family is None or family.get("KERNEL", "gemv") == "gemv"):
+        for block_k, split in ((512, 4), (512, 1), (256, 1), (p.group_size, 1)):
+            cfg = dict(DEFAULT_CONFIG, BLOCK_K=block_k, SPLIT_K=split, MAGIC=True)
+            if block_k % p.group_size == 0 and _pow2(block_k) and k % (block_k * split) == 0:
+                return cfg
+    family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL")}
+    groups = family.pop("GROUPS", max(1, 256 // p.group_size))
+    while groups > 1 and k % (p.group_size * groups):   # SmolLM2's 576 columns: 9 groups of 64, one per step
+        groups //= 2
+    cfg = dict(TC_DEFAULTS, **family, GROUPS=groups)
+    if _interpreted():
+        cfg["DEQUANT"] = "shift"
+    step = p.group_size * cfg["GROUPS"]
+    sms = torch.cuda.get_device_properties(p.words.device).multi_processor_count if p.words.is_cuda else 8
+    tiles = math.ceil(n / cfg["BLOCK_N"]) * math.ceil(m / block_rows(m))
+    cfg["SPLIT_K"] = 4 if tiles < 0.75 * sms and k % (4 * step) == 0 else 1
+    return cfg
+
+
+def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_dtype=None,
+                 locks: torch.Tensor | None = None) -> torch.Tensor:
+    """``x[M, K] @ dequantize(p).T`` by a Triton kernel (fp32 accumulation; output in ``out_dtype``,
     default ``x.dtype``).
 
-    ``config`` (``BLOCK_N, BLOCK_K, SPLIT_K, MAGIC, num_warps``) defaults to :data:`DEFAULT_CONFIG`;
-    :func:`tuned_config` measures the best one per shape on a GPU. Without CUDA the kernel runs in
-    Triton's interpreter (exact, slow: small shapes only)."""
+    ``config`` picks the kernel and its blocks (module docstring; :data:`DEFAULT_CONFIG` for the
+    one-row ``gemv``, :data:`TC_DEFAULTS` for ``tc``); None: :func:`auto_config` (tensor cores, chosen
+    from the shape). :func:`tuned_config` measures the best one per shape on a GPU. ``locks``: the
+    int32 counters ``REDUCE="serial"`` needs (zeros; they are left at zero), allocated per call when
+    not given. Without CUDA the kernels run in Triton's interpreter (exact, slow: small shapes only)."""
     if triton is None:
         raise RuntimeError("w4a16_matmul needs Triton: pip install triton (Linux), or use reference_matmul")
-    if x.dim() != 2 or x.shape[1] != p.shape[1]:
-        raise ValueError(f"x must be [M, K={p.shape[1]}], got {tuple(x.shape)}")
-    if x.device.type != "cuda" and not _interpreted():
-        raise RuntimeError("without CUDA the kernel runs only in Triton's interpreter, and triton was imported "
-                           "before TRITON_INTERPRET=1 was set: restart and import helpers.w4_kernel first "
-                           "(or export TRITON_INTERPRET=1), or call reference_matmul")
+    if not isinstance(p, W4Weight):
+        raise TypeError(f"p must be a W4Weight (from pack_w4), got {type(p).__name__}")
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != p.shape[1]:
+        raise ValueError(f"x must be a 2-D tensor [M, K={p.shape[1]}], got {getattr(x, 'shape', type(x).__name__)}")
+    if not x.is_floating_point() or x.dtype == torch.float64:
+        raise ValueError(f"x must be float16, bfloat16 or float32 activations, got {x.dtype}")
+    if x.shape[0] < 1:
+        raise ValueError("x has no rows")
+    m, (n, k) = x.shape[0], p.shape
+    if config is None:   # fp32 activations take the CUDA-core GEMV (tensor cores multiply 16-bit tiles)
+        config = DEFAULT_CONFIG if x.dtype == torch.float32 and m == 1 else auto_config(p, m)
+    cfg = _check_config(dict(config), p, m)
+    if cfg["KERNEL"] == "tc" and x.dtype == torch.float32:
+        raise ValueError("KERNEL='tc' multiplies 16-bit activations on tensor cores: pass x in bfloat16 or float16 "
+                         "(or one row of float32 with KERNEL='gemv')")
     if x.device != p.words.device:
         raise ValueError(f"x is on {x.device} but the packed weight on {p.words.device}: move one (p.to(device))")
-    cfg = _check_config({**DEFAULT_CONFIG, **(config or {})}, p, x.shape[0])
-    m, (n, k) = x.shape[0], p.shape
+    if x.device.type != "cuda" and not _interpreted():
+        raise RuntimeError("without CUDA the kernels run only in Triton's interpreter, chosen before triton is "
+                           "imported: restart, and call helpers.device.use_triton_interpreter_without_gpu() first "
+                           "(or export TRITON_INTERPRET=1); or call reference_matmul")
+    out_dtype = out_dtype or x.dtype
     x = x.contiguous()
-    y = torch.zeros(m, n, dtype=torch.float32, device=x.device)
     extra = {key: cfg[key] for key in ("num_warps", "num_stages") if key in cfg and x.device.type == "cuda"}
-    if block_rows(m) == 1:
+    if cfg["KERNEL"] == "gemv":
+        y = torch.zeros(m, n, dtype=torch.float32, device=x.device)
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), cfg["SPLIT_K"])
-        _w4a16_gemv_kernel[grid](x, p.words, p.scale, p.zero, y, n, k, p.words.stride(0), p.scale.stride(0),
-                                 GROUP=p.group_size, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-                                 SPLIT_K=cfg["SPLIT_K"], MAGIC=cfg["MAGIC"], **extra)
-    else:
-        if x.is_cuda and p.group_size < 128:
-            raise ValueError(f"the tensor-core path (M > 1) needs group_size ≥ 128 (16 words per dot), got "
-                             f"{p.group_size}: pack with group_size=128, or call one row at a time")
-        block_m = block_rows(m)
-        grid = (triton.cdiv(n, cfg["BLOCK_N"]), cfg["SPLIT_K"], triton.cdiv(m, block_m))
-        _w4a16_gemm_kernel[grid](x, p.words, p.scale, p.zero, y, m, n, k, x.stride(0), p.words.stride(0),
-                                 p.scale.stride(0), y.stride(0), GROUP=p.group_size, BLOCK_M=block_m,
-                                 BLOCK_N=cfg["BLOCK_N"], SPLIT_K=cfg["SPLIT_K"], **extra)
-    return y.to(out_dtype or x.dtype)
-
-
-def block_rows(m: int) -> int:
-    """Rows per program: 1 (a GEMV, reduced on CUDA cores) for one row, else tiles of 16 or 64 rows
-    multiplied on tensor cores (``tl.dot`` needs at least 16)."""
-    return 1 if m == 1 else 16 if m <= 16 else 64
+        _kernel("gemv")[grid](x, p.words, p.scale, p.zero, y, n, k, p.words.stride(0), p.scale.stride(0),
+                              GROUP=p.group_size, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+                              SPLIT_K=cfg["SPLIT_K"], MAGIC=cfg["MAGIC"], **extra)
+        return y.to(out_dtype)
+    bm, split = block_rows(m), cfg["SPLIT_K"]
+    reduce = "none" if split == 1 else cfg["REDUCE"]
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]), split, triton.cdiv(m, bm))
+    ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if reduce == "serial" else x
+    if reduce == "serial":
+        locks = torch.zeros(grid[0] * grid[2], dtype=torch.int32, device=x.device) if locks is None else locks
+        if locks.dtype != torch.int32 or locks.numel() < grid[0] * grid[2] or locks.device != x.device:
+            raise ValueError(f"locks must be int32 zeros with at least {grid[0] * grid[2]} entries on {x.device}")
+    y = (torch.zeros(m, n, dtype=torch.float32, device=x.device) if reduce == "atomic"
+         else torch.empty(m, n, dtype=out_dtype, device=x.device))
+    bf16 = x.dtype == torch.bfloat16
+    dequant = "shift" if _interpreted() else cfg["DEQUANT"]
+    # Triton's interpreter multiplies bf16 tiles wrongly (NumPy has no bf16): there the bf16 case
+    # multiplies fp32 tiles of the same (exactly representable) values
+    code_dt = tl.float32 if bf16 and _interpreted() else tl.bfloat16 if bf16 else tl.float16
+    _kernel("tc")[grid](x, p.words.view(torch.uint8), p.scale, p.zero, y, ws, locks if locks is not None else x,
+                        m, n, k, split, x.stride(0), k // 2, p.scale.stride(0), y.stride(0),
+                        GROUP=p.group_size, GROUPS=cfg["GROUPS"], BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"],
+                        DEQUANT=dequant, SWAP=bool(cfg["SWAP"]), REDUCE=reduce,
+                        CODE_DT=code_dt,
+                        OFFSET=(128.0 if bf16 else 1024.0) if dequant == "lop3" else 0.0, **extra)
+    return y if reduce != "atomic" else y.to(out_dtype)
 
 
 def candidate_configs(p: W4Weight, m: int) -> list[dict]:
-    """Block shapes worth timing for one weight and row count (all valid for its K and group)."""
-    if block_rows(m) == 1:
-        grid = [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, MAGIC=True, num_warps=4)
-                for bn in (16, 32, 64, 128) for bk in (256, 512, 1024) for sk in (1, 4, 8)]
-    else:
-        grid = [dict(BLOCK_N=bn, BLOCK_K=p.group_size, SPLIT_K=sk, MAGIC=False, num_warps=w)
-                for bn in (32, 64, 128) for sk in (1, 2, 4) for w in (4, 8)]
+    """Configs worth timing for one weight and row count (all valid for its K and group): the
+    tensor-core kernel's block widths, groups per step, splits and both orientations; for one row
+    also the CUDA-core GEMV."""
+    grid = [dict(KERNEL="tc", BLOCK_N=bn, GROUPS=gs, SPLIT_K=sk, SWAP=sw, REDUCE="atomic", DEQUANT="lop3",
+                 num_warps=4, num_stages=3)
+            for bn in (64, 128) for gs in (1, 2) for sk in (1, 2, 4, 8, 16) for sw in (False, True)]
+    if m == 1:
+        grid += [dict(KERNEL="gemv", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, MAGIC=True, num_warps=4)
+                 for bn in (32, 64) for bk in (256, 512) for sk in (1, 4, 8)]
     out = []
     for cfg in grid:
         try:
@@ -286,8 +479,9 @@ def tuned_config(x: torch.Tensor, p: W4Weight, time_fn, configs: list[dict] | No
 
 class W4Linear(torch.nn.Module):
     """A ``Linear`` whose weight lives packed (0.5 byte per weight + 4 bytes per group, registered as
-    buffers so ``state_dict`` and byte counts see them) and runs through :func:`w4a16_matmul` with one
-    configuration per row tile (``configs``: :func:`block_rows` value → config).
+    buffers so ``state_dict`` and byte counts see them) and runs through :func:`w4a16_matmul`, with one
+    configuration per row tile (``configs``: :func:`block_rows` value → config; :func:`auto_config`
+    where none is given).
 
     Above ``dense_above`` rows (prefill, large batches) the int4 kernels lose to a 16-bit GEMM (the
     crossover measured in notebook 08), so the layer dequantizes its weight for that call and uses
@@ -295,15 +489,19 @@ class W4Linear(torch.nn.Module):
     transient dense copy of this layer's weight."""
 
     def __init__(self, linear: torch.nn.Linear, group_size: int = 128, configs: dict | None = None,
-                 dense_above: int = 16):
+                 dense_above: int = 16, family: dict | None = None):
         super().__init__()
         p = pack_w4(linear.weight.data, group_size)
         self.register_buffer("words", p.words)
         self.register_buffer("scale", p.scale)
         self.register_buffer("zero", p.zero)
+        # the serial split-K counters: one per output tile (≥ 16 columns wide, ≤ 4 row tiles up to 64 rows)
+        self.register_buffer("locks", torch.zeros(-(-p.shape[0] // 16) * 4, dtype=torch.int32, device=p.words.device),
+                             persistent=False)
         self.group_size, self.shape = group_size, p.shape
         self.bias = linear.bias
-        self.configs = configs or {}
+        self.configs = dict(configs or {})    # row tile → config; filled from auto_config(family) on first use
+        self.family = family
         self.dense_above = dense_above
 
     @property
@@ -316,20 +514,33 @@ class W4Linear(torch.nn.Module):
         if x2.shape[0] > self.dense_above:
             y = x2 @ dequantize_w4(self.p, x2.dtype).T
         else:
-            y = w4a16_matmul(x2, self.p, self.configs.get(block_rows(x2.shape[0])))
+            m = x2.shape[0]
+            if x2.dtype == torch.float32 and m > 1:   # tensor cores take 16-bit activations
+                y = x2 @ dequantize_w4(self.p, x2.dtype).T
+                y = y.reshape(*shape[:-1], self.shape[0])
+                return y + self.bias if self.bias is not None else y
+            if x2.dtype == torch.float32:
+                cfg = DEFAULT_CONFIG                  # one fp32 row: the CUDA-core GEMV
+            else:
+                cfg = self.configs.get(block_rows(m))
+                if cfg is None:
+                    cfg = self.configs[block_rows(m)] = auto_config(self.p, block_rows(m), self.family)
+            y = w4a16_matmul(x2, self.p, cfg, locks=self.locks)
         y = y.reshape(*shape[:-1], self.shape[0])
         return y + self.bias if self.bias is not None else y
 
 
-def swap_linears(model, group_size: int = 128, configs: dict | None = None, skip=("lm_head",)) -> int:
+def swap_linears(model, group_size: int = 128, configs: dict | None = None, skip=("lm_head",),
+                 family: dict | None = None) -> int:
     """Replace every ``nn.Linear`` of ``model`` (except names containing one of ``skip``) by a
-    :class:`W4Linear`; ``configs[(N, K)]`` gives each shape's per-tile configs. Returns how many."""
+    :class:`W4Linear`; ``configs[(N, K)]`` gives each shape's per-tile configs, ``family`` the kernel
+    family the others' :func:`auto_config` uses. Returns how many."""
     n = 0
     for name, mod in list(model.named_modules()):
         for child, lin in list(mod.named_children()):
             full = f"{name}.{child}" if name else child
             if isinstance(lin, torch.nn.Linear) and not any(s in full for s in skip):
                 shape = (lin.out_features, lin.in_features)
-                setattr(mod, child, W4Linear(lin, group_size, (configs or {}).get(shape)))
+                setattr(mod, child, W4Linear(lin, group_size, (configs or {}).get(shape), family=family))
                 n += 1
     return n

@@ -27,8 +27,8 @@ def test_bytes_are_half_a_byte_plus_group_params():
     assert p.nbytes == 64 * 1024 // 2 + 2 * (64 * 1024 // 128) * 2
 
 
-@pytest.mark.parametrize("cfg", [dict(BLOCK_N=16, BLOCK_K=128, SPLIT_K=1, MAGIC=False),
-                                 dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, MAGIC=True)])
+@pytest.mark.parametrize("cfg", [dict(KERNEL="gemv", BLOCK_N=16, BLOCK_K=128, SPLIT_K=1, MAGIC=False),
+                                 dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, MAGIC=True)])
 def test_gemv_matches_reference(cfg):
     p = w4_kernel.pack_w4(weight(48, 512).to(DEV), 128)
     x = torch.randn(1, 512, generator=torch.Generator().manual_seed(1)).to(DEV)
@@ -37,13 +37,50 @@ def test_gemv_matches_reference(cfg):
     assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
-@pytest.mark.parametrize("m", [3, 16, 20])
-def test_tensor_core_path_matches_reference(m):
-    p = w4_kernel.pack_w4(weight(40, 512).to(DEV), 128)
-    x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m)).to(torch.float16).to(DEV)
-    got = w4_kernel.w4a16_matmul(x, p, dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=2), out_dtype=torch.float32)
-    ref = w4_kernel.reference_matmul(x.float(), p)
-    assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()
+TC_CONFIGS = [None,   # auto_config: chosen from the shape
+              dict(KERNEL="tc", BLOCK_N=16, GROUPS=1, SPLIT_K=2, SWAP=False, REDUCE="atomic"),
+              dict(KERNEL="tc", BLOCK_N=32, GROUPS=2, SPLIT_K=2, SWAP=True, REDUCE="serial"),
+              dict(KERNEL="tc", BLOCK_N=16, GROUPS=1, SPLIT_K=4, SWAP=False, REDUCE="serial")]
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("m", [1, 3, 16, 20])
+def test_tensor_core_kernel_matches_reference_every_group_and_row_count(group, m):
+    """g64 — the course model's group — at every row count (it was refused above one row)."""
+    p = w4_kernel.pack_w4(weight(40, 512, seed=group).to(DEV), group)
+    for dtype in (torch.float16, torch.bfloat16):   # bf16 on a CPU multiplies fp32 tiles (the interpreter's NumPy)
+        x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m)).to(dtype).to(DEV)
+        ref = w4_kernel.reference_matmul(x.float(), p)
+        for cfg in TC_CONFIGS:
+            y = torch.full((m, 40), float("nan"))                      # every output must be written
+            y = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
+            assert not y.isnan().any()
+            assert (y - ref).abs().max() <= 1e-5 * ref.abs().max(), (dtype, cfg)
+
+
+def test_serial_reduction_leaves_its_counters_at_zero():
+    p = w4_kernel.pack_w4(weight(32, 512).to(DEV), 64)
+    locks = torch.zeros(16, dtype=torch.int32, device=DEV)
+    x = torch.randn(2, 512, device=DEV, dtype=torch.float16)
+    cfg = dict(KERNEL="tc", BLOCK_N=16, GROUPS=1, SPLIT_K=4, REDUCE="serial")
+    a = w4_kernel.w4a16_matmul(x, p, cfg, locks=locks)
+    b = w4_kernel.w4a16_matmul(x, p, cfg, locks=locks)       # the counters were reset by the last split
+    assert torch.equal(a, b) and not locks.any()
+    with pytest.raises(ValueError, match="locks must be int32 zeros"):
+        w4_kernel.w4a16_matmul(x, p, cfg, locks=torch.zeros(1, dtype=torch.int32, device=DEV))
+
+
+def test_auto_config_follows_the_measured_rule():
+    narrow = w4_kernel.pack_w4(weight(64, 4096), 128)
+    one = w4_kernel.auto_config(narrow, 1)
+    assert one["KERNEL"] == "gemv" and one["MAGIC"] and 4096 % (one["BLOCK_K"] * one["SPLIT_K"]) == 0
+    many = w4_kernel.auto_config(narrow, 16)
+    assert many["KERNEL"] == "tc" and many["SPLIT_K"] == 4          # one output tile: split K
+    wide = w4_kernel.auto_config(w4_kernel.pack_w4(weight(4096, 1024), 128), 16)
+    assert wide["SPLIT_K"] == 1                                     # 64 tiles of 64 rows fill 8 "SMs"
+    smol = w4_kernel.auto_config(w4_kernel.pack_w4(weight(64, 576), 64), 4)
+    assert smol["GROUPS"] == 1 and 576 % (64 * smol["GROUPS"]) == 0  # 9 groups of 64: one per step
+    assert w4_kernel.auto_config(narrow, 16, {"KERNEL": "tc", "BLOCK_N": 128})["BLOCK_N"] == 128
 
 
 def test_w4linear_swaps_and_matches():
@@ -65,14 +102,22 @@ def test_candidate_configs_all_valid():
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(BLOCK_K=100), "multiple of group_size"),
-    (dict(SPLIT_K=3), "multiple of"),
-    (dict(BLOCK_Q=4), "unknown keys"),
+    (dict(KERNEL="gemv", BLOCK_K=100), "power of 2 and a multiple of group_size"),
+    (dict(KERNEL="gemv", SPLIT_K=3), "multiple of"),
+    (dict(KERNEL="gemv", BLOCK_Q=4), "unknown keys"),
+    (dict(KERNEL="gemv", BLOCK_N=0), "BLOCK_N must be a power of 2"),
+    (dict(KERNEL="gemv", BLOCK_N=48), "BLOCK_N must be a power of 2"),
+    (dict(KERNEL="gemv", SPLIT_K=-2), "SPLIT_K must be a positive integer"),
+    (dict(KERNEL="gemv", num_warps=3), "num_warps must be a power of 2"),
+    (dict(KERNEL="tc", DEQUANT="magic"), "DEQUANT must be one of"),
+    (dict(KERNEL="tc", REDUCE="tree"), "REDUCE must be one of"),
+    (dict(KERNEL="tc", GROUPS=3), "GROUPS must be a power of 2"),
+    (dict(KERNEL="fast"), "KERNEL must be 'gemv' or 'tc'"),
 ])
 def test_bad_config_is_refused(bad, match):
     p = w4_kernel.pack_w4(weight(16, 512).to(DEV), 128)
     with pytest.raises(ValueError, match=match):
-        w4_kernel.w4a16_matmul(torch.randn(1, 512, device=DEV), p, {**w4_kernel.DEFAULT_CONFIG, **bad})
+        w4_kernel.w4a16_matmul(torch.randn(1, 512, device=DEV), p, bad)
 
 
 def test_bad_input():
@@ -83,8 +128,45 @@ def test_bad_input():
     with pytest.raises(ValueError, match="non-finite"):
         w4_kernel.pack_w4(torch.full((4, 128), float("nan")), 64)
     p = w4_kernel.pack_w4(weight(16, 256), 64)
-    with pytest.raises(ValueError, match=r"x must be \[M, K=256\]"):
+    with pytest.raises(ValueError, match=r"x must be a 2-D tensor \[M, K=256\]"):
         w4_kernel.w4a16_matmul(torch.randn(2, 128), p)
+    with pytest.raises(ValueError, match="float16, bfloat16 or float32 activations"):
+        w4_kernel.w4a16_matmul(torch.ones(1, 256, dtype=torch.int64), p)
+    with pytest.raises(ValueError, match="KERNEL='gemv' computes one row"):
+        w4_kernel.w4a16_matmul(torch.randn(2, 256), p, dict(KERNEL="gemv"))
+    with pytest.raises(ValueError, match="pass x in bfloat16 or float16"):
+        w4_kernel.w4a16_matmul(torch.randn(2, 256), p, dict(KERNEL="tc"))
+    with pytest.raises(TypeError, match="p must be a W4Weight"):
+        w4_kernel.w4a16_matmul(torch.randn(1, 256), {"words": p.words})
+
+
+def test_a_weight_that_covers_less_than_its_shape_is_refused():
+    p = w4_kernel.pack_w4(weight(16, 256), 64)
+    with pytest.raises(ValueError, match=r"W4Weight.words must be torch.int32 of shape \(16, 32\)"):
+        w4_kernel.W4Weight(p.words[:8], p.scale, p.zero, 64, (16, 256))        # fewer rows of words
+    with pytest.raises(ValueError, match=r"W4Weight.scale must be torch.float16 of shape \(16, 4\)"):
+        w4_kernel.W4Weight(p.words, p.scale[:, :2], p.zero, 64, (16, 256))     # fewer groups of scales
+    with pytest.raises(ValueError, match="W4Weight.zero must be torch.float16"):
+        w4_kernel.W4Weight(p.words, p.scale, p.zero.float(), 64, (16, 256))
+    with pytest.raises(ValueError, match="group_size must be a positive multiple of 8"):
+        w4_kernel.W4Weight(p.words, p.scale, p.zero, 0, (16, 256))
+    with pytest.raises(ValueError, match="in_features must be a positive multiple"):
+        w4_kernel.W4Weight(p.words, p.scale, p.zero, 64, (16, 250))
+    with pytest.raises(ValueError, match="must be contiguous"):
+        w4_kernel.W4Weight(torch.zeros(32, 16, dtype=torch.int32).t(), p.scale, p.zero, 64, (16, 256))
+    with pytest.raises(TypeError, match="W4Weight.scale must be a tensor"):
+        w4_kernel.W4Weight(p.words, None, p.zero, 64, (16, 256))
+
+
+def test_w4linear_g64_runs_every_batch_size():
+    """The course model's group (64) through the layer at 1, 2, 8 and 16 rows (bf16 activations)."""
+    lin = torch.nn.Linear(576, 64, bias=True).to(DEV)
+    w4 = w4_kernel.W4Linear(lin, 64)
+    for m in (1, 2, 8, 16):
+        x = torch.randn(m, 576, device=DEV, dtype=torch.bfloat16)
+        ref = w4_kernel.reference_matmul(x.float(), w4.p).float() + lin.bias.float()
+        got = w4(x).float()
+        assert (got - ref).abs().max() <= 1e-2 * ref.abs().max(), m
 
 
 def test_w4linear_large_batches_take_the_dense_path():
