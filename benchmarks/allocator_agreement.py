@@ -5,9 +5,9 @@ sizes, frees in random order, caps 0.7–1.4 × the peak of live bytes), in the 
 failing op, reserved and allocated bytes are the same. Target (issue 16): 100 % of default-mode and
 ≥ 95 % of expandable-mode sequences.
 
-    python benchmarks/allocator_agreement.py [--random 40] [--out results/h200/allocator_agreement.json]
-    python benchmarks/allocator_agreement.py --random 40 --seed-start 40 --out results/h200/allocator_agreement_heldout.json
-    python benchmarks/allocator_agreement.py --resimulate   # no GPU: the sim columns of a recorded run
+    python -m benchmarks.allocator_agreement [--random 40] [--out results/h200/allocator_agreement.json]
+    python -m benchmarks.allocator_agreement --random 40 --seed-start 40 --out results/h200/allocator_agreement_heldout.json
+    python -m benchmarks.allocator_agreement --resimulate   # no GPU: the sim columns of a recorded run
 """
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import allocator_sim as A  # noqa: E402
+from helpers import allocator_sim as A
 
 
 def sequences():

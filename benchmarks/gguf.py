@@ -1,6 +1,6 @@
 """llama.cpp (the offline GGUF Q4_1 file) vs the course's transformers model, on this CPU.
 
-    python benchmarks/gguf.py --out results/cpu/gguf.json
+    python -m benchmarks.gguf --out results/cpu/gguf.json
 
 Perplexity on the course's evaluation windows (same token ids, same windows: helpers.evaluate.windows)
 from llama.cpp's logits and from helpers.evaluate.perplexity (fp32), and greedy decode speed of both.
@@ -17,8 +17,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import course_model, evaluate, generation, gguf_run  # noqa: E402
+from helpers import course_model, evaluate, generation, gguf_run
 
 
 def main():

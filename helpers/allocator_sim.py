@@ -205,7 +205,7 @@ class CachingAllocatorSim:
         blocks that can hold it gets just enough pages mapped; (3) else ``release_cached_blocks``
         (every free page unmapped) and ``alloc_block`` once more; (4) else OOM."""
         seg = self._expandable_segment(pool)
-        blk = self._free_mapped_fit(seg, size)
+        blk = self._free_mapped_fit(seg, size, self.max_split)
         if blk is None:
             blk = self._alloc_expandable(seg, size)
         if blk is None:
@@ -225,11 +225,21 @@ class CachingAllocatorSim:
         return seg
 
     @staticmethod
-    def _free_mapped_fit(seg: Segment, size: int) -> Block | None:
+    def _free_mapped_fit(seg: Segment, size: int, max_split: int | None = None) -> Block | None:
         """``get_free_block``: the smallest free mapped block that holds ``size`` (ties: lowest address);
         then, walking up in size, move on while the next block's *expandable size* (its size plus an
-        unmapped neighbour after it) is smaller — so a block that could grow is kept for later."""
-        fits = sorted((b for b in seg.blocks if b.free and b.mapped and b.size >= size),
+        unmapped neighbour after it) is smaller — so a block that could grow is kept for later. With
+        ``max_split`` set, ``get_free_block``'s oversize filter applies here too (it does not ask which
+        kind of segment a block is in): a request below the limit skips blocks at or above it, and a
+        request at or above it skips blocks 20 MiB (``kLargeBuffer``) or more larger than itself."""
+        def allowed(b: Block) -> bool:
+            if max_split is None or seg.pool != "large":
+                return True
+            if size < max_split <= b.size:
+                return False
+            return not (size >= max_split and b.size >= size + K_LARGE_BUFFER)
+
+        fits = sorted((b for b in seg.blocks if b.free and b.mapped and b.size >= size and allowed(b)),
                       key=lambda b: (b.size, b.offset))
         if not fits:
             return None
@@ -355,19 +365,24 @@ class CachingAllocatorSim:
 
 
 # ------------------------------------------------------------------ op sequences (sim and real)
-def simulate(ops: list, cap: int | None = None, expandable: bool = False) -> dict:
+def simulate(ops: list, cap: int | None = None, expandable: bool = False, max_split_size: int | None = None) -> dict:
     """Replay ``ops`` (``["alloc", name, bytes]``, ``["free", name]``, ``["empty_cache"]``) in the
     simulator; stop at the first OOM. Returns oom, failed op index, allocated, reserved (at the end
-    or at the failure), and the snapshot."""
-    sim = CachingAllocatorSim(cap=cap, expandable=expandable)
+    or at the failure), the peak of reserved, the snapshot, and ``trace``: ``(allocated, reserved)``
+    after every op that ran (the timeline a plot draws). ``max_split_size`` (bytes) mirrors
+    ``max_split_size_mb``."""
+    sim = CachingAllocatorSim(cap=cap, expandable=expandable, max_split_size=max_split_size)
     result = {"oom": False, "failed_at": None}
+    trace = []
     for i, op in enumerate(ops):
         try:
             _apply(sim, op)
         except SimOutOfMemory:
             result.update(oom=True, failed_at=i)
             break
-    result.update(allocated=sim.allocated, reserved=sim.reserved, snapshot=sim.snapshot())
+        trace.append((sim.allocated, sim.reserved))
+    result.update(allocated=sim.allocated, reserved=sim.reserved, peak_reserved=sim.peak_reserved,
+                  snapshot=sim.snapshot(), trace=trace)
     return result
 
 
@@ -396,7 +411,7 @@ if card:  # emulated card: what the driver already uses (contexts, the notebook'
     cap = share if cap is None else min(cap, share)
 if cap:
     torch.cuda.set_per_process_memory_fraction(cap / total)
-live, res = {}, {"oom": False, "failed_at": None, "cap": cap}
+live, res, trace = {}, {"oom": False, "failed_at": None, "cap": cap}, []
 for i, op in enumerate(ops):
     try:
         if op[0] == "alloc":
@@ -408,8 +423,10 @@ for i, op in enumerate(ops):
     except torch.OutOfMemoryError:
         res.update(oom=True, failed_at=i, summary=torch.cuda.memory_summary(abbreviated=True))
         break
+    trace.append((torch.cuda.memory_allocated(), torch.cuda.memory_reserved()))
 torch.cuda.synchronize()
-res.update(allocated=torch.cuda.memory_allocated(), reserved=torch.cuda.memory_reserved(),
+res.update(allocated=torch.cuda.memory_allocated(), reserved=torch.cuda.memory_reserved(), trace=trace,
+           peak_reserved=torch.cuda.max_memory_reserved(),
            snapshot=[{"segment_type": s["segment_type"], "total_size": s["total_size"],
                       "blocks": [{"size": b["size"], "state": b["state"]} for b in s["blocks"]]}
                      for s in torch.cuda.memory_snapshot()])
@@ -417,14 +434,23 @@ print("RESULT" + json.dumps(res))
 """
 
 
-def run_real(ops: list, cap: int | None = None, expandable: bool = False, timeout: int = 300) -> dict:
+def run_real(ops: list, cap: int | None = None, expandable: bool = False, timeout: int = 300,
+             max_split_mb: int | None = None) -> dict:
     """Replay ``ops`` on the real GPU in a fresh subprocess (clean allocator, env set before CUDA).
     ``cap`` (bytes) caps its allocator; under ``COURSE_GPU_GIB`` it is at most the subprocess's
-    :func:`~helpers.device.card_share` of that card (the notebook's own process holds part of it)."""
+    :func:`~helpers.device.card_share` of that card (the notebook's own process holds part of it).
+    ``max_split_mb`` sets ``max_split_size_mb`` (PyTorch allows ≥ 20). The result's ``trace`` is
+    ``(allocated, reserved)`` after every op that ran, as :func:`simulate` returns it."""
+    if max_split_mb is not None and (isinstance(max_split_mb, bool) or not isinstance(max_split_mb, int)
+                                     or max_split_mb < 20):
+        raise ValueError(f"max_split_mb must be an integer ≥ 20 (PyTorch's minimum) or None, got {max_split_mb!r}")
     env = dict(os.environ)
-    conf = [c for c in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if c and "expandable" not in c]
+    conf = [c for c in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",")
+            if c and "expandable" not in c and "max_split" not in c]
     if expandable:
         conf.append("expandable_segments:True")
+    if max_split_mb is not None:
+        conf.append(f"max_split_size_mb:{max_split_mb}")
     env["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(conf)
     out = subprocess.run([sys.executable, "-c", _REAL_SCRIPT, json.dumps(ops), json.dumps(cap),
                           json.dumps(card_gib()), str(Path(__file__).resolve().parent.parent)],
@@ -554,6 +580,20 @@ def fragmenting_sequence(block: int = 64 * MB, n: int = 16, request_blocks: int 
 def fragmenting_cap(block: int = 64 * MB, n: int = 16) -> int:
     """The cap used with :func:`fragmenting_sequence`: the arena plus one block."""
     return (n + 1) * block
+
+
+def fenced_cycles_sequence(cycles: int = 8, big: int = 138 * MB, fence: int = 2 * MB) -> list:
+    """The pattern of pytorch/pytorch#123548 (``max_split_size_mb`` together with
+    ``expandable_segments``): each cycle allocates two ``big`` tensors and a small ``fence`` that stays
+    alive after them, then frees the two. The freed pair merges into one free block walled off from
+    the segment's unmapped tail by the fence. With ``max_split_size_mb`` below ``big``, the next cycle's
+    requests skip that block (it is ≥ the request + 20 MiB: ``get_free_block``'s oversize filter) and
+    map new pages instead, so reserved memory grows every cycle while allocated stays small."""
+    ops = []
+    for c in range(cycles):
+        ops += [["alloc", f"a{c}", big], ["alloc", f"b{c}", big], ["alloc", f"fence{c}", fence],
+                ["free", f"a{c}"], ["free", f"b{c}"]]
+    return ops
 
 
 def empty_cache_sequence(block: int = 64 * MB, n: int = 8) -> list:

@@ -6,17 +6,23 @@ and a copy task that shows quality a perplexity can hide.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
-import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from . import allocator_sim, budget, measure
-from .models import check_token_ids
+from .device import memory_limit
+from .models import architecture_config as models_config
+from .models import check_token_ids, model_from_config
 
-GiB = 1024**3
+GiB, MiB = 1024**3, 1024**2
 
 
 def generation_oom_point(config, cap_bytes: float, batch: int, contexts, dtype: str = "bf16",
@@ -30,29 +36,32 @@ def generation_oom_point(config, cap_bytes: float, batch: int, contexts, dtype: 
     return rows
 
 
-def simulated_oom(ops: list, cap: int, expandable: bool = False) -> dict:
+def simulated_oom(ops: list, cap: int, expandable: bool = False, max_split_size: int | None = None) -> dict:
     """Case 2 / diagnosis on CPU: replay ``ops`` under ``cap`` in the allocator simulator; at the
-    failing allocation, feed the simulator's numbers to :func:`helpers.measure.diagnose_oom`."""
-    r = allocator_sim.simulate(ops, cap=cap, expandable=expandable)
-    out = {"oom": r["oom"], "allocated": r["allocated"], "reserved": r["reserved"], "verdict": None}
+    failing allocation, feed the simulator's numbers to :func:`helpers.measure.diagnose_oom` (the cap
+    is the limit: no other process is involved). ``trace`` is (allocated, reserved) after every op."""
+    r = allocator_sim.simulate(ops, cap=cap, expandable=expandable, max_split_size=max_split_size)
+    out = {"oom": r["oom"], "allocated": r["allocated"], "reserved": r["reserved"], "verdict": None,
+           "trace": r["trace"], "peak_reserved": r["peak_reserved"]}
     if r["oom"]:
         request = ops[r["failed_at"]][2]
-        stats = {"total": cap, "allocated": r["allocated"], "reserved": r["reserved"],
-                 "driver_used": r["reserved"], "shm": None}
+        stats = {"total": cap, "capped": True, "allocated": r["allocated"], "reserved": r["reserved"]}
         out["verdict"] = measure.diagnose_oom(stats, request=request, echo=False)["branch"]
         out["request"] = request
     return out
 
 
-def growth_sequence(step: int = 64 * 1024**2, n: int = 20) -> list:
-    """A KV-cache-like growth: each step allocates a bigger buffer and frees the previous one
-    (``torch.cat`` on a growing cache), so the live set only grows."""
-    ops = []
-    for i in range(1, n + 1):
-        ops.append(["alloc", f"kv{i}", i * step])
-        if i > 1:
-            ops.append(["free", f"kv{i - 1}"])
-    return ops
+def holes_sequences() -> dict:
+    """Case 2's two fragmenting workloads, ``name → (ops, cap)``: the same pattern (a cached segment
+    carved into blocks, every other one freed, then a request of two blocks under a cap of the arena
+    plus one block) with holes of 64 MiB and of 16 MiB. ``expandable_segments`` can unmap the whole
+    20 MiB pages (``kLargeBuffer``) inside a 64 MiB hole and map them again where the request fits; a
+    16 MiB hole holds no whole page, so there is nothing to unmap and it runs out in both modes."""
+    out = {}
+    for mib in (64, 16):
+        block = mib * MiB
+        out[f"{mib} MiB holes"] = (allocator_sim.fragmenting_sequence(block), allocator_sim.fragmenting_cap(block))
+    return out
 
 
 def vocab_checks(tokenizer_len: int, tokenizer_vocab_size: int, embedding_rows: int, max_token_id: int) -> dict:
@@ -115,50 +124,68 @@ def calibration_held_bytes(config, n_samples: int, seq_len: int, act_bytes: int 
 
 
 def fp8_support(capability: tuple[int, int] | None) -> str:
-    """Case 10: what FP8 a GPU of this compute capability can run natively."""
+    """Case 10: what FP8 a GPU of this compute capability can run. FP8 *matmuls* (W8A8, e4m3 attention)
+    need FP8 tensor cores, compute capability ≥ 8.9 (Ada, Hopper, Blackwell); an FP8 *KV cache* only
+    stores bytes and converts them to 16-bit in the attention kernel, so vLLM's ``fp8_e5m2`` cache runs
+    without FP8 units (vllm-project/vllm#2279 was tested on an A100)."""
     if capability is None:
         return "no CUDA device: FP8 tensors exist in PyTorch on CPU (storage, casts) but there are no FP8 matmul units"
     if tuple(capability) >= (8, 9):
         return (f"compute capability {capability[0]}.{capability[1]} ≥ 8.9: FP8 tensor cores "
                 "(torch._scaled_mm, vLLM fp8 W8A8, FP8 KV cache in attention kernels)")
-    return (f"compute capability {capability[0]}.{capability[1]} < 8.9: no FP8 tensor cores. FP8 weights can be "
-            "stored and dequantized (weight-only, e.g. vLLM's Marlin FP8 path on Ampere), but W8A8 FP8 "
-            "matmuls are refused (vLLM: 'Minimum capability: 89/90'); a T4 is 7.5")
+    return (f"compute capability {capability[0]}.{capability[1]} < 8.9: no FP8 tensor cores. W8A8 FP8 matmuls "
+            "are refused (vLLM: 'Minimum capability: 89'); FP8 weights can still be stored and dequantized "
+            "(weight-only), and an fp8_e5m2 KV cache works (a storage format, converted in the attention "
+            "kernel); a T4 is 7.5, an A100 8.0")
 
 
-_SHARE_SCRIPT = textwrap.dedent(r"""
-    import json, sys, time, torch
-    cap_gib, want_gib, name = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-    torch.cuda.set_per_process_memory_fraction(cap_gib * 2**30 / torch.cuda.get_device_properties(0).total_memory)
-    got, err = 0, None
-    chunks = []
-    try:
-        for _ in range(int(want_gib * 4)):
-            chunks.append(torch.empty(2**28, dtype=torch.uint8, device="cuda"))   # 256 MiB each
-            got += 0.25
-            time.sleep(0.05)
-    except torch.OutOfMemoryError as e:
-        err = str(e).splitlines()[0][:160]
-    print(json.dumps({"participant": name, "cap_gib": cap_gib, "wanted_gib": want_gib, "got_gib": got,
-                      "oom": err is not None, "error": err}))
-""")
+def _module_env() -> dict:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
 
 
-def shared_gpu_demo(caps_and_wants: list[tuple[float, float]]) -> list[dict]:
-    """Several processes on one GPU at once, each under its own allocator cap
-    (``torch.cuda.set_per_process_memory_fraction``, what :func:`helpers.device.limit_memory` sets):
-    the one that asks for more than its cap gets an OOM, the others get what they asked for."""
+def shared_gpu_demo(participants: list[tuple[float, float]], lift: tuple[int, ...] = ()) -> list[dict]:
+    """Several processes on one GPU at once (:mod:`helpers.gpu_share`), participant ``i`` under an
+    allocator cap of ``participants[i][0]`` GiB asking for ``participants[i][1]`` GiB; those whose index
+    is in ``lift`` lift their own cap (``set_per_process_memory_fraction(1.0)``). Each row says what
+    the process got, whether it ran out, and its own device memory outside PyTorch (NVML)."""
+    for i, pw in enumerate(participants):
+        if len(pw) != 2 or not all(isinstance(v, (int, float)) and 0 < v < float("inf") for v in pw):
+            raise ValueError(f"participants[{i}] must be (cap GiB, wanted GiB), two positive numbers, got {pw!r}")
     if not torch.cuda.is_available():
         raise RuntimeError("shared_gpu_demo needs a CUDA device")
-    procs = [subprocess.Popen([sys.executable, "-c", _SHARE_SCRIPT, str(cap), str(want), f"p{i}"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i, (cap, want) in enumerate(caps_and_wants)]
+    procs = [subprocess.Popen([sys.executable, "-m", "helpers.gpu_share", "participant", "--cap-gib", str(cap),
+                               "--want-gib", str(want), "--name", f"p{i}"] + (["--lift"] if i in lift else []),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_module_env())
+             for i, (cap, want) in enumerate(participants)]
     rows = []
     for p in procs:
         out, err = p.communicate(timeout=300)
         line = [ln for ln in out.splitlines() if ln.startswith("{")]
         rows.append(json.loads(line[-1]) if line else {"error": err[-300:]})
     return rows
+
+
+@contextlib.contextmanager
+def other_process(gib: float):
+    """Another process holding ``gib`` GiB on the GPU for the duration of the block (a second user of
+    a shared card, :mod:`helpers.gpu_share` ``hold``). Yields the bytes it holds."""
+    if not (isinstance(gib, (int, float)) and 0 < gib < float("inf")):
+        raise ValueError(f"gib must be a positive, finite number of GiB, got {gib!r}")
+    p = subprocess.Popen([sys.executable, "-m", "helpers.gpu_share", "hold", "--gib", str(gib)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=_module_env())
+    try:
+        line = p.stdout.readline()
+        if not line.startswith("{"):
+            raise RuntimeError(f"the holding process did not start: {p.stderr.read()[-400:]}")
+        yield json.loads(line)["holding_bytes"]
+    finally:
+        with contextlib.suppress(Exception):
+            p.stdin.close()
+        p.wait(timeout=60)
 
 
 def _requested_bytes(message: str) -> int | None:
@@ -172,17 +199,121 @@ def _requested_bytes(message: str) -> int | None:
 def caught_oom(fn, need: float | None = None) -> dict:
     """Run ``fn()``; if it raises a real CUDA OOM, diagnose it *at that moment* (the failing frame's
     tensors are still alive inside the ``except``) with :func:`helpers.measure.diagnose_oom` — given
-    ``need``, the bytes the phase needs by :mod:`helpers.budget` — then free everything.
-    Returns ``{"oom", "branch", "why", "request"}``."""
+    ``need``, the bytes the phase needs by :mod:`helpers.budget` — then free everything. Returns
+    ``{"oom", "branch", "why", "request", "process_bytes", "others_bytes", "source"}``: this process's
+    device memory and the other processes' (NVML per process) at the failure, and where they came from."""
     try:
         fn()
-        return {"oom": False, "branch": None, "why": None, "request": None}
+        return {"oom": False, "branch": None, "why": None, "request": None, "process_bytes": None,
+                "others_bytes": None, "source": None}
     except torch.OutOfMemoryError as e:
         request = _requested_bytes(str(e))
         d = measure.diagnose_oom(request=request, need=need, echo=False)
-        out = {"oom": True, "branch": d["branch"], "why": d["why"], "request": request}
+        out = {"oom": True, "branch": d["branch"], "why": d["why"], "request": request,
+               "process_bytes": d["process_bytes"], "others_bytes": d["others_bytes"], "source": d["source"]}
     measure.free_memory()
     return out
+
+
+@dataclass(frozen=True)
+class OOMScenario:
+    """One real out-of-memory case of notebook 09: ``run`` under an allocator cap of ``cap_gib()`` GiB
+    (computed just before it runs; None: no cap), ``need`` the bytes the phase needs by the budget,
+    the verdict :func:`helpers.measure.diagnose_oom` must give, and ``around``: a context entered
+    before the run and left after the diagnosis (e.g. another process holding memory — it must still
+    hold it when the OOM is diagnosed)."""
+    name: str
+    expected: str
+    run: Callable[[], object]
+    cap_gib: Callable[[], float | None]
+    need: float | None = None
+    around: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+
+def largest_free_block() -> int:
+    """The largest free block the caching allocator holds now (``torch.cuda.memory_snapshot``)."""
+    return max((b["size"] for s in torch.cuda.memory_snapshot() for b in s["blocks"]
+                if b["state"] == "inactive"), default=0)
+
+
+def fragment_on_gpu(block: int, n: int = 16) -> None:
+    """Replay :func:`helpers.allocator_sim.fragmenting_sequence` with real CUDA tensors of ``block``
+    bytes (under a cap of the memory already reserved plus the arena plus one block, its last request
+    runs out: the real-allocator twin of case 2)."""
+    keep = {}
+    for op in allocator_sim.fragmenting_sequence(block, n):
+        if op[0] == "alloc":
+            keep[op[1]] = torch.empty(op[2], dtype=torch.uint8, device="cuda")
+        else:
+            keep.pop(op[1])
+
+
+def fragmentation_block() -> int:
+    """A block size for :func:`fragment_on_gpu` larger than any free block already cached (so the
+    sequence carves every block from its own arena, whatever ran before): at least 64 MiB."""
+    return max(64 * MiB, (largest_free_block() // (2 * MiB) + 2) * 2 * MiB)
+
+
+def real_oom_scenarios(model) -> list[OOMScenario]:
+    """The four real OOMs the clinic diagnoses, on ``model`` (an architecture on the GPU, e.g. SmolLM2
+    in bf16): a load (fp32 TinyLlama-1.1B under 2 GiB), a prefill (64 × 4096 tokens under the weights
+    + 1 GiB), a decode (batch 64 growing from 256 to 4352 tokens under the weights + 0.5 GiB) — each
+    needs more than its cap by :mod:`helpers.budget`, so **too-big** — and a fragmentation (holes
+    between live blocks of one segment under the reserved memory + the arena + one block)."""
+    tiny = models_config("TinyLlama-1.1B")
+    w = torch.cuda.memory_allocated()
+    dev = next(model.parameters()).device
+    block = {}
+
+    def frag_cap():
+        block["b"] = fragmentation_block()
+        return (torch.cuda.memory_reserved() + 17 * block["b"]) / GiB
+
+    return [
+        OOMScenario("load: fp32 TinyLlama-1.1B under 2 GiB", "too-big",
+                    lambda: model_from_config("TinyLlama-1.1B", device="cuda", dtype=torch.float32),
+                    lambda: 2.0, budget.weight_bytes(tiny, "fp32")),
+        OOMScenario("prefill 64 × 4096 under weights + 1 GiB", "too-big",
+                    lambda: model(torch.randint(3, 1000, (64, 4096), device=dev), use_cache=False),
+                    lambda: w / GiB + 1.0, w + budget.activation_bytes(model.config, 4096, 64)["peak"]),
+        OOMScenario("decode batch 64, 256 → 4352 tokens, under weights + 0.5 GiB", "too-big",
+                    lambda: decode_until_oom(model, 64, 256, 4096),
+                    lambda: w / GiB + 0.5, w + budget.kv_bytes(model.config, 256 + 4096, 64)),
+        OOMScenario("fragmentation: 8 holes between live blocks, a 2-block request", "fragmentation",
+                    lambda: fragment_on_gpu(block["b"]), frag_cap),
+    ]
+
+
+def device_full_scenario(leave_gib: float = 2.0, request_gib: float = 4.0) -> OOMScenario:
+    """A fifth real OOM: another process holds all of the device but ``leave_gib`` GiB, and this one
+    (no cap) asks for ``request_gib`` GiB — the driver refuses, and the verdict must be other-process."""
+    def around():
+        free, _ = torch.cuda.mem_get_info()
+        return other_process((free - leave_gib * GiB) / GiB)
+
+    return OOMScenario(f"device full: another process leaves {leave_gib:g} GiB, this one asks {request_gib:g} GiB",
+                       "other-process", lambda: torch.empty(int(request_gib * GiB), dtype=torch.uint8, device="cuda"),
+                       lambda: None, around=around)
+
+
+def diagnose_real_ooms(scenarios: list[OOMScenario], progress: bool = True) -> list[dict]:
+    """Run each scenario under its cap with :func:`caught_oom`; one row each: ``scenario``, ``oom``,
+    ``verdict``, ``expected``, ``ok`` (ran out and diagnosed as expected), this process's and the other
+    processes' device memory at the failure (``process_bytes``, ``others_bytes``, NVML) and their
+    ``source``, the request and the verdict's reason. CUDA only."""
+    from tqdm.auto import tqdm
+    rows = []
+    for sc in tqdm(scenarios, desc="real OOMs", disable=not progress):
+        measure.free_memory()
+        cap = sc.cap_gib()
+        with sc.around(), memory_limit(cap) if cap is not None else contextlib.nullcontext():
+            r = caught_oom(sc.run, need=sc.need)
+        rows.append({"scenario": sc.name, "oom": r["oom"], "verdict": r["branch"], "expected": sc.expected,
+                     "ok": r["oom"] and r["branch"] == sc.expected, "cap_gib": cap, "request": r["request"],
+                     "process_bytes": r["process_bytes"], "others_bytes": r["others_bytes"], "source": r["source"],
+                     "why": r["why"]})
+    measure.free_memory()
+    return rows
 
 
 @torch.no_grad()
@@ -213,12 +344,49 @@ def decode_until_oom(model, batch: int, prompt_len: int, max_new: int = 4096) ->
     return max_new
 
 
-def fragment_on_gpu(block: int = 16 * 2**20, n: int = 16) -> None:
-    """Replay :func:`helpers.allocator_sim.fragmenting_sequence` with real CUDA tensors (under a cap of
-    the arena plus one block, its last request runs out: the real-allocator twin of case 2)."""
-    keep = {}
-    for op in allocator_sim.fragmenting_sequence(block, n):
-        if op[0] == "alloc":
-            keep[op[1]] = torch.empty(op[2], dtype=torch.uint8, device="cuda")
-        else:
-            keep.pop(op[1])
+def group_sweep(model, ids: torch.Tensor, bits: int = 3, groups=(32, 64, 192, None), max_tokens: int = 8192,
+                seq_len: int = 256) -> list[dict]:
+    """The source document's "use group 256 instead of 128" checked: round-to-nearest at ``bits`` bits
+    with each group size (None: one scale per output channel) on a copy of ``model``, and its
+    perplexity on ``ids`` (``seq_len`` windows, ``max_tokens`` tokens) beside the bits per weight."""
+    import copy
+
+    from .evaluate import perplexity
+    from .qspec import QuantSpec
+    from .quant import bits_per_weight, rtn_model
+    rows = []
+    for g in groups:
+        m = copy.deepcopy(model)
+        rtn_model(m, QuantSpec(bits, g))
+        rows.append({"group": g or "per channel", "bits_per_weight": bits_per_weight(bits, g),
+                     "ppl": perplexity(m, ids, seq_len=seq_len, max_tokens=max_tokens, progress=False)["ppl"]})
+        del m
+    return rows
+
+
+def task_drops(model, ids: torch.Tensor, bits: int = 3, group: int = 64, n: int = 32, span: int = 48,
+               max_tokens: int = 8192, seq_len: int = 256) -> list[dict]:
+    """Perplexity against a copy task (:func:`copy_task`) for the model and two ``bits``-bit variants
+    that damage different parts: only the attention projections, only the MLPs (:func:`rtn_part`)."""
+    import copy
+
+    from .evaluate import perplexity
+    from .qspec import QuantSpec
+    rows = []
+    for label, part in (("reference", None), (f"W{bits} g{group}, attention only", "attn"),
+                        (f"W{bits} g{group}, MLP only", "mlp")):
+        m = copy.deepcopy(model)
+        if part:
+            rtn_part(m, QuantSpec(bits, group), part)
+        ppl = perplexity(m, ids, seq_len=seq_len, max_tokens=max_tokens, progress=False)["ppl"]
+        rows.append({"model": label, "ppl": ppl, **copy_task(m, ids, n=n, span=span)})
+        del m
+    return rows
+
+
+def rankings(rows: list[dict]) -> str:
+    """Which of :func:`task_drops`'s two variants perplexity ranks worse, and which the copy task does."""
+    a, mlp = rows[1], rows[2]
+    return (f"perplexity ranks {'MLP-only' if mlp['ppl'] > a['ppl'] else 'attention-only'} as the worse variant; "
+            f"the copy task ranks {'attention-only' if a['second_copy_acc'] < mlp['second_copy_acc'] else 'MLP-only'}"
+            " as the worse one")

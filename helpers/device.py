@@ -16,6 +16,8 @@ import functools
 import numbers
 import os
 import platform
+import sys
+from dataclasses import dataclass
 
 import psutil
 import torch
@@ -121,6 +123,21 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def use_triton_interpreter_without_gpu() -> bool:
+    """Where there is no CUDA device, make Triton run kernels in its interpreter (NumPy on the CPU:
+    exact and slow) by setting ``TRITON_INTERPRET=1`` — the switch Triton reads when it is first
+    imported, so call this before anything imports triton. Returns True when kernels will be
+    interpreted; raises if triton was already imported without the interpreter on a machine without
+    a GPU (restart the kernel and call this first)."""
+    if torch.cuda.is_available():
+        return os.environ.get("TRITON_INTERPRET") == "1"
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("triton is already imported without its interpreter, and there is no GPU: restart, "
+                           "then call helpers.device.use_triton_interpreter_without_gpu() before other imports")
+    os.environ["TRITON_INTERPRET"] = "1"
+    return True
+
+
 def has_cuda() -> bool:
     """True when a CUDA device is usable (the GPU-only cells of the notebooks check this)."""
     return torch.cuda.is_available()
@@ -143,27 +160,49 @@ def cpu_threads(n: int):
         torch.set_num_threads(before)
 
 
-def process_gpu_bytes(index: int = 0, pid: int | None = None) -> int | None:
-    """What ``nvidia-smi`` lists for this process on GPU ``index`` (NVML's per-process used memory:
-    CUDA context + the allocator's reserved memory + library workspaces); None without NVML, or where
-    the driver does not report per-process memory (some containers, MIG without privileges)."""
+@dataclass(frozen=True)
+class ProcessMemory:
+    """One process's device memory as the driver reports it: ``bytes`` (None when unknown) and
+    ``source``, which says where the number came from, or why there is none."""
+    bytes: int | None
+    source: str
+
+
+def process_memory(index: int = 0, pid: int | None = None) -> ProcessMemory:
+    """What ``nvidia-smi`` lists for process ``pid`` (default: this one) on GPU ``index``: NVML's
+    per-process used memory (``nvmlDeviceGetComputeRunningProcesses``, matched by pid — the CUDA
+    context + the caching allocator's reserved memory + library workspaces). Where it is unavailable
+    (no nvidia-ml-py, no NVML, a container whose PID namespace hides the host pid, a virtualised GPU or
+    a MIG slice without per-process accounting) ``bytes`` is None and ``source`` says which."""
     try:
         import pynvml  # optional (nvidia-ml-py)
-        pynvml.nvmlInit()
-    except Exception:
-        return None
+    except ImportError:
+        return ProcessMemory(None, "unavailable: nvidia-ml-py is not installed (pip install nvidia-ml-py)")
     try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(index)
-        me = os.getpid() if pid is None else pid
-        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
-            if p.pid == me and p.usedGpuMemory is not None:
-                return int(p.usedGpuMemory)
-        return None
-    except Exception:
-        return None
+        pynvml.nvmlInit()
+    except Exception as e:  # noqa: BLE001 - NVML missing or driver not loaded
+        return ProcessMemory(None, f"unavailable: NVML did not start ({type(e).__name__})")
+    try:
+        me = os.getpid() if pid is None else int(pid)
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(index))
+        for p in procs:
+            if p.pid == me:
+                if p.usedGpuMemory is None:
+                    return ProcessMemory(None, "unavailable: NVML lists this process without its memory "
+                                               "(per-process accounting is off on this GPU)")
+                return ProcessMemory(int(p.usedGpuMemory), "NVML, this process (pid)")
+        return ProcessMemory(None, f"unavailable: NVML lists {len(procs)} process(es) on GPU {index}, none with "
+                                   f"pid {me} (a container's PID namespace, or no CUDA context yet)")
+    except Exception as e:  # noqa: BLE001 - some virtualised GPUs refuse the per-process query
+        return ProcessMemory(None, f"unavailable: NVML's per-process query failed ({type(e).__name__})")
     finally:
         with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
+
+
+def process_gpu_bytes(index: int = 0, pid: int | None = None) -> int | None:
+    """This process's device memory by NVML (:func:`process_memory`), or None where it is unavailable."""
+    return process_memory(index, pid).bytes
 
 
 def nvml_info(index: int = 0) -> dict | None:

@@ -25,20 +25,25 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .budget import Shape, dtype_bytes, layer_windows
+from .budget_detail import Shape, dtype_bytes, layer_windows
+from .validate import model_config, non_negative_number, number_in, one_of, positive_int, positive_number
 
 GiB = 1024**3
 KV_CACHE_DTYPES = {"auto": None, "bfloat16": "bf16", "float16": "fp16", "fp8": "fp8", "fp8_e4m3": "fp8",
                    "fp8_e5m2": "fp8"}
+MODEL_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
+                torch.float32: "fp32"}
+PROFILE_FIELDS = ("total", "utilization", "weights", "activation_peak", "non_torch")
 
 
 class EngineStartupError(ValueError):
     """The engine cannot start: no room for KV blocks, or one ``max_model_len`` sequence does not fit."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class MemoryProfile:
-    """The numbers vLLM's start-up profile reports, in bytes."""
+    """The numbers vLLM's start-up profile reports, in bytes (``utilization`` is the fraction
+    ``gpu_memory_utilization``); validated when built: finite, ``total > 0``, the rest ≥ 0."""
     total: float
     utilization: float
     weights: float
@@ -46,12 +51,13 @@ class MemoryProfile:
     non_torch: float
 
     def __post_init__(self):
-        if not 0 < self.utilization <= 1:
-            raise ValueError(f"utilization (gpu_memory_utilization) must be in (0, 1], got {self.utilization}")
-        for name in ("total", "weights", "activation_peak", "non_torch"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
-                raise ValueError(f"{name} must be a non-negative number of bytes, got {value!r}")
+        checked = {"total": positive_number(self.total, "total", "the GPU's memory in bytes"),
+                   "utilization": number_in(self.utilization, "utilization (gpu_memory_utilization)", 0, 1,
+                                            low_open=True, hint="vLLM's default is 0.9")}
+        for name in ("weights", "activation_peak", "non_torch"):
+            checked[name] = non_negative_number(getattr(self, name), name, "a number of bytes")
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
 
 def kv_bytes_per_token(config, kv_cache_dtype: str = "auto", model_dtype: str = "bf16") -> int:
@@ -60,9 +66,10 @@ def kv_bytes_per_token(config, kv_cache_dtype: str = "auto", model_dtype: str = 
 
     vLLM gives sliding-window layers their own, smaller pools; this planner refuses such configs
     rather than over-counting them (use :func:`helpers.budget.kv_bytes` for those caches)."""
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ValueError(f"kv_cache_dtype must be one of {sorted(KV_CACHE_DTYPES)} (vLLM's --kv-cache-dtype), "
-                         f"got {kv_cache_dtype!r}")
+    one_of(kv_cache_dtype, "kv_cache_dtype", KV_CACHE_DTYPES, hint="vLLM's --kv-cache-dtype")
+    model_dtype = MODEL_DTYPES[one_of(model_dtype, "model_dtype", MODEL_DTYPES,
+                                      hint="the dtype the model runs in (bf16, fp16 or fp32)")]
+    model_config(config)
     if any(w is not None for w in layer_windows(config)):
         raise ValueError("this config has sliding-window layers: vLLM plans them as separate KV groups, which "
                          "this planner does not model; plan a full-attention config")
@@ -75,12 +82,10 @@ def plan(profile: MemoryProfile, per_token: int, max_model_len: int, block_size:
     """vLLM's start-up plan from a memory profile: KV pool bytes, blocks, tokens and concurrency.
 
     Raises :class:`EngineStartupError` where vLLM refuses to start."""
-    if not isinstance(max_model_len, int) or max_model_len <= 0:
-        raise ValueError(f"max_model_len must be a positive int, got {max_model_len!r}")
-    if not isinstance(block_size, int) or block_size <= 0:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    if per_token <= 0:
-        raise ValueError(f"per_token must be positive bytes, got {per_token}")
+    profile = _check_profile(profile)
+    per_token = positive_int(per_token, "per_token", "bytes per token, from kv_bytes_per_token(config, ...)")
+    max_model_len = positive_int(max_model_len, "max_model_len", "tokens of the longest request")
+    block_size = positive_int(block_size, "block_size", "tokens per KV block (vLLM's default is 16)")
     usable = profile.utilization * profile.total
     pool = usable - profile.weights - profile.activation_peak - profile.non_torch
     block_bytes = per_token * block_size
@@ -113,9 +118,21 @@ _LOG_FIELDS = {
 }
 
 
+def _check_profile(profile) -> MemoryProfile:
+    if not isinstance(profile, MemoryProfile):
+        raise TypeError(f"profile must be a MemoryProfile (MemoryProfile(...), profile_from_log(parse_vllm_log(text)) "
+                        f"or measure_profile(model)), got {type(profile).__name__}")
+    return profile
+
+
 def parse_vllm_log(text: str) -> dict:
     """The profile, the reported KV pool, blocks and concurrency from vLLM's start-up log lines
-    (the ``worker.py`` "Memory profiling" format of vLLM 0.6–0.8; GiB values are rounded to 0.01)."""
+    (the ``worker.py`` "Memory profiling" format of vLLM 0.6–0.8; GiB values are rounded to 0.01).
+    The profile it reads is checked as :class:`MemoryProfile` checks it."""
+    if isinstance(text, bytes):
+        raise TypeError("text must be the log as a str, got bytes: decode it first (text.decode())")
+    if not isinstance(text, str):
+        raise TypeError(f"text must be vLLM's start-up log as a str, got {type(text).__name__}")
     out = {}
     for key, pattern in _LOG_FIELDS.items():
         m = re.search(pattern, text)
@@ -129,18 +146,29 @@ def parse_vllm_log(text: str) -> dict:
         out["blocks"] = int(m.group(1))
     if m := re.search(r"Maximum concurrency for (\d+) tokens per request: ([\d.]+)x", text):
         out["max_model_len"], out["concurrency"] = int(m.group(1)), float(m.group(2))
+    try:
+        profile_from_log(out)
+    except ValueError as e:
+        raise ValueError(f"the log reports an impossible profile: {e}") from None
     return out
 
 
 def profile_from_log(parsed: dict) -> MemoryProfile:
-    return MemoryProfile(**{k: parsed[k] for k in ("total", "utilization", "weights", "activation_peak",
-                                                   "non_torch")})
+    """The :class:`MemoryProfile` of a :func:`parse_vllm_log` result."""
+    if not isinstance(parsed, dict):
+        raise TypeError(f"parsed must be the dict parse_vllm_log(text) returns, got {type(parsed).__name__}")
+    missing = [k for k in PROFILE_FIELDS if k not in parsed]
+    if missing:
+        raise ValueError(f"parsed lacks {missing}: pass the dict parse_vllm_log(text) returns")
+    return MemoryProfile(**{k: parsed[k] for k in PROFILE_FIELDS})
 
 
 def rounding_bounds(parsed: dict, per_token: int, block_size: int = 16) -> tuple[int, int]:
     """The block counts the log's rounded GiB values allow: each of the four byte fields is known to
     ±0.005 GiB, so the pool to ±0.005·(0.9 + 3) GiB around ``usable − weights − activation − non-torch``."""
     p = profile_from_log(parsed)
+    per_token = positive_int(per_token, "per_token", "bytes per token, from kv_bytes_per_token(config, ...)")
+    block_size = positive_int(block_size, "block_size", "tokens per KV block (vLLM's default is 16)")
     pool = p.utilization * p.total - p.weights - p.activation_peak - p.non_torch
     slack = 0.005 * GiB * (p.utilization + 3)
     block = per_token * block_size
@@ -151,20 +179,34 @@ def rounding_bounds(parsed: dict, per_token: int, block_size: int = 16) -> tuple
 def measure_profile(model, max_num_batched_tokens: int = 2048, utilization: float = 0.9) -> MemoryProfile:
     """vLLM's start-up profile, measured the same way on a model already on the GPU: weights =
     allocated bytes now; activation peak = the allocator's peak during one forward over
-    ``max_num_batched_tokens`` tokens, minus the weights; non-torch = device memory in use
-    (``cudaMemGetInfo``) minus what PyTorch reserved (context, cuBLAS workspaces, other processes)."""
+    ``max_num_batched_tokens`` tokens, minus the weights; non-torch = this process's device memory
+    outside PyTorch's allocator (NVML per process − reserved: its CUDA context, cuBLAS workspaces),
+    never other processes' memory. Where the driver reports no per-process memory, vLLM's own
+    measure: how much the device's memory outside PyTorch grew during the profiling forward (other
+    processes' constant memory cancels; the context created before is then not counted)."""
+    max_num_batched_tokens = positive_int(max_num_batched_tokens, "max_num_batched_tokens",
+                                          "tokens of the profiling forward (vLLM's --max-num-batched-tokens)")
+    utilization = number_in(utilization, "utilization (gpu_memory_utilization)", 0, 1, low_open=True,
+                            hint="vLLM's default is 0.9")
+    model_config(getattr(model, "config", None), "model.config")
     if not torch.cuda.is_available():
         raise RuntimeError("measure_profile needs a CUDA device (on CPU, plan from a vLLM log or from budget())")
+    from .measure import non_torch_bytes
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     weights = torch.cuda.memory_allocated()
+    free0, total = torch.cuda.mem_get_info()
+    outside0 = (total - free0) - torch.cuda.memory_reserved()
     torch.cuda.reset_peak_memory_stats()
     ids = torch.randint(0, model.config.vocab_size, (1, max_num_batched_tokens), device="cuda")
     model(input_ids=ids, use_cache=False, logits_to_keep=1)
     torch.cuda.synchronize()
     activation = torch.cuda.max_memory_allocated() - weights
-    free, total = torch.cuda.mem_get_info()
-    non_torch = max(0, (total - free) - torch.cuda.memory_reserved())
+    non_torch = non_torch_bytes(torch.cuda.current_device())
+    if non_torch is None:
+        free, _ = torch.cuda.mem_get_info()
+        non_torch = (total - free) - torch.cuda.memory_reserved() - outside0
+    non_torch = max(0, non_torch)
     return MemoryProfile(total=total, utilization=utilization, weights=weights, activation_peak=activation,
                          non_torch=non_torch)
 

@@ -154,6 +154,29 @@ def _int4_kv(fn) -> str | None:
     return None if _close(got, want) else f"expected {want:,.0f} bytes per token (helpers.budget.kv_bytes), got {got}"
 
 
+def _diagnose_snapshot(fn) -> str | None:
+    from .allocator_sim import MB, fragmenting_cap, fragmenting_sequence, simulate
+    frag = fragmenting_sequence()
+    cases = [  # (ops before the request, request, cap, what the simulator says happens)
+        (frag[:-1], 128 * MB, fragmenting_cap(), "fragmentation"),
+        (frag[:-1], 64 * MB, fragmenting_cap(), "fits"),                      # one hole is enough
+        ([["alloc", "a", 600 * MB]], 300 * MB, 1024 * MB, "fits"),            # a new segment stays under the cap
+        ([["alloc", "a", 600 * MB], ["alloc", "b", 300 * MB]], 400 * MB, 1024 * MB, "too-big"),
+        (frag[:-1] + [["alloc", "c", 64 * MB], ["alloc", "d", 64 * MB]], 128 * MB, fragmenting_cap(), "fragmentation"),
+        (frag[:-1], 600 * MB, fragmenting_cap(), "too-big"),                 # 512 MiB free in all: not enough
+    ]
+    for ops, request, cap, want in cases:
+        snap = simulate(ops, cap)["snapshot"]
+        if simulate(ops + [["alloc", "request", request]], cap)["oom"] != (want != "fits"):
+            raise AssertionError(f"exercise case inconsistent with the simulator: {want}")   # the checker's own check
+        got = fn(snap, request, cap)
+        if got != want:
+            return (f"a request of {request // MB} MiB under a {cap // MB} MiB cap, with "
+                    f"{sum(b['size'] for s in snap for b in s['blocks'] if not b['state'].startswith('active')) // MB} "
+                    f"MiB free in {len(snap)} segment(s): expected {want!r}, got {got!r}")
+    return None
+
+
 EXERCISES = {
     "param_count": (_param_count, solutions.param_count, "embeddings (×2 unless tied) + per layer: q, k, v, o "
                     "(k and v have only kv_heads heads), gate/up/down, two norms; plus the final norm"),
@@ -178,6 +201,9 @@ EXERCISES = {
                             "padded embedding tables are larger than the tokenizer; what must never happen?"),
     "free_after_loop": (_free_after_loop, solutions.free_after_loop,
                         "`del t` inside a loop deletes a name; who else holds the tensors?"),
+    "diagnose_snapshot": (_diagnose_snapshot, solutions.diagnose_snapshot,
+                          "reserved = Σ segment sizes; does a free block hold the request, or a new segment fit "
+                          "under the cap? If not: do the free bytes add up to the request?"),
 }
 
 

@@ -146,11 +146,13 @@ def kv_ab(model, prompts: torch.Tensor, new_tokens: int, kinds=None, measure_mem
 
 
 @torch.no_grad()
-def tokens_until_oom(model, kind: str, batch: int, prompt_len: int, max_new: int, seed: int = 0) -> dict:
+def tokens_until_oom(model, kind: str, batch: int, prompt_len: int, max_new: int, seed: int = 0,
+                     trace: list | None = None) -> dict:
     """Prefill a random prompt, then decode one token at a time until ``max_new`` tokens or an OOM.
 
     Returns ``{"generated": n, "oom": bool, "phase": "prefill"|"decode"|None}``; memory is freed
-    before returning (the OOM is caught)."""
+    before returning (the OOM is caught). ``trace``, a list, receives ``memory_allocated`` after the
+    prefill and after every decoded token (CUDA): the memory-over-time line of a plot."""
     dev = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, model.config.vocab_size - 1, (batch, prompt_len), generator=g).to(dev)
@@ -160,10 +162,15 @@ def tokens_until_oom(model, kind: str, batch: int, prompt_len: int, max_new: int
         phase = "decode"
         nxt = out.logits[:, -1:].argmax(-1)
         del out
+        record = trace is not None and dev.type == "cuda"
+        if record:
+            trace.append(torch.cuda.memory_allocated(dev))
         for n in range(1, max_new + 1):  # noqa: B007  (n is read after an OOM)
             out = model(nxt, past_key_values=cache, use_cache=True)
             nxt = out.logits[:, -1:].argmax(-1)
             del out
+            if record:
+                trace.append(torch.cuda.memory_allocated(dev))
         result = {"generated": max_new, "oom": False, "phase": None}
     except torch.OutOfMemoryError:
         result = {"generated": n - 1 if phase == "decode" else 0, "oom": True, "phase": phase}
@@ -173,16 +180,25 @@ def tokens_until_oom(model, kind: str, batch: int, prompt_len: int, max_new: int
 
 
 def oom_points(model, batch: int, prompt_len: int, extra: int, max_new: int,
-               kinds=("baseline", "fp8-e4m3", "int4")) -> dict:
+               kinds=("baseline", "fp8-e4m3", "int4"), traces: bool = False) -> dict:
     """How far each KV format decodes on one budget (notebook 07 §3): the cap is the memory a baseline
     prefill reserved at its peak (measured, uncapped) plus the bf16 KV of ``extra`` more tokens; under
-    it, :func:`tokens_until_oom` per format. Returns ``{"cap_gib", "rows"}``. CUDA only."""
+    it, :func:`tokens_until_oom` per format. The room left for decoding is therefore the prefill's
+    transient activations plus ``extra`` tokens of bf16 KV, so the baseline runs out after more than
+    ``extra`` tokens — ``max_new`` must be well above it for an OOM point. Returns
+    ``{"cap_gib", "rows"}`` (each row with its ``trace`` of allocated bytes per step when ``traces``).
+    CUDA only."""
     free_memory()
     torch.cuda.reset_peak_memory_stats()
     tokens_until_oom(model, "baseline", batch, prompt_len, 0)          # prefill only, no cap: its peak
     cap_gib = (torch.cuda.max_memory_reserved() + kv_bytes(model.config, extra, batch)) / 2**30
+    rows = []
     with memory_limit(cap_gib):
-        rows = [{"kv": kind, **tokens_until_oom(model, kind, batch, prompt_len, max_new)} for kind in kinds]
+        for kind in kinds:
+            trace = [] if traces else None
+            rows.append({"kv": kind, **tokens_until_oom(model, kind, batch, prompt_len, max_new, trace=trace)})
+            if traces:
+                rows[-1]["trace"] = trace
     return {"cap_gib": cap_gib, "rows": rows}
 
 

@@ -21,6 +21,8 @@ import ctypes.util
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .device import cpu_threads
+
 
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in
@@ -58,7 +60,7 @@ class _PeakMode(TorchDispatchMode):
         return out
 
 
-def peak_bytes(fn, warmup: bool = True, no_grad: bool = True) -> dict:
+def peak_bytes(fn, warmup: bool = True, no_grad: bool = True, threads: int | None = 1) -> dict:
     """Run ``fn()`` on CPU tensors and return ``{"peak": …, "end": …}``: the largest and the final live
     bytes *over the start* (``max_memory_allocated − memory_allocated`` before, in CUDA terms).
 
@@ -66,15 +68,19 @@ def peak_bytes(fn, warmup: bool = True, no_grad: bool = True) -> dict:
     selection) do not count; the result of the measured call is dropped before returning.
     ``no_grad`` (default) measures ``fn`` with autograd off, as inference runs; ``no_grad=False``
     leaves the caller's grad mode, so what autograd would keep alive is counted too (a quantizer
-    must not depend on its caller to switch autograd off)."""
+    must not depend on its caller to switch autograd off). ``threads`` intra-op threads run ``fn``
+    (default 1; None keeps the caller's): the math libraries' per-thread scratch buffers come from
+    the same ``malloc`` and grow with the thread count, so a fixed count measures the tensors, the
+    same on a 2-core laptop and a 16-core server."""
     if not callable(fn):
         raise TypeError(f"fn must be a callable (a zero-argument function to measure), got {type(fn).__name__}")
     info = _mallinfo2()
-    if warmup:
-        fn()
-    start = live_bytes(info)
-    with torch.no_grad() if no_grad else contextlib.nullcontext(), _PeakMode(info) as mode:
-        result = fn()
-        end = live_bytes(info)
-    del result
+    with contextlib.nullcontext() if threads is None else cpu_threads(threads):
+        if warmup:
+            fn()
+        start = live_bytes(info)
+        with torch.no_grad() if no_grad else contextlib.nullcontext(), _PeakMode(info) as mode:
+            result = fn()
+            end = live_bytes(info)
+        del result
     return {"peak": max(mode.peak, end) - start, "end": end - start}

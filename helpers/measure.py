@@ -1,14 +1,17 @@
-"""Measuring memory: the four views, a stage profiler, the biggest tensors, and an OOM diagnosis.
+"""Measuring memory: the views, a stage profiler, the biggest tensors, and an OOM diagnosis.
 
-The four views of GPU memory (PyTorch docs, "CUDA semantics → memory management"):
+The views of GPU memory (PyTorch docs, "CUDA semantics → memory management"; NVML reference):
 
 1. ``torch.cuda.memory_allocated()`` — bytes in live tensors (rounded up to the allocator's blocks);
 2. ``torch.cuda.memory_reserved()`` — bytes the caching allocator holds from the driver (allocated +
    cached free blocks);
-3. ``torch.cuda.mem_get_info()`` — the driver's free/total for the whole device (all processes);
-4. NVML / ``nvidia-smi`` — per-device used bytes, including every process's CUDA context.
+3. NVML per process (``nvmlDeviceGetComputeRunningProcesses``, what ``nvidia-smi`` lists per pid) —
+   this process's device memory: reserved + its CUDA context + library workspaces;
+4. ``torch.cuda.mem_get_info()`` — the driver's free/total for the *whole device* (every process).
 
-``used(driver) − reserved`` is the CUDA context (kernels, cuBLAS workspaces, …) plus other processes.
+``process − reserved`` is this process's memory outside PyTorch (vLLM's "non-torch memory");
+``device used − process`` is the other processes'. On a shared GPU the two differ by everything the
+others hold, so the device's total is never read as this process's memory.
 """
 from __future__ import annotations
 
@@ -22,32 +25,55 @@ from dataclasses import dataclass, field
 import psutil
 import torch
 
-from .device import memory_cap, nvml_info, process_gpu_bytes
+from .device import memory_cap, process_gpu_bytes, process_memory
 
 GiB = 1024**3
 MiB = 1024**2
 
 
 def views(device=None) -> dict:
-    """The four views of memory right now (bytes); on CPU, the process RSS only."""
+    """The views of memory right now (bytes); on CPU, the process RSS only.
+
+    ``allocated`` and ``reserved`` are this process's caching allocator; ``process`` is what the driver
+    reports for *this process* (NVML by pid, what ``nvidia-smi`` lists per process: reserved + CUDA
+    context + library workspaces), ``None`` where the driver reports no per-process memory;
+    ``device_used`` / ``device_free`` / ``device_total`` are the whole device (``mem_get_info``: every
+    process on it). ``non_torch = process − reserved`` (vLLM's "non-torch memory") and
+    ``others = device_used − process`` follow from them, ``None`` where ``process`` is unknown — the
+    device total is never substituted for this process's memory. ``process_source`` says where
+    ``process`` came from, or why it is missing."""
     if not torch.cuda.is_available():
         return {"rss": psutil.Process().memory_info().rss}
-    free, total = torch.cuda.mem_get_info(device)
-    out = {"allocated": torch.cuda.memory_allocated(device), "reserved": torch.cuda.memory_reserved(device),
-           "driver_used": total - free, "driver_total": total}
-    nv = nvml_info(0)
-    if nv:
-        out["nvml_used"] = nv["nvml_used"]
-    out["context_and_others"] = out["driver_used"] - out["reserved"]
+    idx = torch.cuda.current_device() if device is None else torch.device(device).index or 0
+    free, total = torch.cuda.mem_get_info(idx)
+    proc = process_memory(idx)
+    out = {"allocated": torch.cuda.memory_allocated(idx), "reserved": torch.cuda.memory_reserved(idx),
+           "process": proc.bytes, "device_used": total - free, "device_free": free, "device_total": total}
+    out["non_torch"] = None if proc.bytes is None else proc.bytes - out["reserved"]
+    out["others"] = None if proc.bytes is None else max(0, out["device_used"] - proc.bytes)
+    out["process_source"] = proc.source
     return out
 
 
+def show_views(v: dict | None = None) -> None:
+    """Print :func:`views` one line each, bytes readable, and where this process's number came from."""
+    v = views() if v is None else v
+    for k, x in v.items():
+        if k != "process_source":
+            print(f"{k:>14}: {fmt_bytes(x)}")
+    if "process_source" in v:
+        print(f"{'process from':>14}: {v['process_source']}")
+
+
 def overhead(device=None) -> dict:
-    """Framework overhead measured now: CUDA context (+ other processes) and allocator slack."""
+    """Framework overhead of this process, measured now: ``context`` = this process's device memory
+    outside PyTorch's allocator (NVML per process − reserved: the CUDA context, loaded kernels, library
+    handles) and ``slack`` = reserved − allocated. ``context`` is None (with ``source`` saying why)
+    where the driver reports no per-process memory: other processes' memory is never counted in."""
     v = views(device)
     if "allocated" not in v:
-        return {"context": 0, "slack": 0, "note": "no CUDA device: overhead not measurable here"}
-    return {"context": v["context_and_others"], "slack": v["reserved"] - v["allocated"]}
+        return {"context": 0, "slack": 0, "source": "no CUDA device: overhead not measurable here"}
+    return {"context": v["non_torch"], "slack": v["reserved"] - v["allocated"], "source": v["process_source"]}
 
 
 def non_torch_bytes(device_index: int = 0) -> int | None:
@@ -61,8 +87,10 @@ def non_torch_bytes(device_index: int = 0) -> int | None:
     return None if used is None else used - torch.cuda.memory_reserved(device_index)
 
 
-def fmt_bytes(n: float) -> str:
-    """Human-readable bytes (binary units)."""
+def fmt_bytes(n: float | None) -> str:
+    """Human-readable bytes (binary units); ``"unavailable"`` for None (a number the driver does not report)."""
+    if n is None:
+        return "unavailable"
     for unit, div in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
         if abs(n) >= div:
             return f"{n / div:.2f} {unit}"
@@ -206,76 +234,99 @@ def shm_bytes() -> int | None:
         return None
 
 
+def oom_stats() -> dict:
+    """The numbers :func:`diagnose_oom` reads, from the live device (CUDA only): this process's
+    allocator (``allocated``, ``reserved``; ``total`` = its cap where one is set, else the device),
+    this process's device memory by NVML (``process_bytes``, ``None`` where unavailable, with
+    ``source``), the device's free memory and what other processes hold (``others_bytes`` = device
+    used − this process), /dev/shm, and the largest live tensors."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("oom_stats() needs a CUDA device; on a CPU pass diagnose_oom(stats={...}) explicitly")
+    v = views()
+    cap = memory_cap()
+    return {"total": cap or v["device_total"], "capped": cap is not None, "allocated": v["allocated"],
+            "reserved": v["reserved"], "device_free": v["device_free"], "device_total": v["device_total"],
+            "process_bytes": v["process"], "others_bytes": v["others"], "source": v["process_source"],
+            "shm": shm_bytes(), "top": top_tensors(5, "cuda")}
+
+
 def diagnose_oom(stats: dict | None = None, request: int | None = None, need: float | None = None,
                  echo: bool = True) -> dict:
     """The OOM decision tree with live (or given) numbers; returns the branch taken and why.
 
-    ``stats`` keys (bytes): total, allocated, reserved, driver_used; optional shm, top (list of
-    top_tensors rows), card_total (the physical card when ``total`` is an allocator cap: memory
-    outside the allocator is judged against the card). Without ``stats`` the numbers are read from
-    the live device.
+    ``stats`` (bytes; :func:`oom_stats` reads them from the live device when omitted): ``total`` (what
+    this process's allocator may hold: its cap, or the device), ``allocated``, ``reserved``; optional
+    ``capped`` (``total`` is an allocator cap), ``device_free`` (the driver's free memory on the whole
+    device), ``device_total``, ``others_bytes`` (device memory held by *other* processes, NVML per
+    process; None where the driver cannot tell), ``shm``, ``top`` (:func:`top_tensors` rows).
 
-    1. Driver memory used far beyond our reserved → another process / context holds it.
+    0. Who refused? Under a cap that the request would cross (``reserved + request > total``) the cap
+       did — other processes cannot be the cause. Otherwise, if the device's free memory is below the
+       request, the *device* is full:
+    1. … and other processes hold over a quarter of it → **other-process** (check ``nvidia-smi``; one
+       model copy per GPU); where per-process memory is not reported → **device-full**, said so.
     1b. ``need`` (what the failing phase needs in all, predicted by :mod:`helpers.budget`: the weights
        for a load, weights + activations for a prefill, weights + the KV of the target length for a
-       decode) exceeds the card → **too big**, whatever the allocator's state at that instant (a heap
-       can look fragmented on the way to a wall it would hit anyway — measured in notebook 09).
+       decode) exceeds the budget → **too-big**, whatever the allocator's state at that instant (a heap
+       can look fragmented on the way to a wall it would hit anyway).
     2. ``reserved − allocated`` ≥ the request → **fragmentation**: cached but split free blocks;
        try ``expandable_segments:True``, fewer distinct shapes, ``empty_cache`` between phases.
-    3. allocated close to total → **genuinely too big**: smaller batch/sequence, lower precision,
-       quantized KV cache, offload, or a bigger GPU. A parameter-dominated top list means the
-       weights alone are the problem (load-phase OOM); otherwise activations/KV (generation-phase).
+    3. allocated close to the budget → **too-big**: smaller batch/sequence, lower precision, quantized
+       KV cache, offload, or a bigger GPU. A parameter-dominated top list means the weights alone are
+       the problem (load-phase OOM); otherwise activations/KV (generation-phase).
     4. otherwise, a small /dev/shm points to DataLoader / shared-memory failures, not the GPU.
     """
-    if stats is None:
-        if not torch.cuda.is_available():
-            raise RuntimeError("diagnose_oom() needs a CUDA device, or pass stats={...} explicitly")
-        v = views()
-        stats = {"total": v["driver_total"], "allocated": v["allocated"], "reserved": v["reserved"],
-                 "driver_used": v["driver_used"], "shm": shm_bytes(), "top": top_tensors(5, "cuda"),
-                 "card_total": v["driver_total"]}
-        cap = memory_cap()
-        if cap:
-            stats["total"] = cap
-    for k in ("total", "allocated", "reserved", "driver_used"):
+    stats = oom_stats() if stats is None else dict(stats)
+    for k in ("total", "allocated", "reserved"):
         if k not in stats:
-            raise ValueError(f"diagnose_oom stats need key {k!r}")
-    total, alloc, res, used = (stats[k] for k in ("total", "allocated", "reserved", "driver_used"))
+            raise ValueError(f"diagnose_oom stats need key {k!r} (bytes); given {sorted(stats)}")
+    total, alloc, res = (stats[k] for k in ("total", "allocated", "reserved"))
     gap = res - alloc
-    util = used / total if total else 0.0
     top = stats.get("top") or []
     param_share = (sum(t["bytes"] for t in top if t.get("parameter")) / max(1, sum(t["bytes"] for t in top))
                    if top else None)
-    others = used - res
-    if others > 0.25 * stats.get("card_total", total):   # under a cap, judged against the physical card
-        branch, why = "other-process", (f"{fmt_bytes(others)} is used on the device outside this process's "
-                                        f"allocator ({util:.0%} of the card in use): another process or "
+    dev_free, others = stats.get("device_free"), stats.get("others_bytes")
+    card = stats.get("device_total") or total
+    cap_refused = bool(stats.get("capped")) and request is not None and res + request > total
+    device_full = not cap_refused and dev_free is not None and request is not None and request > dev_free
+    if device_full and others is None:
+        branch, why = "device-full", (f"the device has {fmt_bytes(dev_free)} free, less than the request "
+                                      f"{fmt_bytes(request)}, and its driver does not report per-process memory "
+                                      f"({stats.get('source', 'no source')}): check nvidia-smi for other processes.")
+    elif device_full and others > 0.25 * card:
+        branch, why = "other-process", (f"{fmt_bytes(others)} of the {fmt_bytes(card)} device is held by other "
+                                        f"processes and only {fmt_bytes(dev_free)} is free: another process or "
                                         "a leaked context. Check nvidia-smi; one model copy per GPU.")
-    elif need is not None and need > total:
-        branch, why = "too-big", (f"the phase needs {fmt_bytes(need)} (predicted) but the card holds {fmt_bytes(total)}: "
-                                  "no allocator setting helps; smaller batch/context/model, lower precision, "
-                                  "quantized KV cache or offload.")
-    elif request is not None and gap >= request:
-        branch, why = "fragmentation", (f"reserved − allocated = {fmt_bytes(gap)} ≥ request {fmt_bytes(request)}: "
-                                        "the memory is cached but split into blocks too small. Set "
-                                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or empty_cache() "
-                                        "between phases, or keep shapes constant.")
-    elif alloc > 0.9 * total or (request is not None and alloc + request > total):
-        kind = ("weights (load phase): quantize weights, device_map='auto' offload, smaller model"
-                if param_share is not None and param_share > 0.5 else
-                "activations / KV cache (generation phase): smaller batch or context, quantized KV cache")
-        branch, why = "too-big", (f"allocated {fmt_bytes(alloc)} of {fmt_bytes(total)}: genuinely out of memory; "
-                                  f"dominated by {kind}.")
-    elif stats.get("shm") is not None and stats["shm"] < 1 * GiB:
-        branch, why = "shm", (f"/dev/shm is only {fmt_bytes(stats['shm'])}: DataLoader workers or NCCL fail with "
-                              "bus errors that look like OOMs. Use --shm-size / --ipc=host or num_workers=0.")
     else:
-        branch, why = "unclear", (f"allocated {fmt_bytes(alloc)}, reserved {fmt_bytes(res)}, driver {fmt_bytes(used)} "
-                                  f"of {fmt_bytes(total)}: no single cause; record a memory history "
-                                  "(torch.cuda.memory._record_memory_history) around the failing step.")
+        if device_full:   # this process itself filled the device: judge it against what it could get
+            total = min(total, res + dev_free)
+        if need is not None and need > total:
+            branch, why = "too-big", (f"the phase needs {fmt_bytes(need)} (predicted) but {fmt_bytes(total)} are "
+                                      "available: no allocator setting helps; smaller batch/context/model, lower "
+                                      "precision, quantized KV cache or offload.")
+        elif request is not None and gap >= request:
+            branch, why = "fragmentation", (f"reserved − allocated = {fmt_bytes(gap)} ≥ request {fmt_bytes(request)}: "
+                                            "the memory is cached but split into blocks too small. Set "
+                                            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or empty_cache() "
+                                            "between phases, or keep shapes constant.")
+        elif alloc > 0.9 * total or (request is not None and alloc + request > total):
+            kind = ("weights (load phase): quantize weights, device_map='auto' offload, smaller model"
+                    if param_share is not None and param_share > 0.5 else
+                    "activations / KV cache (generation phase): smaller batch or context, quantized KV cache")
+            branch, why = "too-big", (f"allocated {fmt_bytes(alloc)} of {fmt_bytes(total)}: genuinely out of memory; "
+                                      f"dominated by {kind}.")
+        elif stats.get("shm") is not None and stats["shm"] < 1 * GiB:
+            branch, why = "shm", (f"/dev/shm is only {fmt_bytes(stats['shm'])}: DataLoader workers or NCCL fail with "
+                                  "bus errors that look like OOMs. Use --shm-size / --ipc=host or num_workers=0.")
+        else:
+            branch, why = "unclear", (f"allocated {fmt_bytes(alloc)}, reserved {fmt_bytes(res)} of {fmt_bytes(total)}: "
+                                      "no single cause; record a memory history "
+                                      "(torch.cuda.memory._record_memory_history) around the failing step.")
     if echo:
         print(f"[diagnose_oom] {branch}: {why}")
-    return {"branch": branch, "why": why, "gap": gap, "utilisation": util, "param_share": param_share}
+    return {"branch": branch, "why": why, "gap": gap, "utilisation": alloc / total if total else 0.0,
+            "param_share": param_share, "cap_refused": cap_refused, "device_full": device_full,
+            "process_bytes": stats.get("process_bytes"), "others_bytes": others, "source": stats.get("source")}
 
 
 def oom_guard(fn, *args, **kwargs) -> dict:

@@ -74,3 +74,18 @@ def stages(table: list[dict], ax=None, unit: float = GiB):
     ax.set_ylabel("GiB")
     ax.legend(fontsize=8)
     return ax
+
+
+def memory_lines(series: dict, ax=None, cap: float | None = None, unit: float = GiB, xlabel: str = "step",
+                 title: str = "memory over time"):
+    """One line per ``label → list of bytes`` (memory after each step), and the cap as a dashed line."""
+    ax = ax or plt.subplots(figsize=(6, 3))[1]
+    for label, ys in series.items():
+        ax.plot(range(len(ys)), [y / unit for y in ys], label=label)
+    if cap is not None:
+        ax.axhline(cap / unit, color="red", linestyle="--", linewidth=1, label="cap")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("GiB" if unit == GiB else "MiB" if unit == 1024**2 else f"× {unit:g} B")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return ax

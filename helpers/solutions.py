@@ -91,3 +91,16 @@ def int4_kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, group: in
     """07: an INT4 KV cache stores half a byte per value plus an fp16 scale and an fp16 minimum per group
     of ``group`` values, for K and V of every layer and KV head."""
     return 2 * layers * kv_heads * (head_dim / 2 + (head_dim // group) * 4)
+
+
+def diagnose_snapshot(snapshot: list, request: int, cap: int) -> str:
+    """09 diagnosis: what an allocation of ``request`` bytes meets, from a memory snapshot (segments
+    and their blocks, ``torch.cuda.memory_snapshot()``'s shape) and the allocator cap: ``"fits"`` when a
+    free block holds it or a new segment stays under the cap, ``"fragmentation"`` when it fails although
+    the free cached bytes add up to it, ``"too-big"`` when they do not."""
+    reserved = sum(s["total_size"] for s in snapshot)
+    blocks = [b for s in snapshot for b in s["blocks"]]
+    free = [b["size"] for b in blocks if not b["state"].startswith("active")]
+    if max(free, default=0) >= request or reserved + request <= cap:
+        return "fits"
+    return "fragmentation" if sum(free) >= request else "too-big"

@@ -143,18 +143,28 @@ def budget_widget(archs=("SmolLM2-135M", "Qwen2.5-0.5B", "TinyLlama-1.1B")):
 
 def kv_formats(arch, seq_len: int, batch: int) -> dict:
     """Bytes of the KV cache at ``seq_len × batch`` in each format the course stores, with their
-    scales and minimums (:func:`helpers.budget.kv_bytes`). ``arch``: a name or a config."""
+    scales and minimums (:func:`helpers.budget.kv_bytes`); NaN where the course's caches cannot store
+    that format for this model (an MLA latent cache in fp8/int4). ``arch``: a name or a config."""
     c = models.architecture_config(arch) if isinstance(arch, str) else arch
-    return {"bf16": budget.kv_bytes(c, seq_len, batch, "bf16"), "fp8": budget.kv_bytes(c, seq_len, batch, "fp8"),
-            "int4 (g64)": budget.kv_bytes(c, seq_len, batch, "int4")}
+    out = {}
+    for label, fmt in (("bf16", "bf16"), ("fp8", "fp8"), ("int4 (g64)", "int4")):
+        try:
+            out[label] = budget.kv_bytes(c, seq_len, batch, fmt)
+        except ValueError:        # a format the course's caches cannot store for this model (MLA latents)
+            out[label] = float("nan")
+    return out
 
 
-def kv_point(model, seq_len: int, batch: int, new_tokens: int = 16, extra: int = 256, max_new: int = 512,
+def kv_point(model, seq_len: int, batch: int, new_tokens: int = 16, extra: int = 256, max_new: int | None = None,
              kinds=("baseline", "fp8-e4m3", "int4")) -> dict:
     """Measured on the GPU, per KV format: the peak of a ``generate`` at ``seq_len × batch`` (over the
     weights), and how many tokens it decodes before running out of memory under one cap for all
     (:func:`helpers.generation.oom_points`: the baseline prefill's reserved peak plus the bf16 KV of
-    ``extra`` tokens), up to ``max_new``. A run that cannot even prefill is reported with 0 tokens."""
+    ``extra`` tokens), up to ``max_new``. The room for decoding is ``extra`` tokens plus what the
+    prefill's freed activations held — for a decoder, less than ``seq_len`` tokens' worth of KV — so the
+    default ``max_new = extra + seq_len`` lets the baseline reach its OOM. A run that cannot even
+    prefill is reported with 0 tokens."""
+    max_new = extra + seq_len if max_new is None else max_new
     oom = generation.oom_points(model, batch, seq_len, extra, max_new, kinds)
     rows = []
     for kind, o in zip(kinds, oom["rows"]):
@@ -180,7 +190,8 @@ def kv_widget(archs=tuple(models.ARCHITECTURES), model=None):
         plt.title(f"{arch} KV @ {seq_len}×{batch} (predicted from the config)")
         plt.show()
         print(f"{arch}, seq_len {seq_len} × batch {batch} — predicted: "
-              + ", ".join(f"{k} {v / GiB:.3f} GiB" for k, v in vals.items()))
+              + ", ".join(f"{k} {v / GiB:.3f} GiB" if v == v else f"{k} n/a (not stored for this model)"
+                          for k, v in vals.items()))
         if not measuring:
             print("Predicted only: " + ("no CUDA device here, nothing runs." if model is None or not has_cuda()
                                         else "pass the notebook's model to measure."))

@@ -48,15 +48,17 @@ if importlib.util.find_spec("helpers") is None or os.environ.get("COURSE_FORCE_S
 import json, pathlib
 import pandas as pd
 import torch
-from helpers import budget, budget_check, device, key_numbers, measure, models, widgets
+from helpers import budget, budget_check, budget_detail, device, key_numbers, measure, models, widgets
 from helpers.device import has_cuda
 GiB, GB = 2**30, 1e9
 pd.options.display.float_format = "{:,.3f}".format
 
 # %% [markdown]
 # ## 1. Weights
-# Parameters come from the config. We count them with the formula and check the count against the
-# real transformers class instantiated on the meta device (no weights allocated, nothing downloaded).
+# Parameters come from the config. We count them with the formula — per layer `h·(H + 2K)·d + H·d·h`
+# attention, `3·h·I` MLP, two norms `2h`; `V·h` embeddings and, untied, `V·h` for `lm_head` — and
+# check the count against the real transformers class instantiated on the meta device (no weights
+# allocated, nothing downloaded). The bytes use the meta count, so they are exact for any decoder.
 
 # %%
 rows = []
@@ -66,6 +68,28 @@ for name in ["SmolLM2-135M", "Qwen2.5-0.5B", "TinyLlama-1.1B", "Llama-2-7B", "Ll
     rows.append({"model": name, "formula": p["total"], "meta model": budget.meta_param_count(cfg),
                  "bf16 GB": budget.weight_bytes(cfg, "bf16") / GB, "int4 GB": budget.weight_bytes(cfg, "int4") / GB})
 pd.DataFrame(rows)
+
+# %% [markdown]
+# The same check on the families people bring today (their architectures from their public
+# `config.json`), and on a decoder the course has no entry for. What the formula cannot read from the
+# config — Gemma's four norms per layer, OLMo-2's q/k norms over the whole projection, GPT-OSS's
+# attention sinks and biased experts — is read from the meta model's modules; where even that misses a
+# part (StarCoder2 names its MLP `c_fc`/`c_proj`), `budget.param_check` says which part and by how
+# many parameters, and the weight bytes still come from the meta count.
+
+# %%
+from transformers import AutoConfig
+rows = []
+for name in ["Gemma-3-1B", "OLMo-2-1B", "SmolLM3-3B", "Qwen3-30B-A3B", "gpt-oss-20b", "Command-R7B", "Granite-3.1-2B"]:
+    cfg = models.architecture_config(name)
+    check = budget.param_check(cfg)
+    rows.append({"model": name, "model_type": cfg.model_type, "formula": check["formula"]["total"],
+                 "meta model": check["meta"]["total"], "matches": check["matches"],
+                 "bf16 GB": budget.weight_bytes(cfg, "bf16") / GB})
+display(pd.DataFrame(rows))
+starcoder2 = AutoConfig.for_model("starcoder2", bos_token_id=0, eos_token_id=0)   # transformers' default StarCoder2 (3B)
+print(budget.param_check(starcoder2)["note"])
+print(f"its bf16 weights, from the meta count: {budget.weight_bytes(starcoder2, 'bf16') / GB:.2f} GB")
 
 # %% [markdown]
 # Quantized formats are not exactly `b` bits: every group of `g` weights also stores a scale (fp16)
@@ -90,6 +114,20 @@ assert round(kv4k / GiB, 1) == 20.0 and kv8k == 2 * kv4k
 for label, kv in [("MHA (64)", 64), ("GQA (8)", 8), ("MQA (1)", 1)]:
     c = models.architecture_config("Llama-2-70B"); c.num_key_value_heads = kv
     print(f"{label:>9}: {budget.kv_bytes(c, 4096, 16, 'fp16') / GiB:7.1f} GiB")
+
+# %% [markdown]
+# Not every layer keeps every token. A config's `layer_types` says which layers attend to a sliding
+# window (or a chunk, Llama-4) and which to everything; transformers' `DynamicCache` keeps a windowed
+# layer's last `window − 1` positions, so the sum over layers is what counts
+# (`helpers.budget_detail.Shape` reads the layers once; `tests/test_budget.py` checks the bytes
+# against a real cache on many families):
+
+# %%
+for name in ["Gemma-3-1B", "gpt-oss-20b", "Command-R7B", "Llama-3.1-8B"]:
+    cfg = models.architecture_config(name)
+    caches = budget_detail.Shape.from_config(cfg).caches
+    kinds = {f"{c.kind}" + (f" {c.window}" if c.window else ""): sum(x == c for x in caches) for c in caches}
+    print(f"{name:>14}: {kinds}; KV at 32768 × 1 in bf16 {budget.kv_bytes(cfg, 32768, 1) / GiB:5.2f} GiB")
 
 # %% [markdown]
 # ## 3. The seed's total budget, redone
@@ -149,7 +187,7 @@ pd.DataFrame(budget.fits_table(c70, 4096, 16, formats=("fp16", "int8", "int4")))
 # * **attention**: eager attention materialises `batch × heads × positions²` scores; SDPA's fused
 #   kernels do not. And not once: at its softmax (`softmax(scores, dtype=float32).to(bf16)`) the bf16
 #   scores, an fp32 copy and the fp32 result are alive together — ATen fuses the up-cast only for fp16
-#   on CUDA — so `budget.eager_score_bytes` counts 10 bytes per score in bf16, plus K and V repeated to
+#   on CUDA — so `budget_detail.eager_score_bytes` counts 10 bytes per score in bf16, plus K and V repeated to
 #   every query head and the additive mask. Checked on ten model families by measuring, on a CPU, the
 #   peak of live bytes (`helpers.host_alloc`, `tests/test_budget_measured.py`) — the cell below
 #   measures one.
@@ -202,7 +240,9 @@ GRID = pick(full=[(512, 1), (2048, 1), (8192, 1), (512, 16), (2048, 8), (4096, 1
 ARCHS = pick(full=["SmolLM2-135M", "Qwen2.5-0.5B", "TinyLlama-1.1B"], ci=["SmolLM2-135M"])
 if has_cuda():
     meas = pd.DataFrame(budget_check.predicted_vs_measured(ARCHS, GRID))
-    print("overhead now:", {k: measure.fmt_bytes(v) for k, v in measure.overhead().items()})
+    o = measure.overhead()
+    print(f"overhead now: context {measure.fmt_bytes(o['context'])} (this process, {o['source']}), "
+          f"allocator slack {measure.fmt_bytes(o['slack'])}")
 else:
     print("No CUDA device: predictions only (predict-only mode).")
     meas = pd.DataFrame([{"model": a, "seq_len": s, "batch": b,
@@ -255,11 +295,11 @@ if ref_path.exists():
     if len(ms):
         cfg_m = models.architecture_config("Mistral-7B")
         print(f"Mistral-7B 8192 × 1: KV the cache exposes {budget.kv_bytes(cfg_m, 8192, 1) / 2**30:.2f} GiB, "
-              f"storage right after the prefill {budget.kv_storage_positions(cfg_m, 8192)[0] * 32 * budget.kv_position_bytes(cfg_m) / 2**30:.2f} GiB; "
+              f"storage right after the prefill {budget_detail.kv_storage_positions(cfg_m, 8192)[0] * 32 * budget_detail.kv_position_bytes(cfg_m) / 2**30:.2f} GiB; "
               f"peak error {ms['peak err %'].iloc[0]:.1f} %")
     ds = models.architecture_config("DeepSeek-V2-Lite")
     print(f"DeepSeek-V2-Lite: gathered expert weights per decoding sequence "
-          f"{budget.moe_decode_gather_bytes(ds, 1) / 2**20:.0f} MiB; KV of a 512-token sequence "
+          f"{budget_detail.moe_decode_gather_bytes(ds, 1) / 2**20:.0f} MiB; KV of a 512-token sequence "
           f"{budget.kv_bytes(ds, 512, 1) / 2**20:.0f} MiB")
     far = ref[ref["peak err %"].abs() > 5].groupby(["model", "attention"])["peak err %"]
     print("rows whose peak is off by more than 5 %:", {f"{m} ({a})": f"{v.min():.0f} … {v.max():.0f} %"
@@ -294,13 +334,13 @@ else:
 #   (`full[:, :, -window + 1:, :]`), so right after the prefill the *whole prompt's* K and V are still
 #   allocated; only the first decode step's `torch.cat` copies the window out and frees the rest. The
 #   cache *exposes* the window (`budget.kv_bytes`), but it *occupies* the prompt
-#   (`budget.kv_storage_positions`): for Mistral-7B at 8192 tokens that is twice the KV (printed
+#   (`budget_detail.kv_storage_positions`): for Mistral-7B at 8192 tokens that is twice the KV (printed
 #   above). Counting the storage is what brings the Mistral, Gemma-2 and Phi-3 long-context peaks in
 #   line (`tests/test_budget.py` checks the storage against the cache's tensors on the CPU).
 # * *Mixture of experts: the GPU decodes differently.* On any device but the CPU, `generate` swaps the
 #   experts' `grouped_mm` for `batched_mm` while it decodes (transformers'
 #   `_optimize_model_for_decode`: faster on few tokens), and `batched_mm` **copies every selected
-#   expert's weights per token** — `budget.moe_decode_gather_bytes`, printed below for
+#   expert's weights per token** — `budget_detail.moe_decode_gather_bytes`, printed below for
 #   DeepSeek-V2-Lite. And DeepSeek-V2's and Mixtral's routers keep the routing weights in fp32, so
 #   the weighted expert outputs (and their copy put back in token order) are fp32 too: in the prefill
 #   that stage, not the gate/up projection, is the block's peak. Both come from reading the model
@@ -310,12 +350,12 @@ else:
 # %% [markdown]
 # ## 6. Framework overhead, measured
 # The CUDA context (kernels, cuBLAS/cuDNN handles) lives outside PyTorch's allocator. Compare the
-# driver's view with PyTorch's:
+# driver's view of this process (NVML per process) with PyTorch's — and with the whole device's,
+# which on a shared GPU also counts everybody else (`others`):
 
 # %%
 if has_cuda():
-    v = measure.views()
-    print({k: measure.fmt_bytes(x) for k, x in v.items()})
+    measure.show_views()
 else:
     print("CPU:", {k: measure.fmt_bytes(x) for k, x in measure.views().items()})
 

@@ -49,15 +49,16 @@ cuda = has_cuda()
 print("CUDA:", cuda)
 
 # %% [markdown]
-# ## 1. Four views of memory
-# `memory_allocated` (live tensors) ≤ `memory_reserved` (held by the caching allocator) ≤ the
-# driver's used memory (`mem_get_info`, NVML / `nvidia-smi`), which also counts the **CUDA context**.
+# ## 1. The views of memory
+# `memory_allocated` (live tensors) ≤ `memory_reserved` (held by the caching allocator) ≤ what the
+# driver reports for **this process** (NVML by pid, the number `nvidia-smi` lists per process), which
+# also counts its **CUDA context** (`non_torch`). The device's used memory (`mem_get_info`) counts
+# every process on the card: on a shared GPU, `others` is everyone else's.
 
 # %%
 if cuda:
     x = torch.empty(256 * MB, dtype=torch.uint8, device="cuda"); del x   # reserved, then cached
-    for k, v in measure.views().items():
-        print(f"{k:>20}: {measure.fmt_bytes(v)}")
+    measure.show_views()
 else:
     print("No CUDA device: the four views need one. (process RSS:", measure.fmt_bytes(measure.views()["rss"]), ")")
 

@@ -41,25 +41,27 @@ if importlib.util.find_spec("helpers") is None or os.environ.get("COURSE_FORCE_S
 import copy, json, pathlib
 import pandas as pd
 import torch
+import matplotlib.pyplot as plt
 from helpers import (allocator_sim, budget, clinic, course_model, device, engine_plan, evaluate, exercises,
-                     generation, key_numbers, llm_compressor, loading, measure, models, quant)
+                     generation, key_numbers, llm_compressor, loading, measure, models, plots, quant)
 from helpers.config import pick
-from helpers.device import has_cuda, get_device, memory_limit
+from helpers.device import has_cuda, get_device
 from helpers.qspec import QuantSpec
 cuda, dev = has_cuda(), get_device()
 GiB, MiB = 2**30, 2**20
-REF = pathlib.Path(clinic.__file__).resolve().parents[1] / "results" / "h200"
+REF = pathlib.Path(clinic.__file__).resolve().parents[1] / "results"
 bench = course_model.setup()          # the real model where there is one (offline SmolLM2 here); see its report
 model, tok = bench.model, bench.tokenizer
-print("quality numbers in this notebook are", "meaningful" if bench.quality_meaningful else
+REAL = bench.quality_meaningful       # quality verdicts below are printed only from real weights on real text
+print("quality numbers in this notebook are", "meaningful" if REAL else
       "NOT meaningful (random weights or random text): read them as a demonstration of the method only")
 
 # %% [markdown]
 # ## Case 1 — "The model loads, but `generate` runs out of memory"
-# *huggingface/transformers#3141: "after each iteration about 440MB of memory is allocated and quickly
-# the GPU memory is getting out of bound."* The weights fit; the KV cache grows with every token and
-# every sequence in the batch. Predicted for Llama-3.1-8B in bf16 on a 24 GB card (the budget of
-# notebook 01), batch 4:
+# *huggingface/transformers#12964 ("Using `model.sample()` and increasing the `max_length` leads to CUDA
+# OOM crash": "using ~10 GB for an increase of 300 tokens is... something wrong").* The weights fit;
+# the KV cache grows with every token and every sequence in the batch. Predicted for Llama-3.1-8B in
+# bf16 on a 24 GB card (the budget of notebook 01), batch 4:
 
 # %%
 llama8b = models.architecture_config("Llama-3.1-8B")
@@ -74,57 +76,114 @@ print(growth.assign(kv_GB=growth.kv_cache / 1e9, total_GB=growth.total / 1e9)[
 # this model in bf16): it grows linearly in both context and batch, and past a few thousand tokens
 # it, not the weights, decides the fit. The fixes, each visible in the table: a shorter context, a
 # smaller batch, an FP8 KV cache (half the bytes). On a GPU, the same story measured — decode until
-# the OOM under a cap, bf16 vs FP8 cache:
+# the OOM under one cap for both caches. The cap is notebook 07's rule: what the bf16 baseline's
+# prefill reserved at its peak, plus the bf16 KV of `EXTRA` more tokens — so the prefill always fits
+# and the decode runs out somewhere after `EXTRA` tokens (the prefill's freed activations are room too):
 
 # %%
+EXTRA = 256
+tokens = list(range(0, 16385, 512))
+pred = {kv: [budget.budget(llama8b, "bf16", seq_len=max(1, t), batch=4, kv_dtype=kv)["total"] for t in tokens]
+        for kv in ("bf16", "fp8")}
+fig, axes = plt.subplots(1, 2 if cuda else 1, figsize=(12 if cuda else 6, 3), squeeze=False)
+ax = axes[0][0]
+for kv, ys in pred.items():
+    ax.plot(tokens, [y / 1e9 for y in ys], label=f"{kv} KV (predicted)")
+ax.axhline(card / 1e9, color="red", linestyle="--", linewidth=1, label="24 GB card")
+ax.set(xlabel="context (tokens), batch 4", ylabel="GB", title="Llama-3.1-8B bf16: predicted total")
+ax.legend(fontsize=8)
 if cuda:
     gm = models.model_from_config("SmolLM2-135M", device="cuda", dtype=torch.bfloat16)
-    cap = (torch.cuda.memory_allocated() + 0.25 * GiB) / GiB
-    with memory_limit(cap):
-        runs = {k: generation.tokens_until_oom(gm, k, batch=16, prompt_len=512, max_new=4096) for k in ("baseline", "fp8-e4m3")}
-    print(f"cap {cap:.2f} GiB:", runs)
+    case1 = generation.oom_points(gm, batch=16, prompt_len=512, extra=EXTRA, max_new=pick(full=8192, ci=4096),
+                                  kinds=("baseline", "fp8-e4m3"), traces=True)
+    for r in case1["rows"]:
+        print(f"{r['kv']:>9}: decoded {r['generated']} tokens" + (" before running out" if r["oom"] else " (no OOM)"))
+    key_numbers.record("09_clinic", case1={"cap_gib": case1["cap_gib"],
+                                           "rows": [{k: v for k, v in r.items() if k != "trace"} for r in case1["rows"]]})
+    plots.memory_lines({f"{r['kv']} cache": r["trace"] for r in case1["rows"]}, ax=axes[0][1],
+                       cap=case1["cap_gib"] * GiB, xlabel="decoded tokens (batch 16, prompt 512)",
+                       title=f"SmolLM2 on this GPU: allocated until the OOM (cap {case1['cap_gib']:.2f} GiB)")
     del gm
     measure.free_memory()
 else:
-    print("No CUDA device: the OOM point is predicted above, not measured.")
+    print("No CUDA device: the OOM point is predicted (left), not measured.")
+plt.tight_layout(); plt.show()
 
 # %% [markdown]
 # ## Case 2 — "Reserved but unallocated is huge" / "`expandable_segments` didn't help"
-# *pytorch/pytorch#123548 (fixed by pytorch/pytorch#193400): with `expandable_segments` and
-# `max_split_size_mb` together, reserved memory grew without bound while a small block stayed alive.*
 # The OOM message itself suggests `expandable_segments:True` whenever reserved-but-unallocated memory
-# is large. Whether it helps depends on **what separates the free bytes**. Two sequences in the
-# allocator simulator (its agreement with the real allocator is measured in notebook 02), each under
-# its cap, in both modes:
+# is large. Whether it helps depends on **what separates the free bytes**. Two workloads of the same
+# shape — a cached segment carved into blocks, every other block freed, then a request of two blocks
+# under a cap of the arena plus one block — with 64 MiB holes and with 16 MiB holes, in both modes, in
+# the allocator simulator (its agreement with the real allocator is measured in notebook 02) and, on a
+# GPU, on the real allocator beside it:
 
 # %%
-frag = allocator_sim.fragmenting_sequence()
-cases2 = {"holes between live blocks (fragmenting_sequence)": (frag, allocator_sim.fragmenting_cap()),
-          "growing buffer, the old one freed after (growth_sequence)": (clinic.growth_sequence(), 700 * MiB)}
-rows2 = []
-for name, (ops, cap) in cases2.items():
+rows2, traces2 = [], {}
+for name, (ops, cap) in clinic.holes_sequences().items():
     for exp in (False, True):
         r = clinic.simulated_oom(ops, cap, expandable=exp)
-        rows2.append({"sequence": name, "expandable_segments": exp, "oom": r["oom"],
+        real = allocator_sim.run_real(ops, cap, exp) if cuda else None
+        rows2.append({"sequence": name, "expandable_segments": exp, "oom (simulator)": r["oom"],
+                      "oom (this GPU)": real["oom"] if real else None,
                       "reserved_MiB": r["reserved"] / MiB, "allocated_MiB": r["allocated"] / MiB,
                       "gap_MiB": (r["reserved"] - r["allocated"]) / MiB, "diagnose_oom": r["verdict"]})
+        traces2[f"{name}, {'expandable' if exp else 'default'}"] = [t[1] for t in r["trace"]]
 table2 = pd.DataFrame(rows2)
 key_numbers.record("09_clinic", case2=table2)
-table2.round(1)
+display(table2.round(1))
+plots.memory_lines(traces2, unit=MiB, xlabel="allocator op", title="reserved memory per op (simulator)")
+plt.show()
 
 # %% [markdown]
-# Read the `diagnose_oom` column: where the free bytes are holes *between live blocks of one
-# segment*, no allocator mode can join them — the live blocks pin them — and the decision tree says
-# "fragmentation" because `reserved − allocated` exceeds the request. Expandable segments help when
-# the free memory sits in *whole cached segments or segment tails* that can be unmapped and mapped
-# again contiguously; they do not move live tensors. The fixes that do: free (or never create) the
-# long-lived small tensors between big ones, allocate long-lived buffers first, keep shapes constant.
+# Read it row by row. In both workloads `reserved − allocated` exceeds the request and the default
+# allocator runs out: the free bytes are holes *between live blocks of one segment*, which nothing can
+# merge — `diagnose_oom` says "fragmentation". With `expandable_segments` the allocator maps physical
+# pages into one large virtual segment (20 MiB pages in the large pool). Under pressure it **unmaps the
+# whole free pages inside the holes** and maps pages again where the request fits (the end of the
+# segment), so memory the holes held becomes usable: the 64 MiB holes each contain whole pages, and
+# the request succeeds. A 16 MiB hole contains no whole 20 MiB page — nothing can be unmapped — so
+# the same workload with smaller holes runs out in both modes. Expandable segments rescue holes larger
+# than a page; for smaller ones the fixes are in the program: free (or never create) long-lived small
+# tensors between big ones, allocate long-lived buffers first, keep shapes constant.
 #
+# ### `max_split_size_mb` together with `expandable_segments`
+# *pytorch/pytorch#123548 ("An error occurs when 'max_split_size_mb' and 'expandable_segments' are
+# enabled at the same time"): its reproducer (2026-08-13) has reserved memory growing by ~138 MiB a
+# cycle while allocated stays small, when a small allocation stays alive after the large ones.* The
+# mechanism, in `get_free_block`: a request at or above `max_split_size` may not take a free block 20
+# MiB or more larger than itself, and that filter also applies inside an expandable segment — so a
+# freed pair of big blocks, fenced off from the segment's tail by a live small block, is skipped by the
+# next cycle's requests, which map new pages instead. pytorch/pytorch#193400 ("Let expandable segments
+# reuse free blocks larger than max_split_size") is an open pull request, not a release. Eight cycles
+# of two 138 MiB tensors and a 2 MiB fence, in the simulator and (on a GPU) on this machine's torch:
+
+# %%
+ops_f = allocator_sim.fenced_cycles_sequence(cycles=8)
+rows_f = []
+for label, exp, split in (("default", False, None), ("max_split_size_mb:128", False, 128),
+                          ("expandable_segments", True, None), ("both", True, 128)):
+    sim = allocator_sim.simulate(ops_f, expandable=exp, max_split_size=split * MiB if split else None)
+    real = allocator_sim.run_real(ops_f, None, exp, max_split_mb=split) if cuda else None
+    rows_f.append({"PYTORCH_CUDA_ALLOC_CONF": label, "reserved_MiB (simulator)": sim["reserved"] / MiB,
+                   "reserved_MiB (this GPU)": real["reserved"] / MiB if real else None,
+                   "allocated_MiB": sim["allocated"] / MiB})
+fenced = pd.DataFrame(rows_f)
+key_numbers.record("09_clinic", fenced_cycles=fenced)
+display(fenced.round(0))
+if cuda:
+    grows = fenced.iloc[3]["reserved_MiB (this GPU)"] > 2 * fenced.iloc[:3]["reserved_MiB (this GPU)"].max()
+    print(f"torch {torch.__version__}:", "the reserved memory still grows with both settings (the report holds)"
+          if grows else "no growth with both settings here (the report does not reproduce on this torch)")
+
+# %% [markdown]
 # ## Case 3 — "`nvidia-smi` shows more than `memory_allocated`; `empty_cache()` freed nothing"
 # *pytorch/pytorch#37250 ("Inconsistency between GPU memory usage in torch.cuda.memory_summary and
-# nvidia-smi").* Three numbers, three meanings: `memory_allocated` (live tensors), `memory_reserved`
-# (the allocator's cached segments), and what the driver reports for the process (reserved + the CUDA
-# context + libraries' workspaces). `empty_cache()` returns only segments with **no** live block:
+# nvidia-smi").* Four numbers, four meanings: `memory_allocated` (live tensors), `memory_reserved`
+# (the allocator's cached segments), what the driver reports for **this process** (NVML by pid, the
+# number `nvidia-smi` lists per process: reserved + the CUDA context + libraries' workspaces), and the
+# **device's** used memory (`mem_get_info`: every process on the card — on a shared GPU, mostly other
+# people's). `empty_cache()` returns only segments with **no** live block:
 
 # %%
 ec = allocator_sim.simulate(allocator_sim.empty_cache_sequence())
@@ -138,19 +197,26 @@ if cuda:
     v0 = measure.views()
     torch.cuda.empty_cache()
     v1 = measure.views()
-    print({k: f"{v0[k] / MiB:.0f} → {v1[k] / MiB:.0f} MiB" for k in ("allocated", "reserved", "driver_used")})
+    show = lambda v: "unavailable" if v is None else f"{v / MiB:.0f} MiB"
+    for k, label in (("allocated", "allocated (live tensors)"), ("reserved", "reserved (this allocator)"),
+                     ("process", "this process (NVML)"), ("device_used", "whole device (mem_get_info)")):
+        print(f"{label:>30}: {show(v0[k])} → {show(v1[k])}")
+    print("this process's memory comes from:", v1["process_source"])
     del keep
     measure.free_memory()
 
 # %% [markdown]
 # ## Case 4 — "vLLM: max_model_len is larger than the KV cache can hold"
 # *vllm-project/vllm#5847 ("OutOfMemoryError when loading a small model with a huge context length").*
-# A serving engine plans its KV pool at start-up (notebook 08). Llama-3-8B's full 131,072-token
-# context on a 24 GB card (an L4 or RTX 4090 reports about 23.6 GiB) with vLLM's default utilization:
+# A serving engine plans its KV pool at start-up (notebook 08). Llama-3.1-8B's full context (its
+# config's `max_position_embeddings`, printed below; vLLM refuses a `--max-model-len` above it before it
+# plans anything) on a 24 GB card with vLLM's default utilization. The card is taken at its datasheet's
+# 24 × 10⁹ bytes (22.35 GiB); a real one reports a little less — `torch.cuda.mem_get_info()` tells:
 
 # %%
-prof = engine_plan.MemoryProfile(total=23.6 * GiB, utilization=0.9, weights=14.96 * GiB, activation_peak=1.3 * GiB,
-                                 non_torch=0.1 * GiB)
+print("Llama-3.1-8B max_position_embeddings:", llama8b.max_position_embeddings)
+prof = engine_plan.MemoryProfile(total=24e9, utilization=0.9, weights=budget.weight_bytes(llama8b, "bf16"),
+                                 activation_peak=1.3 * GiB, non_torch=0.1 * GiB)
 per_token = engine_plan.kv_bytes_per_token(llama8b)
 for label, p, L, kv in (("as started", prof, 131072, "auto"), ("--max-model-len 32768", prof, 32768, "auto"),
                         ("--kv-cache-dtype fp8 --max-model-len 65536", prof, 65536, "fp8"),
@@ -162,8 +228,9 @@ for label, p, L, kv in (("as started", prof, 131072, "auto"), ("--max-model-len 
         print(f"{label}: refuses to start —", str(e)[:230], "…")
 
 # %% [markdown]
-# The weights are those of vllm-project/vllm#12330's log; the activation peak is an assumption for
-# illustration (of the order of a 2048-token profile; notebook 08 measures one). Three knobs: `--max-model-len` (the longest sequence you promise to serve),
+# The weights are the budget's bf16 bytes for this config (the 14.96 GiB vllm-project/vllm#12330's log
+# shows); the activation peak and non-torch memory are assumptions for illustration (of the order of a
+# 2048-token profile; notebook 08 measures both). Three knobs: `--max-model-len` (the longest sequence you promise to serve),
 # `--kv-cache-dtype fp8` (half the bytes per token), `--gpu-memory-utilization` (a bigger share of the
 # card; leaves less for anything else on it) — plus a quantized checkpoint (smaller weights).
 #
@@ -179,12 +246,28 @@ exercises.check("kv_pool_blocks", kv_pool_blocks)
 # %% [markdown]
 # ## Case 5 — "Out of memory while *loading*"
 # *huggingface/transformers#34743 ("High cpu memory usage as bf16 model is auto loaded as fp32").* Two
-# classics: the default dtype is fp32 (twice a bf16 checkpoint), and loading a state dict next to an
-# already-built model holds two copies. Measured on the course's checkpoint (the measurement notebook
-# 08 made, reused — not repeated):
+# classics. First, the dtype: transformers 4.x loaded weights in fp32 unless told otherwise — twice a
+# bf16 checkpoint (huggingface/transformers#36567: "Previously (v4.46.3 …) torch_dtype in the config was
+# ignored, meaning that model weights would get loaded in fp32 by default"). Transformers 5 defaults to
+# `dtype="auto"`: the checkpoint's own dtype. What the installed version does, measured on the
+# course's bf16 checkpoint:
 
 # %%
+import transformers
+from transformers import AutoModelForCausalLM
 ckpts = llm_compressor.demo_checkpoints("SmolLM2-135M", QuantSpec(4, 64))
+for kw in ({}, {"dtype": torch.float32}):
+    m = AutoModelForCausalLM.from_pretrained(ckpts["bf16"], **kw)
+    p = next(m.parameters())
+    print(f"transformers {transformers.__version__}, from_pretrained({', '.join(f'{k}={v}' for k, v in kw.items()) or 'no dtype'}):"
+          f" {p.dtype}, {sum(t.numel() * t.element_size() for t in m.parameters()) / MiB:.0f} MiB of parameters")
+    del m, p
+
+# %% [markdown]
+# Second, loading a state dict next to an already-built model holds two copies. Measured on the same
+# checkpoint (the measurement notebook 08 made, reused — not repeated):
+
+# %%
 peaks = pd.DataFrame(loading.remembered_load_peaks(ckpts["bf16"], "cpu", torch.bfloat16))
 peaks.assign(peak_MiB=peaks.peak_bytes / MiB)[["load", "device", "peak_MiB", "peak_over_params", "seconds"]].round(2)
 
@@ -232,23 +315,27 @@ for n, L in ((128, 512), (256, 2048)):
         cal.append({"samples × tokens": f"{n} × {L}", "hold": hold,
                     "GiB (Llama-2-70B shapes, bf16)": clinic.calibration_held_bytes(big, n, L, 2, hold) / GiB})
 print(pd.DataFrame(cal).round(1).to_string(index=False))
-qfile = REF / "quantizers.json"
+qfile = REF / "h200" / "quantizers.json"
 if qfile.exists():
     q = pd.DataFrame(json.loads(qfile.read_text()))
     q = q[q.method != "baseline"]
-    cols = [c for c in ("model", "method", "impl", "calib_tokens", "seconds", "peak_bytes") if c in q]
+    cols = [c for c in ("model", "method", "impl", "calib_tokens", "seconds", "peak_bytes", "measured") if c in q]
     print("\nmeasured on the course's H200 (results/h200/quantizers.json):")
-    print(q[cols].assign(peak_GiB=q.peak_bytes / GiB).drop(columns="peak_bytes").round(2).to_string(index=False))
+    print(q[cols].assign(peak_GB=q.peak_bytes / 1e9).drop(columns="peak_bytes").round(2).to_string(index=False))
 
 # %% [markdown]
 # Fixes: a sequential pipeline (llm-compressor's default; the course's GPTQ/AWQ are sequential too),
-# fewer or shorter calibration samples (128 × 512 is the GPTQ/AWQ papers' scale), offloading cached
-# activations to CPU (`AWQModifier(offload_device=...)`), one layer on the GPU at a time.
+# fewer or shorter calibration samples — the GPTQ paper calibrated on 128 random 2048-token segments
+# of C4 (Frantar et al. 2023, §5 "Setup"), llm-awq's `run_awq` defaults to 512 samples of 512 tokens
+# from the Pile validation set; the course calibrates on 128 × 512 — offloading cached activations to
+# CPU (`AWQModifier(offload_device=...)`), one layer on the GPU at a time.
 #
 # ## Case 8 — "The FP8 KV cache hurts quality"
-# *sgl-project/sglang#22671 (FP8 KV cache on GLM-5.1-FP8: benchmark scores fell far below bf16).*
-# An FP8 KV cache needs a scale per tensor (or head). Without calibrated `k_scale`/`v_scale` in the
-# checkpoint, vLLM and SGLang use **1.0**. Measured on the real model, teacher-forced on real text:
+# *sgl-project/sglang#22671 (FP8 KV cache on GLM-5.1-FP8: benchmark scores fell far below bf16);
+# sgl-project/sgl-cookbook#237 names the cause: those FP8 checkpoints carry no calibrated
+# `k_scale`/`v_scale`, and "SGLang falls back to a scale of 1.0 (with a warning), which can cause
+# noticeable accuracy degradation on reasoning-heavy tasks".* An FP8 KV cache needs a scale per tensor
+# (or head); without calibrated ones, vLLM and SGLang use **1.0**. Measured teacher-forced on the text:
 # calibrated per-head scales (the course's `fp8-e4m3`) against scale 1.0 (`-unit`):
 
 # %%
@@ -264,8 +351,13 @@ kv_stats = clinic.kv_magnitudes(model, prompts.to(dev))
 print(f"this model's K/V: max |K| = {kv_stats['max_abs_k']:.1f}, max |V| = {kv_stats['max_abs_v']:.1f} "
       f"(e4m3 saturates at 448); share below e4m3's smallest normal 2^-6: K {kv_stats['k_subnormal']:.1%}, "
       f"V {kv_stats['v_subnormal']:.1%}")
-unit_worse = kvq.set_index("kv_format").mean_kl["fp8-e4m3-unit"] > kvq.set_index("kv_format").mean_kl["fp8-e4m3"]
-print("scale 1.0 is", "worse" if unit_worse else "not worse", "than calibrated scales for e4m3 on this model")
+if REAL:
+    unit_worse = kvq.set_index("kv_format").mean_kl["fp8-e4m3-unit"] > kvq.set_index("kv_format").mean_kl["fp8-e4m3"]
+    print("scale 1.0 is", "worse" if unit_worse else "not worse", "than calibrated scales for e4m3 on this model")
+else:
+    print("random weights: no verdict on scale 1.0 from these numbers; the real model's, recorded on a CPU:")
+    rec = REF / "cpu" / "clinic_quality.json"
+    display(pd.DataFrame(json.loads(rec.read_text())["case8"]).round(5) if rec.exists() else "not recorded yet")
 
 # %% [markdown]
 # An FP8 number keeps the same *relative* precision anywhere in its normal range (e4m3: 2^-6 to 448),
@@ -309,7 +401,11 @@ table9.round(3)
 #
 # ## Case 10 — "No FP8 on my T4" / "my MIG slice reports the whole GPU"
 # *vllm-project/vllm#4327 ("The quantization method fp8 is not supported for the current GPU. Minimum
-# capability: 90. Current capability: 86").*
+# capability: 90. Current capability: 86").* FP8 *matmuls* need FP8 tensor cores (compute capability
+# ≥ 8.9); an FP8 *KV cache* does not: it is a storage format, converted to 16-bit inside the attention
+# kernel — vLLM's `fp8_e5m2` cache came with vllm-project/vllm#2279, tested on an A100 (8.0), and
+# vllm-project/vllm#4827 confirms it runs on an A10 ("the FP8 KV Cache just does
+# compression/decompression and doesn't require any real hardware support").
 
 # %%
 cap_here = torch.cuda.get_device_capability() if cuda else None
@@ -388,16 +484,14 @@ exercises.check("correct_vocab_check", correct_vocab_check)
 # a whole row (per channel), RTN at 3 bits where the effect is visible:
 
 # %%
-rows_g = []
-for g in (32, 64, 192, None):
-    m = copy.deepcopy(model)
-    quant.rtn_model(m, QuantSpec(3, g))
-    rows_g.append({"group": g or "per channel", "bits_per_weight": quant.bits_per_weight(3, g),
-                   "ppl": evaluate.perplexity(m, ids, seq_len=256, max_tokens=pick(full=8192, ci=512), progress=False)["ppl"]})
-    del m
+rows_g = clinic.group_sweep(model, ids, bits=3, groups=(32, 64, 192, None), max_tokens=pick(full=8192, ci=512))
 groups = pd.DataFrame(rows_g)
 key_numbers.record("09_clinic", groups=groups)
-groups.round(3)
+display(groups.round(3))
+if not REAL:
+    rec = REF / "cpu" / "clinic_quality.json"
+    print("random weights: the column above means nothing; the real model's, recorded on a CPU (results/cpu):")
+    display(pd.DataFrame(json.loads(rec.read_text())["groups"]).round(3) if rec.exists() else "not recorded yet")
 
 # %% [markdown]
 # Bigger groups save a fraction of a bit per weight and cost quality (the perplexity column grows
@@ -412,98 +506,121 @@ groups.round(3)
 # the MLPs. Their perplexity and their copy accuracy:
 
 # %%
-task_rows = []
-for label, part in (("reference", None), ("W3 g64, attention only", "attn"), ("W3 g64, MLP only", "mlp")):
-    m = copy.deepcopy(model)
-    if part:
-        clinic.rtn_part(m, QuantSpec(3, 64), part)
-    ppl = evaluate.perplexity(m, ids, seq_len=256, max_tokens=pick(full=8192, ci=512), progress=False)["ppl"]
-    task_rows.append({"model": label, "ppl": ppl, **clinic.copy_task(m, ids, n=pick(full=32, ci=12), span=48)})
-    del m
+task_rows = clinic.task_drops(model, ids, bits=3, group=64, n=pick(full=32, ci=12), span=48,
+                             max_tokens=pick(full=8192, ci=512))
 task = pd.DataFrame(task_rows)
 key_numbers.record("09_clinic", copy_task=task)
 display(task.round(3))
-a, mlp = task.iloc[1], task.iloc[2]
-print(f"perplexity ranks {'MLP-only' if mlp.ppl > a.ppl else 'attention-only'} as the worse variant; "
-      f"the copy task ranks {'attention-only' if a.second_copy_acc < mlp.second_copy_acc else 'MLP-only'} as the worse one")
+if REAL:
+    print(clinic.rankings(task_rows))
+else:
+    rec = REF / "cpu" / "clinic_quality.json"
+    print("random weights: no ranking from these numbers; the real model's, recorded on a CPU (results/cpu):")
+    if rec.exists():
+        real_task = json.loads(rec.read_text())["copy_task"]
+        display(pd.DataFrame(real_task).round(3))
+        print(clinic.rankings(real_task))
 
 # %% [markdown]
 # `first_copy_acc` is ordinary next-token accuracy; `second_copy_acc` is the copy task. When the two
 # rankings printed above disagree, perplexity has hidden a task-specific drop: quantizing the
 # attention projections hurts copying from context (retrieval, in-context examples, long-document
 # answers) more than its perplexity suggests — the seed's "evaluate on your own task" advice,
-# measured. (On random weights the columns mean nothing.)
+# measured (on the real model; on random weights the live columns mean nothing and the recorded ones
+# are shown).
 #
 # ### `diagnose_oom` on real out-of-memory errors
-# On a GPU, four real OOMs — loading, prefill, decode, fragmentation — caught and diagnosed at the
-# moment they happen (the decision tree of notebook 02; `tests/test_clinic.py` checks the verdicts on
-# a GPU). Each diagnosis is given what the phase *needs* by the budget: at the instant of a load or
-# decode OOM the heap can look fragmented (freed temporaries, a cache grown by copying) on the way to
-# a wall it would hit anyway — without the budget's number the tree called two of these three
-# "fragmentation" on the course's H200 (`results/h200/diagnose_without_need_2026-12-01.json`). On the
-# CPU, the same tree runs on the simulator's numbers at the failing allocation (the `diagnose_oom`
-# column of case 2).
+# On a GPU, real OOMs — loading, prefill, decode, fragmentation, and a device another process has
+# filled — caught and diagnosed at the moment they happen (the decision tree of notebook 02). Each
+# diagnosis is given what the phase *needs* by the budget: at the instant of a load or decode OOM the
+# heap can look fragmented (freed temporaries, a cache grown by copying) on the way to a wall it would
+# hit anyway — without the budget's number the tree called two of three such cases "fragmentation"
+# on the course's H200 (`results/h200/diagnose_without_need_2026-12-01.json`). The tree first asks
+# *who refused*: this process's cap (then other processes are not the cause, however full the card),
+# or the device itself (then it asks NVML how much the *other* processes hold). The course ran the
+# same cases alone on an H200 and beside a second process holding 8 GiB
+# (`python -m benchmarks.clinic`, `results/h200/clinic.json`); on the CPU the tree runs on the
+# simulator's numbers at the failing allocation (the `diagnose_oom` column of case 2).
 
 # %%
 if cuda:
-    tiny_cfg = models.architecture_config("TinyLlama-1.1B")
     small = models.model_from_config("SmolLM2-135M", device="cuda", dtype=torch.bfloat16)
-    w = torch.cuda.memory_allocated()
-
-    # (scenario, what runs, its cap in GiB — computed just before it runs, what it needs by helpers.budget)
-    scenarios = [
-        ("load: fp32 TinyLlama under 2 GiB", lambda: models.model_from_config("TinyLlama-1.1B", device="cuda", dtype=torch.float32),
-         lambda: 2.0, budget.weight_bytes(tiny_cfg, "fp32")),
-        ("prefill 64 × 4096", lambda: small(torch.randint(0, 1000, (64, 4096), device="cuda"), use_cache=False),
-         lambda: w / GiB + 1.0, w + budget.activation_bytes(small.config, 4096, 64)["peak"]),
-        ("decode 4096 tokens, batch 64", lambda: clinic.decode_until_oom(small, 64, 256, 4096),
-         lambda: w / GiB + 0.5, w + budget.kv_bytes(small.config, 256 + 4096, 64)),
-        ("fragmentation", clinic.fragment_on_gpu, lambda: torch.cuda.memory_reserved() / GiB + 17 * 16 / 1024, None)]
-    diag = []
-    for name, fn, cap, need in scenarios:
-        measure.free_memory()
-        with memory_limit(cap()):
-            diag.append({"scenario": name, **clinic.caught_oom(fn, need=need)})
+    diag = pd.DataFrame(clinic.diagnose_real_ooms(clinic.real_oom_scenarios(small) + [clinic.device_full_scenario()]))
     del small
     measure.free_memory()
-    diag = pd.DataFrame(diag)
     key_numbers.record("09_clinic", diagnose_real=diag)
-    display(diag[["scenario", "oom", "branch", "why"]])
+    show = diag.assign(process_GiB=diag.process_bytes / GiB, others_GiB=diag.others_bytes / GiB)
+    display(show[["scenario", "oom", "verdict", "expected", "ok", "process_GiB", "others_GiB"]].round(2))
+    print("per-process memory from:", diag.source.dropna().iloc[0] if diag.source.notna().any() else "n/a")
 else:
     print("No CUDA device: the decision tree ran on simulated OOMs in case 2.")
+rec = REF / "h200" / "clinic.json"
+if rec.exists():
+    ref = pd.DataFrame(json.loads(rec.read_text())["rows"])
+    print("recorded on the course's H200 (results/h200/clinic.json):")
+    display(ref[["run", "scenario", "verdict", "expected", "ok"]])
 
 # %% [markdown]
 # ## Sharing one GPU: MIG, MPS and per-process caps
 #
 # | | memory isolated | compute isolated | a fault in one kills the others | change at run time | needs admin |
 # |---|---|---|---|---|---|
-# | **MIG** (A100/H100/H200) | yes, hardware slices | yes (own SMs, L2 slice) | no | no: destroy and recreate, GPU idle | yes |
-# | **MPS** | no (a client can take all memory; `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` caps it) | a share of threads (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) | yes | per client at start | to start the daemon |
-# | **per-process allocator cap** (`helpers.device.limit_memory`) | PyTorch's allocator only (not the context, not other libraries) | no | no | yes | no |
+# | **MIG** (A100/H100/H200) | yes, hardware slices | yes (own SMs, L2 slice) | no | yes, per instance: an instance can be created or destroyed while the others run (only the one being changed must be idle); turning MIG mode on or off needs the whole GPU idle | yes |
+# | **MPS** | address spaces yes (since Volta each client has its own); capacity no — a client can take all memory unless `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` caps it | a share of threads (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`); kernels of different clients run **concurrently** | yes | per client at start | no: a user can start the control daemon for their own processes |
+# | **per-process allocator cap** (`helpers.device.limit_memory`) | PyTorch's allocator only (not the context, not other libraries); lifted by any `set_per_process_memory_fraction(1.0)` in the participant's own code | no | no | yes | no |
 #
 # Sources: NVIDIA "Multi-Instance GPU User Guide" (docs.nvidia.com/datacenter/tesla/mig-user-guide),
 # NVIDIA "Multi-Process Service" documentation (docs.nvidia.com/deploy/mps), PyTorch
-# `torch.cuda.set_per_process_memory_fraction`. What this notebook cannot show: turning MIG on (`sudo
-# nvidia-smi -i 0 -mig 1`, then creating instances) needs administrator rights and an idle GPU — the
-# course's machines do not grant them. From Python you can *detect* it (NVML `mig` above).
-#
-# The workshop recipe — N participants, one GPU, one cap each — checked by running three processes
-# at once: two stay inside their caps, one asks for more than its cap.
+# `torch.cuda.set_per_process_memory_fraction`. The source document calls MIG partitions static
+# ("creating/destroying instances requires terminating all GPU processes") and MPS "time-division
+# multiplexing" of one shared CUDA context: both are corrected in the table — without MPS, processes
+# on one GPU get time slices; MPS is what lets their kernels run side by side. What this notebook
+# cannot show: turning MIG on (`sudo nvidia-smi -i 0 -mig 1`, then creating instances) needs
+# administrator rights on the host — the course's machines do not grant them. From Python you can
+# *detect* it (NVML `mig` above). MPS, measured on the course's H200 (`python -m benchmarks.clinic
+# --mps`: two processes that each launch a stream of one-block kernels, alone, together, and together
+# under an MPS daemon of their own):
+
+# %%
+rec = REF / "h200" / "clinic.json"
+mps = json.loads(rec.read_text()).get("mps") if rec.exists() else None
+if mps:
+    for r in mps:
+        procs = r.get("procs", [])
+        print(f"{r['setting']:36s}", r.get("error") or ", ".join(f"{p['seconds']:.2f} s" for p in procs)
+              + (f"  (wall {procs[0]['wall_seconds']:.2f} s)" if procs else ""))
+else:
+    print("not recorded yet: python -m benchmarks.clinic --mps on a GPU writes it")
+
+# %% [markdown]
+# The workshop recipe — N participants, one GPU, one cap each — checked by running four processes
+# at once: two stay inside their caps, one asks for more than its cap, and one asks for more and
+# lifts its own cap first, as a participant's code may.
 
 # %%
 if cuda:
-    share = pd.DataFrame(clinic.shared_gpu_demo([(4.0, 2.0), (4.0, 3.0), (4.0, 8.0)]))
+    share = pd.DataFrame(clinic.shared_gpu_demo([(4.0, 2.0), (4.0, 3.0), (4.0, 8.0), (4.0, 8.0)], lift=(3,)))
     key_numbers.record("09_clinic", shared_gpu=share)
-    display(share)
+    display(share[["participant", "cap_gib", "wanted_gib", "lifted", "got_gib", "oom", "non_torch_bytes"]])
+    nt = share.non_torch_bytes.dropna()
+    if len(nt):
+        n_people, card_gib = 4, torch.cuda.get_device_properties(0).total_memory / GiB
+        per = card_gib / n_people - nt.max() / GiB
+        print(f"measured outside each allocator: up to {nt.max() / GiB:.2f} GiB per process → on this "
+              f"{card_gib:.0f} GiB card, {n_people} participants get a cap of card/N − that = {per:.1f} GiB each")
 else:
     print("No CUDA device: the recipe runs only on a GPU (see README: the course's run on the H200).")
 
 # %% [markdown]
 # The process that asked for 8 GiB under a 4 GiB cap gets `OutOfMemoryError`; the others get what
-# they asked for and never notice. A cap limits PyTorch's allocator: each process still pays its
-# own CUDA context (a few hundred MiB), so give each participant `card / N − 0.5 GiB`. In a workshop
-# set it in each participant's environment, `COURSE_GPU_CAP_GIB=…`, before Jupyter starts: `helpers`
-# applies it on import and no later cap can lift it (docs/workshop.md).
+# they asked for and never notice — except the last one: it set its fraction back to 1.0 and took 8
+# GiB. A cap is a promise the participant's own code can break; only MIG (or a container's device
+# limit) enforces memory against the participant. A cap limits PyTorch's allocator: each process still
+# pays its own memory outside it (the CUDA context, loaded kernels, library handles — measured above
+# per process, and in notebook 01), so a participant's cap is `card / N` minus that measured amount,
+# not a guessed margin. In a workshop set it in each participant's environment, `COURSE_GPU_CAP_GIB=…`,
+# before Jupyter starts: `helpers` applies it on import and no later `helpers.device.limit_memory`
+# lifts it (docs/workshop.md).
 #
 # On Kubernetes, the NVIDIA device plugin exposes whole GPUs as `nvidia.com/gpu` and MIG slices as
 # their own resources (NVIDIA k8s-device-plugin README, "MIG support"; GPU Operator docs, "GPU
@@ -526,6 +643,20 @@ def free_after_loop(tensors):
         del t      # frees nothing: fix me
 
 exercises.check("free_after_loop", free_after_loop)
+
+# %% [markdown]
+# ### Exercise 4: diagnose from a memory snapshot
+# A memory snapshot (`torch.cuda.memory_snapshot()`, or the simulator's) lists the allocator's
+# segments and their blocks, each `active_allocated` or free. Write the diagnosis: given a snapshot,
+# the request and the cap, return `"fits"` (a free block holds it, or a new segment stays under the
+# cap), `"fragmentation"` (it fails although the free cached bytes add up to it) or `"too-big"`. It is
+# checked on six snapshots the simulator makes (holes, a full cap, room to grow).
+
+# %%
+def diagnose_snapshot(snapshot, request, cap):
+    raise NotImplementedError   # your code here: sum what the segments reserve and what their blocks leave free
+
+exercises.check("diagnose_snapshot", diagnose_snapshot)
 
 # %% [markdown]
 # ### Check yourself

@@ -2,10 +2,10 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
-if not torch.cuda.is_available():  # helpers.w4_kernel's Triton kernel then runs in Triton's interpreter,
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # which must be chosen before anything imports triton
+from helpers.device import use_triton_interpreter_without_gpu
+
+use_triton_interpreter_without_gpu()   # before anything imports triton: the W4 kernels run interpreted on a CPU
 
 SHARED_TEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"
 

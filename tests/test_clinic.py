@@ -23,12 +23,26 @@ def test_generation_oom_point_grows_with_context_and_fp8_halves_kv():
     assert rows[1]["kv_cache"] == pytest.approx(2 * rows[2]["kv_cache"], rel=1e-6)
 
 
-def test_simulated_oom_verdicts():
-    frag = clinic.simulated_oom(allocator_sim.fragmenting_sequence(), allocator_sim.fragmenting_cap())
+def test_simulated_oom_verdicts_holes_larger_and_smaller_than_a_page():
+    seqs = clinic.holes_sequences()
+    big, small = seqs["64 MiB holes"], seqs["16 MiB holes"]
+    frag = clinic.simulated_oom(*big)
     assert frag["oom"] and frag["verdict"] == "fragmentation"
-    grow = clinic.simulated_oom(clinic.growth_sequence(), 700 * MiB)
-    assert grow["oom"] and grow["verdict"] == "too-big"
-    assert not clinic.simulated_oom(clinic.growth_sequence(n=3), 700 * MiB)["oom"]
+    assert not clinic.simulated_oom(*big, expandable=True)["oom"]         # whole 20 MiB pages in each hole
+    for exp in (False, True):                                              # no whole page in a 16 MiB hole
+        r = clinic.simulated_oom(*small, expandable=exp)
+        assert r["oom"] and r["verdict"] == "fragmentation", (exp, r["verdict"])
+    assert len(frag["trace"]) == len(big[0]) - 1                          # one point per op that ran
+
+
+def test_fenced_cycles_grow_only_with_max_split_and_expandable():
+    ops = allocator_sim.fenced_cycles_sequence(cycles=6)
+    res = {(e, m): allocator_sim.simulate(ops, expandable=e, max_split_size=m)["reserved"]
+           for e in (False, True) for m in (None, 128 * MiB)}
+    alone = max(res[(False, None)], res[(False, 128 * MiB)], res[(True, None)])
+    assert res[(True, 128 * MiB)] > 4 * alone
+    with pytest.raises(ValueError, match="max_split_mb"):
+        allocator_sim.run_real(ops, max_split_mb=10)
 
 
 def test_vocab_checks_seed_vs_right():
@@ -78,32 +92,57 @@ def test_requested_bytes_parsing():
     assert clinic._requested_bytes("something else") is None
 
 
+def test_gpu_share_refuses_bad_sizes(capsys):
+    from helpers import gpu_share
+    with pytest.raises(SystemExit):
+        gpu_share.main(["hold", "--gib", "-1"])
+    assert "--gib must be a positive" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"participants\[0\] must be \(cap GiB, wanted GiB\)"):
+        clinic.shared_gpu_demo([(4.0,)])
+    with pytest.raises(ValueError, match="gib must be a positive"):
+        with clinic.other_process(float("nan")):
+            pass
+
+
+def _small_gpu_model():
+    return models.model_from_config("SmolLM2-135M", device="cuda", dtype=torch.bfloat16)
+
+
 @cuda
-def test_real_ooms_are_diagnosed_right():
-    from helpers import budget
-    from helpers.device import memory_limit
+def test_real_ooms_are_diagnosed_right_alone_and_beside_another_process():
     from helpers.measure import free_memory
-    free_memory()
-    tiny_cfg = models.architecture_config("TinyLlama-1.1B")
-    with memory_limit(2.0):
-        load = clinic.caught_oom(lambda: models.model_from_config("TinyLlama-1.1B", device="cuda", dtype=torch.float32),
-                                 need=budget.weight_bytes(tiny_cfg, "fp32"))
-    assert load["oom"] and load["branch"] == "too-big", load
-    small = models.model_from_config("SmolLM2-135M", device="cuda", dtype=torch.bfloat16)
-    w = torch.cuda.memory_allocated()
-    with memory_limit(w / GiB + 0.5):
-        dec = clinic.caught_oom(lambda m=small: clinic.decode_until_oom(m, batch=64, prompt_len=256, max_new=4096),
-                                need=w + budget.kv_bytes(small.config, 256 + 4096, 64))
-    assert dec["oom"] and dec["branch"] == "too-big", dec
-    small = None
-    free_memory()
-    with memory_limit(torch.cuda.memory_reserved() / GiB + 17 * 16 / 1024):
-        frag = clinic.caught_oom(clinic.fragment_on_gpu)
-    assert frag["oom"] and frag["branch"] == "fragmentation"
+    for holder in (None, 8.0):
+        small = _small_gpu_model()
+        scenarios = clinic.real_oom_scenarios(small) + [clinic.device_full_scenario()]
+        if holder is None:
+            rows = clinic.diagnose_real_ooms(scenarios, progress=False)
+        else:
+            with clinic.other_process(holder):
+                rows = clinic.diagnose_real_ooms(scenarios, progress=False)
+        del small
+        free_memory()
+        assert all(r["ok"] for r in rows), [(r["scenario"], r["verdict"], r["why"]) for r in rows if not r["ok"]]
 
 
 @cuda
-def test_shared_gpu_caps_isolate_participants():
-    rows = clinic.shared_gpu_demo([(2.0, 1.0), (2.0, 4.0)])
+def test_shared_gpu_caps_isolate_participants_unless_lifted():
+    rows = clinic.shared_gpu_demo([(2.0, 1.0), (2.0, 4.0), (2.0, 4.0)], lift=(2,))
     assert not rows[0]["oom"] and rows[0]["got_gib"] == 1.0
     assert rows[1]["oom"] and rows[1]["got_gib"] <= 2.0
+    assert not rows[2]["oom"] and rows[2]["got_gib"] == 4.0                # its own code lifted the cap
+    if rows[0]["process_bytes"] is not None:
+        assert rows[0]["non_torch_bytes"] > 0
+
+
+def test_group_sweep_and_task_drops_on_a_tiny_model():
+    m = tiny_model()
+    ids = torch.randint(0, 128, (2048,), generator=torch.Generator().manual_seed(3))
+    rows = clinic.group_sweep(m, ids, bits=3, groups=(32, None), max_tokens=512, seq_len=128)
+    assert [r["group"] for r in rows] == [32, "per channel"] and all(r["ppl"] > 1 for r in rows)
+    assert rows[0]["bits_per_weight"] > rows[1]["bits_per_weight"]
+    before = m.model.layers[0].mlp.up_proj.weight.clone()
+    drops = clinic.task_drops(m, ids, bits=3, group=32, n=4, span=16, max_tokens=512, seq_len=128)
+    assert [r["model"] for r in drops] == ["reference", "W3 g32, attention only", "W3 g32, MLP only"]
+    assert torch.equal(before, m.model.layers[0].mlp.up_proj.weight)      # the variants are copies
+    text = clinic.rankings(drops)
+    assert text.startswith("perplexity ranks ") and "the copy task ranks" in text

@@ -21,6 +21,13 @@ def _off_by_one(logits, tokens):
     return float(torch.exp(-torch.log_softmax(logits[1:].double(), -1).gather(-1, tokens[1:, None]).mean()))
 
 
+def _gap_only(snapshot, request, cap):
+    """The tempting shortcut: "fragmentation" whenever the free bytes add up, without asking whether a
+    free block or a new segment would have served the request."""
+    free = sum(b["size"] for s in snapshot for b in s["blocks"] if not b["state"].startswith("active"))
+    return "fragmentation" if free >= request else "too-big"
+
+
 @pytest.mark.parametrize("name", sorted(exercises.EXERCISES))
 def test_solution_passes_and_wrong_answer_fails(name, capsys, monkeypatch):
     monkeypatch.setenv("COURSE_PROFILE", "full")
@@ -37,7 +44,8 @@ def test_solution_passes_and_wrong_answer_fails(name, capsys, monkeypatch):
              "gptq_column_step": _no_hinv_diag,                                           # forgot ÷ Hinv[i, i]
              "awq_alpha_error": _no_unscale,                                              # forgot ÷ s
              "ppl_from_logits": _off_by_one,                                              # logits[t] vs token t
-             "int4_kv_bytes_per_token": lambda L, h, d, g: 2 * L * h * d / 2}[name]       # forgot the scales
+             "int4_kv_bytes_per_token": lambda L, h, d, g: 2 * L * h * d / 2,            # forgot the scales
+             "diagnose_snapshot": _gap_only}[name]                                        # reserved − allocated only
     assert exercises.check(name, wrong) is False
     assert "✗" in capsys.readouterr().out
 

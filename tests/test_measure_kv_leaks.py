@@ -14,26 +14,6 @@ def tiny():
     return model_from_config(cfg, dtype=torch.float32)
 
 
-@pytest.mark.parametrize("stats,request_,branch", [
-    (dict(total=16 * GiB, allocated=10 * GiB, reserved=15 * GiB, driver_used=15.5 * GiB), 2 * GiB, "fragmentation"),
-    (dict(total=16 * GiB, allocated=15.5 * GiB, reserved=15.6 * GiB, driver_used=16 * GiB), 2 * GiB, "too-big"),
-    (dict(total=80 * GiB, allocated=10 * GiB, reserved=11 * GiB, driver_used=70 * GiB), 1 * GiB, "other-process"),
-    (dict(total=80 * GiB, allocated=10 * GiB, reserved=10.5 * GiB, driver_used=12 * GiB, shm=64 * 2**20), 1 * GiB, "shm"),
-    (dict(total=80 * GiB, allocated=10 * GiB, reserved=10.5 * GiB, driver_used=12 * GiB, shm=8 * GiB), 1 * GiB, "unclear"),
-])
-def test_diagnose_branches(stats, request_, branch):
-    assert measure.diagnose_oom(stats, request=request_, echo=False)["branch"] == branch
-
-
-def test_diagnose_weights_vs_activations():
-    base = dict(total=16 * GiB, allocated=15.5 * GiB, reserved=15.6 * GiB, driver_used=16 * GiB)
-    w = measure.diagnose_oom({**base, "top": [{"bytes": 10, "parameter": True}]}, echo=False)
-    a = measure.diagnose_oom({**base, "top": [{"bytes": 10, "parameter": False}]}, echo=False)
-    assert "load phase" in w["why"] and "generation phase" in a["why"]
-    with pytest.raises(ValueError, match="need key"):
-        measure.diagnose_oom({"total": 1}, echo=False)
-
-
 def test_top_tensors_dedupes_views():
     big = torch.zeros(1000, 1000)
     view = big[:10]  # noqa: F841  (a second tensor object on the same storage)

@@ -8,10 +8,10 @@ from pathlib import Path
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 
 LAYERS = {
-    0: {"config", "device", "qspec", "cuda_graphs", "plots", "envcheck", "key_numbers", "timing", "solutions",
-        "host_alloc"},
-    1: {"models", "data", "allocator_sim"},
-    2: {"quant", "measure", "budget", "calib", "leaks"},
+    0: {"config", "device", "validate", "qspec", "cuda_graphs", "plots", "envcheck", "key_numbers", "timing",
+        "solutions", "host_alloc"},
+    1: {"models", "data", "allocator_sim", "gpu_share"},
+    2: {"quant", "measure", "budget", "budget_detail", "calib", "leaks"},
     3: {"gptq", "awq", "kvcache", "evaluate", "llm_compressor", "course_model", "w4_kernel", "engine_plan",
         "loading"},
     4: {"generation", "variants", "gguf_run", "decode_bench"},

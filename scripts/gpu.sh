@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The course's GPU measurements, one entry point: bash scripts/gpu.sh PART [PART ...]
+#   suite                 pytest tests, whole (CUDA tests included)        -> $OUT/pytest_gpu.txt
+#   clinic                python -m benchmarks.clinic --mps (real OOMs alone and beside another process, MPS)
+#   kernels               python -m benchmarks.kernels (W4A16 kernels, every shape/group/M)  -> $OUT/kernels.json
+#   decode                python -m benchmarks.decode (whole-model decode, 8B architecture)  -> $OUT/decode.json
+#   notebooks             the notebooks in $NOTEBOOKS (default: all), one at a time, full profile
+#                         (COURSE_PROFILE to change it) -> $OUT/notebooks/*.ipynb, $OUT/run_all.json
+#   budget [ARCH ...]     python -m benchmarks.budget_accuracy               -> $OUT/budget_accuracy.json
+#   allocator             python -m benchmarks.allocator_agreement --random 40 (SEED_START=40 for held-out seeds)
+#   quantizers            python -m benchmarks.quantizers (GPTQ/AWQ peak and time, ours vs llm-compressor)
+#   trace                 python -m benchmarks.alloc_trace (one generate's real allocator events)
+# Set-up on the lent machine: the wheels its image lacks travel in .whl/ (run ../shared/tools/gpu-wheels here,
+# plus torchao 0.18.0, jupytext 1.19.6 and mdit-py-plugins 0.7.0 — README, "Running the GPU parts"), carry [".whl"].
+# Each part writes under $OUT as it goes; PART_TIMEOUT (seconds, default 540) bounds each part.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m ipykernel install --user --name python3 >/dev/null 2>&1 || true
+T=${PART_TIMEOUT:-540}
+run_part() {
+  local part=$1; shift
+  local t0=$(date +%s)
+  echo "=== $part ($(date -u +%H:%M:%S))"
+  case "$part" in
+    suite) timeout "$T" python3 -m pytest tests -q -p no:cacheprovider -rs 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -30 ;;
+    clinic) timeout "$T" python3 -m benchmarks.clinic --out "$OUT/clinic.json" --mps 2>&1 | tee "$OUT/clinic.log" | tail -20 ;;
+    kernels) timeout "$T" python3 -m benchmarks.kernels --out "$OUT/kernels.json" --budget-s "${KERNEL_BUDGET:-300}" 2>&1 \
+               | tee "$OUT/kernels.log" | grep -E "phase|best|failed|wrote|copy bandwidth" | tail -30 ;;
+    decode) timeout "$T" python3 -m benchmarks.decode --out "$OUT/decode.json" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/decode.log" | tail -30 ;;
+    notebooks) COURSE_PROFILE=${COURSE_PROFILE:-full} timeout "$T" python3 scripts/run_all.py --out "$OUT/notebooks" \
+                 ${NOTEBOOKS:-} 2>&1 | tee "$OUT/notebooks.log" | tail -30 ;;
+    budget) timeout "$T" python3 -m benchmarks.budget_accuracy --out "$OUT/budget_accuracy.json" ${1:+--archs "$@"} 2>&1 \
+              | tee "$OUT/budget_accuracy.log" | tail -40 ;;
+    allocator) timeout "$T" python3 -m benchmarks.allocator_agreement --random "${RANDOM_N:-40}" --seed-start "${SEED_START:-0}" \
+                 --out "$OUT/allocator_agreement${SEED_START:+_from_$SEED_START}.json" 2>&1 | tee "$OUT/allocator.log" | tail -8 ;;
+    quantizers) timeout "$T" python3 -m benchmarks.quantizers --out "$OUT/quantizers.json" --arch Llama-3.2-1B,Qwen2.5-1.5B \
+                  --bits 4 --group 128 --calib-samples 128 --methods "${METHODS:-gptq,awq}" 2>&1 | tee "$OUT/quantizers.log" | tail -12 ;;
+    trace) timeout "$T" python3 -m benchmarks.alloc_trace --out "$OUT/alloc_trace.json" 2>&1 | tee "$OUT/alloc_trace.log" | tail -6 ;;
+    *) echo "unknown part $part (see the header of scripts/gpu.sh)"; return 2 ;;
+  esac
+  echo "=== $part done in $(( $(date +%s) - t0 )) s"
+}
+[ $# -gt 0 ] || { sed -n '2,15p' "$0"; exit 2; }
+if [ "$1" = budget ]; then run_part "$@"; exit; fi
+for part in "$@"; do run_part "$part"; done
