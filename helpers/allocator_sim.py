@@ -386,7 +386,13 @@ def simulate(ops: list, cap: int | None = None, expandable: bool = False, max_sp
     return result
 
 
+_OP_ARITY = {"alloc": 3, "free": 2, "empty_cache": 1}
+
+
 def _apply(sim, op):
+    if not isinstance(op, (list, tuple)) or not op or op[0] not in _OP_ARITY or len(op) != _OP_ARITY[op[0]]:
+        raise ValueError(f"unknown op {op!r}: an op is ['alloc', name, bytes], ['free', name] or ['empty_cache'] "
+                         "(helpers.allocator_sim.parse_ops reads them from text)")
     kind = op[0]
     if kind == "alloc":
         sim.malloc(op[2], op[1])

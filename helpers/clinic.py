@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from . import allocator_sim, budget, measure
+from . import validate as v
 from .device import memory_limit
 from .models import architecture_config as models_config
 from .models import check_token_ids, model_from_config
@@ -28,6 +29,11 @@ GiB, MiB = 1024**3, 1024**2
 def generation_oom_point(config, cap_bytes: float, batch: int, contexts, dtype: str = "bf16",
                          kv_dtype: str | None = None) -> list[dict]:
     """Case 1: predicted total (weights + KV + activations) per context length against a cap."""
+    cap_bytes = v.positive_number(cap_bytes, "cap_bytes", "the card's bytes, e.g. 24e9")
+    batch = v.positive_int(batch, "batch")
+    if isinstance(contexts, (str, bytes)) or not hasattr(contexts, "__iter__"):
+        raise TypeError(f"contexts must be a list of context lengths (tokens), got {type(contexts).__name__}")
+    contexts = [v.positive_int(c, f"contexts[{i}]") for i, c in enumerate(contexts)]
     rows = []
     for ctx in contexts:
         b = budget.budget(config, dtype, seq_len=ctx, batch=batch, kv_dtype=kv_dtype)
@@ -71,6 +77,10 @@ def vocab_checks(tokenizer_len: int, tokenizer_vocab_size: int, embedding_rows: 
     embedding table (to a multiple of 64/128 for fast matmuls) and add special tokens that
     ``vocab_size`` does not count, so the assert fails on them. What must hold: every id the
     tokenizer can produce has an embedding row."""
+    tokenizer_len = v.positive_int(tokenizer_len, "tokenizer_len", "len(tokenizer)")
+    tokenizer_vocab_size = v.positive_int(tokenizer_vocab_size, "tokenizer_vocab_size", "tokenizer.vocab_size")
+    embedding_rows = v.positive_int(embedding_rows, "embedding_rows", "model.get_input_embeddings().weight.shape[0]")
+    max_token_id = v.non_negative_int(max_token_id, "max_token_id")
     return {"seed_check (vocab_size == rows)": tokenizer_vocab_size == embedding_rows,
             "right_check (len(tokenizer) <= rows)": tokenizer_len <= embedding_rows,
             "max_id_in_range": max_token_id < embedding_rows}
@@ -82,6 +92,8 @@ def copy_task(model, ids: torch.Tensor, n: int = 8, span: int = 48, seed: int = 
     top-1 next-token accuracy on the *second* copy (teacher-forced). A model that copies from its
     context (induction heads) is near 100 %; quantization noise in attention shows up here before
     it moves the perplexity much. Also returns accuracy on the first copy (ordinary prediction)."""
+    n, span = v.positive_int(n, "n", "how many passages"), v.positive_int(span, "span", "tokens per passage")
+    v.tensor(ids, "ids", kind="int")
     if ids.dim() != 1 or len(ids) < n * span + 1:
         raise ValueError(f"ids must be a 1-D stream of at least n·span = {n * span} tokens, got {tuple(ids.shape)}")
     check_token_ids(model, ids, "ids")
@@ -100,7 +112,10 @@ def rtn_part(model, spec, part: str) -> int:
     """Round-to-nearest only the attention projections (``part="attn"``) or only the MLP (``"mlp"``)
     of every decoder layer, in place; returns how many linears changed. Two variants with different
     damage: the task section compares their perplexity with a copy task."""
+    from .qspec import QuantSpec
     from .quant import quantizable_linears, rtn
+    if not isinstance(spec, QuantSpec):
+        raise TypeError(f"spec must be a QuantSpec (e.g. QuantSpec(3, 64)), got {type(spec).__name__}")
     key = {"attn": "self_attn", "mlp": "mlp"}.get(part)
     if key is None:
         raise ValueError(f"part must be 'attn' or 'mlp', got {part!r}")
@@ -119,6 +134,9 @@ def calibration_held_bytes(config, n_samples: int, seq_len: int, act_bytes: int 
     llm-compressor 0.5 AWQ), ``(layers + 1) · n · L · hidden``."""
     if hold not in ("sequential", "all_layers"):
         raise ValueError(f"hold must be 'sequential' or 'all_layers', got {hold!r}")
+    v.model_config(config)
+    n_samples, seq_len = v.positive_int(n_samples, "n_samples"), v.positive_int(seq_len, "seq_len")
+    act_bytes = v.positive_int(act_bytes, "act_bytes", "bytes per activation: 2 for bf16, 4 for fp32")
     per = n_samples * seq_len * config.hidden_size * act_bytes
     return int(per * (2 if hold == "sequential" else config.num_hidden_layers + 1))
 
@@ -128,6 +146,12 @@ def fp8_support(capability: tuple[int, int] | None) -> str:
     need FP8 tensor cores, compute capability ≥ 8.9 (Ada, Hopper, Blackwell); an FP8 *KV cache* only
     stores bytes and converts them to 16-bit in the attention kernel, so vLLM's ``fp8_e5m2`` cache runs
     without FP8 units (vllm-project/vllm#2279 was tested on an A100)."""
+    if capability is not None:
+        if isinstance(capability, (str, bytes)) or not hasattr(capability, "__len__") or len(capability) != 2:
+            raise ValueError(f"capability must be (major, minor), e.g. torch.cuda.get_device_capability(), "
+                             f"got {capability!r}")
+        capability = (v.non_negative_int(capability[0], "capability[0]"),
+                      v.non_negative_int(capability[1], "capability[1]"))
     if capability is None:
         return "no CUDA device: FP8 tensors exist in PyTorch on CPU (storage, casts) but there are no FP8 matmul units"
     if tuple(capability) >= (8, 9):
@@ -202,6 +226,10 @@ def caught_oom(fn, need: float | None = None) -> dict:
     ``need``, the bytes the phase needs by :mod:`helpers.budget` — then free everything. Returns
     ``{"oom", "branch", "why", "request", "process_bytes", "others_bytes", "source"}``: this process's
     device memory and the other processes' (NVML per process) at the failure, and where they came from."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a zero-argument callable that may run out of memory, got {type(fn).__name__}")
+    if need is not None:
+        need = v.non_negative_number(need, "need", "the bytes the phase needs, from helpers.budget")
     try:
         fn()
         return {"oom": False, "branch": None, "why": None, "request": None, "process_bytes": None,
@@ -240,6 +268,8 @@ def fragment_on_gpu(block: int, n: int = 16) -> None:
     """Replay :func:`helpers.allocator_sim.fragmenting_sequence` with real CUDA tensors of ``block``
     bytes (under a cap of the memory already reserved plus the arena plus one block, its last request
     runs out: the real-allocator twin of case 2)."""
+    block = v.positive_int(block, "block", "bytes per block")
+    n = v.positive_int(n, "n", "blocks in the arena")
     keep = {}
     for op in allocator_sim.fragmenting_sequence(block, n):
         if op[0] == "alloc":
@@ -287,6 +317,10 @@ def real_oom_scenarios(model) -> list[OOMScenario]:
 def device_full_scenario(leave_gib: float = 2.0, request_gib: float = 4.0) -> OOMScenario:
     """A fifth real OOM: another process holds all of the device but ``leave_gib`` GiB, and this one
     (no cap) asks for ``request_gib`` GiB — the driver refuses, and the verdict must be other-process."""
+    leave_gib = v.positive_number(leave_gib, "leave_gib")
+    request_gib = v.positive_number(request_gib, "request_gib")
+    if request_gib <= leave_gib:
+        raise ValueError(f"request_gib ({request_gib}) must exceed leave_gib ({leave_gib}) for the device to refuse it")
     def around():
         free, _ = torch.cuda.mem_get_info()
         return other_process((free - leave_gib * GiB) / GiB)
@@ -302,8 +336,10 @@ def diagnose_real_ooms(scenarios: list[OOMScenario], progress: bool = True) -> l
     processes' device memory at the failure (``process_bytes``, ``others_bytes``, NVML) and their
     ``source``, the request and the verdict's reason. CUDA only."""
     from tqdm.auto import tqdm
+    if not all(isinstance(sc, OOMScenario) for sc in scenarios):
+        raise TypeError("scenarios must be OOMScenario objects (real_oom_scenarios(model), device_full_scenario())")
     rows = []
-    for sc in tqdm(scenarios, desc="real OOMs", disable=not progress):
+    for sc in tqdm(scenarios, desc="real OOMs", disable=not v.flag(progress, "progress")):
         measure.free_memory()
         cap = sc.cap_gib()
         with sc.around(), memory_limit(cap) if cap is not None else contextlib.nullcontext():
@@ -321,6 +357,8 @@ def kv_magnitudes(model, prompts: torch.Tensor) -> dict:
     """Case 8: where a model's keys and values sit on the FP8 scale: their largest magnitude and the
     share of entries below e4m3's smallest normal number (2^-6), after one prefill of ``prompts``."""
     from transformers import DynamicCache
+    v.tensor(prompts, "prompts", ndim=2, kind="int", layout="[batch, tokens] of token ids")
+    check_token_ids(model, prompts, "prompts")
     cache = DynamicCache(config=model.config)
     model(prompts, past_key_values=cache, use_cache=True)
     ks = torch.cat([layer.keys.flatten().float() for layer in cache.layers])
@@ -334,6 +372,8 @@ def kv_magnitudes(model, prompts: torch.Tensor) -> dict:
 def decode_until_oom(model, batch: int, prompt_len: int, max_new: int = 4096) -> int:
     """Prefill, then decode with a growing cache until CUDA runs out (the OOM is *not* caught here, so
     :func:`caught_oom` can diagnose it); returns the tokens generated if ``max_new`` is reached first."""
+    batch, prompt_len = v.positive_int(batch, "batch"), v.positive_int(prompt_len, "prompt_len")
+    max_new = v.non_negative_int(max_new, "max_new")
     dev = next(model.parameters()).device
     ids = torch.randint(3, model.config.vocab_size - 1, (batch, prompt_len), device=dev)
     out = model(ids, use_cache=True, logits_to_keep=1)
@@ -354,6 +394,7 @@ def group_sweep(model, ids: torch.Tensor, bits: int = 3, groups=(32, 64, 192, No
     from .evaluate import perplexity
     from .qspec import QuantSpec
     from .quant import bits_per_weight, rtn_model
+    max_tokens, seq_len = v.positive_int(max_tokens, "max_tokens"), v.positive_int(seq_len, "seq_len")
     rows = []
     for g in groups:
         m = copy.deepcopy(model)
@@ -386,6 +427,9 @@ def task_drops(model, ids: torch.Tensor, bits: int = 3, group: int = 64, n: int 
 
 def rankings(rows: list[dict]) -> str:
     """Which of :func:`task_drops`'s two variants perplexity ranks worse, and which the copy task does."""
+    if len(rows) != 3 or not all(isinstance(r, dict) and {"ppl", "second_copy_acc"} <= set(r) for r in rows):
+        raise ValueError("rows must be task_drops' three rows (reference, attention only, MLP only), each with "
+                         "'ppl' and 'second_copy_acc'")
     a, mlp = rows[1], rows[2]
     return (f"perplexity ranks {'MLP-only' if mlp['ppl'] > a['ppl'] else 'attention-only'} as the worse variant; "
             f"the copy task ranks {'attention-only' if a['second_copy_acc'] < mlp['second_copy_acc'] else 'MLP-only'}"

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import validate as v
 from .qspec import QuantSpec
 from .quant import check_finite, quantize_tensor
 
@@ -320,12 +321,11 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
     n, k = p.shape
     if not _pow2(cfg["BLOCK_N"]) or cfg["BLOCK_N"] < 16:
         raise ValueError(f"config BLOCK_N must be a power of 2 ≥ 16, got {cfg['BLOCK_N']!r}")
-    if isinstance(cfg["SPLIT_K"], bool) or not isinstance(cfg["SPLIT_K"], int) or cfg["SPLIT_K"] < 1:
-        raise ValueError(f"config SPLIT_K must be a positive integer, got {cfg['SPLIT_K']!r}")
-    for key in ("num_warps", "num_stages"):
-        if key in cfg and not (_pow2(cfg[key]) if key == "num_warps" else isinstance(cfg[key], int) and cfg[key] >= 1):
-            raise ValueError(f"config {key} must be a {'power of 2' if key == 'num_warps' else 'positive integer'}, "
-                             f"got {cfg[key]!r}")
+    cfg["SPLIT_K"] = v.positive_int(cfg["SPLIT_K"], "config SPLIT_K", "programs along K")
+    if "num_stages" in cfg:
+        cfg["num_stages"] = v.positive_int(cfg["num_stages"], "config num_stages")
+    if "num_warps" in cfg and not _pow2(cfg["num_warps"]):
+        raise ValueError(f"config num_warps must be a power of 2, got {cfg['num_warps']!r}")
     if kind == "gemv":
         if m != 1:
             raise ValueError(f"KERNEL='gemv' computes one row; x has {m} rows (use KERNEL='tc')")
@@ -339,9 +339,9 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
         if not _pow2(cfg.get("GROUPS", 1)):
             raise ValueError(f"config GROUPS must be a power of 2, got {cfg.get('GROUPS')!r}")
         cfg.setdefault("GROUPS", 1)
-        for key, allowed_v in (("DEQUANT", ("lop3", "shift")), ("REDUCE", ("atomic", "serial")), ("SWAP", (True, False))):
-            if cfg[key] not in allowed_v:
-                raise ValueError(f"config {key} must be one of {allowed_v}, got {cfg[key]!r}")
+        for key, allowed_v in (("DEQUANT", ("lop3", "shift")), ("REDUCE", ("atomic", "serial"))):
+            v.one_of(cfg[key], f"config {key}", allowed_v)
+        cfg["SWAP"] = v.flag(cfg["SWAP"], "config SWAP")
         step = p.group_size * cfg["GROUPS"]
     if k % (step * cfg["SPLIT_K"]):
         raise ValueError(f"in_features={k} must be a multiple of (K per step)·SPLIT_K = {step}·{cfg['SPLIT_K']}")

@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from . import budget, device, generation, measure, models, plots
+from . import validate as v
 from .device import has_cuda
 from .qspec import allowed_group_sizes
 
@@ -89,7 +90,8 @@ def budget_point(arch: str, seq_len: int, batch: int, dtype: str = "bf16", kv_dt
     fmt = int4_format(cfg)[0] if dtype == "int4" else dtype     # the group size the W4 layer will use
     parts = budget.budget(cfg, fmt, seq_len, batch, kv_dtype, new_tokens=new_tokens)
     out = {"parts": parts, "weight_format": fmt, "measured_peak": None, "measured_weights": None, "oom": None}
-    measure_on_device = has_cuda() if measure_on_device is None else measure_on_device
+    measure_on_device = has_cuda() if measure_on_device is None else v.flag(measure_on_device, "measure_on_device")
+    run_anyway = v.flag(run_anyway, "run_anyway")
     if not measure_on_device:
         out["note"] = "prediction only: no CUDA device here to measure on"
         return out
@@ -145,9 +147,10 @@ def kv_formats(arch, seq_len: int, batch: int) -> dict:
     """Bytes of the KV cache at ``seq_len × batch`` in each format the course stores, with their
     scales and minimums (:func:`helpers.budget.kv_bytes`); NaN where the course's caches cannot store
     that format for this model (an MLA latent cache in fp8/int4). ``arch``: a name or a config."""
-    c = models.architecture_config(arch) if isinstance(arch, str) else arch
-    out = {}
-    for label, fmt in (("bf16", "bf16"), ("fp8", "fp8"), ("int4 (g64)", "int4")):
+    c = models.architecture_config(arch) if isinstance(arch, str) else v.model_config(arch, "arch")
+    seq_len, batch = v.positive_int(seq_len, "seq_len"), v.positive_int(batch, "batch")
+    out = {"bf16": budget.kv_bytes(c, seq_len, batch, "bf16")}     # a bad config or size fails here, clearly
+    for label, fmt in (("fp8", "fp8"), ("int4 (g64)", "int4")):
         try:
             out[label] = budget.kv_bytes(c, seq_len, batch, fmt)
         except ValueError:        # a format the course's caches cannot store for this model (MLA latents)
@@ -164,7 +167,12 @@ def kv_point(model, seq_len: int, batch: int, new_tokens: int = 16, extra: int =
     prefill's freed activations held — for a decoder, less than ``seq_len`` tokens' worth of KV — so the
     default ``max_new = extra + seq_len`` lets the baseline reach its OOM. A run that cannot even
     prefill is reported with 0 tokens."""
-    max_new = extra + seq_len if max_new is None else max_new
+    seq_len, batch = v.positive_int(seq_len, "seq_len"), v.positive_int(batch, "batch")
+    new_tokens = v.positive_int(new_tokens, "new_tokens")
+    extra = v.non_negative_int(extra, "extra", "bf16 KV tokens of room under the cap")
+    max_new = extra + seq_len if max_new is None else v.positive_int(max_new, "max_new")
+    if not has_cuda():
+        raise RuntimeError("kv_point measures on a CUDA device; without one, kv_formats(...) predicts the bytes")
     oom = generation.oom_points(model, batch, seq_len, extra, max_new, kinds)
     rows = []
     for kind, o in zip(kinds, oom["rows"]):
@@ -218,8 +226,11 @@ def allocator_run(ops_text: str, cap_mib: float | None = None, expandable: bool 
     from . import allocator_sim
 
     ops = allocator_sim.parse_ops(ops_text)
+    if cap_mib is not None:
+        cap_mib = v.non_negative_number(cap_mib, "cap_mib", "0 or None: no cap")
     cap = None if cap_mib in (None, 0) else int(cap_mib * allocator_sim.MB)
-    on_device = has_cuda() if on_device is None else on_device
+    expandable = v.flag(expandable, "expandable")
+    on_device = has_cuda() if on_device is None else v.flag(on_device, "on_device")
     out = {"sim": allocator_sim.simulate(ops, cap, expandable), "real": None,
            "note": "the real allocator, in a fresh process, next to the simulator" if on_device else
            "no CUDA device here: the simulator only (it predicts; notebook 02 shows where it agrees with the GPU)"}

@@ -918,3 +918,150 @@ EVAL_MORE_ERRORS = [
 def test_evaluate_doors_refuse(tiny_llama, call, exc, msg):
     with pytest.raises(exc, match=msg):
         call(tiny_llama)
+
+
+# ------------------------------------------------------------------------------------ w4_kernel
+def _w4():
+    from helpers import w4_kernel
+    return w4_kernel, w4_kernel.pack_w4(W(16, 256), 64)
+
+
+W4_ERRORS = [
+    (lambda k, p: k.pack_w4(W(16, 256), 48), ValueError, r"in_features=256 must be a multiple of 8 and of group_size=48"),
+    (lambda k, p: k.pack_w4(torch.full((4, 128), float("inf")), 64), ValueError, r"non-finite"),
+    (lambda k, p: k.W4Weight(p.words[:8], p.scale, p.zero, 64, (16, 256)), ValueError,
+     r"W4Weight.words must be torch.int32 of shape \(16, 32\).*pack with pack_w4"),
+    (lambda k, p: k.W4Weight(p.words, p.scale[:, :2], p.zero, 64, (16, 256)), ValueError,
+     r"W4Weight.scale must be torch.float16 of shape \(16, 4\)"),
+    (lambda k, p: k.W4Weight(p.words, p.scale, p.zero, True, (16, 256)), ValueError,
+     r"group_size must be a positive multiple of 8"),
+    (lambda k, p: k.w4a16_matmul(torch.randn(1, 256), p, dict(KERNEL="gemv", BLOCK_N=-32)), ValueError,
+     r"BLOCK_N must be a power of 2 ≥ 16"),
+    (lambda k, p: k.w4a16_matmul(torch.randn(1, 256), p, dict(KERNEL="gemv", SPLIT_K=0)), ValueError,
+     r"SPLIT_K must be a positive integer"),
+    (lambda k, p: k.w4a16_matmul(torch.randn(1, 256), p, dict(KERNEL="gemv", BLOCK_K=96)), ValueError,
+     r"BLOCK_K=96 must be a power of 2"),
+    (lambda k, p: k.w4a16_matmul(torch.ones(1, 256, dtype=torch.int32), p), ValueError,
+     r"x must be float16, bfloat16 or float32 activations, got torch.int32"),
+    (lambda k, p: k.w4a16_matmul(torch.randn(1, 128), p), ValueError, r"x must be a 2-D tensor \[M, K=256\]"),
+    (lambda k, p: k.w4a16_matmul(torch.randn(3, 256), p, dict(KERNEL="gemv")), ValueError,
+     r"KERNEL='gemv' computes one row; x has 3 rows"),
+    (lambda k, p: k.w4a16_matmul(torch.randn(3, 256), p, dict(KERNEL="tc")), ValueError,
+     r"KERNEL='tc' multiplies 16-bit activations"),
+    (lambda k, p: k.w4a16_matmul(torch.randn(1, 256, dtype=torch.float16), p, dict(KERNEL="tc", SWAP="yes")), TypeError,
+     r"config SWAP must be True or False"),
+]
+
+
+@pytest.mark.parametrize("call,exc,msg", W4_ERRORS)
+def test_w4_kernel_doors_refuse(call, exc, msg):
+    k, p = _w4()
+    with pytest.raises(exc, match=msg):
+        call(k, p)
+
+
+# ------------------------------------------------------------------------------------ clinic
+def _clinic():
+    from helpers import clinic
+    return clinic
+
+
+CLINIC_ERRORS = [
+    (lambda c: c.generation_oom_point(CFG, float("nan"), 4, [512]), ValueError, r"cap_bytes must be a finite number"),
+    (lambda c: c.generation_oom_point(CFG, 24e9, 4, "512"), TypeError, r"contexts must be a list of context lengths"),
+    (lambda c: c.generation_oom_point(CFG, 24e9, 4, [512, 2.5]), TypeError, r"contexts\[1\] must be an integer"),
+    (lambda c: c.simulated_oom([["alloc", "a"]], 1000), ValueError, r"unknown op \['alloc', 'a'\]: an op is \['alloc', name, bytes\]"),
+    (lambda c: c.vocab_checks(-1, 10, 10, 5), ValueError, r"tokenizer_len must be a positive integer.*len\(tokenizer\)"),
+    (lambda c: c.vocab_checks(10, 10, 10.0, 5), TypeError, r"embedding_rows must be an integer"),
+    (lambda c: c.copy_task(torch.nn.Linear(2, 2), torch.arange(100), n=0), ValueError, r"n must be a positive integer"),
+    (lambda c: c.copy_task(torch.nn.Linear(2, 2), torch.rand(100), n=2, span=4), TypeError, r"ids must hold integers"),
+    (lambda c: c.rtn_part(torch.nn.Linear(2, 2), None, "attn"), TypeError, r"spec must be a QuantSpec"),
+    (lambda c: c.calibration_held_bytes(CFG, -128, 512), ValueError, r"n_samples must be a positive integer"),
+    (lambda c: c.calibration_held_bytes(CFG, 128, 512, 0), ValueError, r"act_bytes must be a positive integer.*bf16"),
+    (lambda c: c.calibration_held_bytes({"hidden_size": 64}, 1, 1), TypeError, r"config must be a model config"),
+    (lambda c: c.fp8_support((9,)), ValueError, r"capability must be \(major, minor\)"),
+    (lambda c: c.fp8_support(("9", "0")), TypeError, r"capability\[0\] must be an integer"),
+    (lambda c: c.caught_oom(42), TypeError, r"fn must be a zero-argument callable"),
+    (lambda c: c.caught_oom(lambda: None, need=-1), ValueError, r"need must be a non-negative"),
+    (lambda c: c.rankings([{"ppl": 1}]), ValueError, r"rows must be task_drops' three rows"),
+    (lambda c: c.device_full_scenario(4, 2), ValueError, r"request_gib \(2\) must exceed leave_gib \(4\)"),
+    (lambda c: c.fragment_on_gpu(0), ValueError, r"block must be a positive integer"),
+    (lambda c: c.decode_until_oom(torch.nn.Linear(2, 2), -1, 4), ValueError, r"batch must be a positive integer"),
+    (lambda c: c.diagnose_real_ooms([lambda: None]), TypeError, r"scenarios must be OOMScenario objects"),
+    (lambda c: c.shared_gpu_demo([(4.0, float("inf"))]), ValueError, r"participants\[0\] must be \(cap GiB, wanted GiB\)"),
+]
+
+
+@pytest.mark.parametrize("call,exc,msg", CLINIC_ERRORS)
+def test_clinic_doors_refuse(call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call(_clinic())
+
+
+def test_clinic_accepts_numpy_integers():
+    rows = _clinic().generation_oom_point(CFG, np.float64(24e9), np.int64(2), [np.int64(64)])
+    assert rows[0]["context"] == 64 and type(rows[0]["context"]) is int and rows[0]["batch"] == 2
+    assert _clinic().fp8_support((np.int64(9), np.int64(0))).startswith("compute capability 9.0")
+
+
+# ------------------------------------------------------------------------------------ widgets
+def _widgets():
+    from helpers import widgets
+    return widgets
+
+
+WIDGET_ERRORS = [
+    (lambda w: w.kv_formats("SmolLM2-135M", -1, 2), ValueError, r"seq_len must be a positive integer"),
+    (lambda w: w.kv_formats("SmolLM2-135M", 512, 0), ValueError, r"batch must be a positive integer"),
+    (lambda w: w.kv_formats(42, 512, 2), TypeError, r"arch must be a model config"),
+    (lambda w: w.kv_formats("NotAModel", 512, 2), ValueError, r"unknown architecture 'NotAModel'"),
+    (lambda w: w.kv_point(torch.nn.Linear(2, 2), 512, 2, extra=-1), ValueError, r"extra must be a non-negative"),
+    (lambda w: w.kv_point(torch.nn.Linear(2, 2), 0, 2), ValueError, r"seq_len must be a positive integer"),
+    (lambda w: w.allocator_run("a=1MiB", cap_mib=float("nan")), ValueError, r"cap_mib must be a finite number"),
+    (lambda w: w.allocator_run("a=1MiB", cap_mib=-5), ValueError, r"cap_mib must be a non-negative"),
+    (lambda w: w.allocator_run("a=1MiB", expandable="yes"), TypeError, r"expandable must be True or False"),
+    (lambda w: w.allocator_run(None), ValueError, r"ops must be text such as 'a=300MiB; free a'"),
+    (lambda w: w.budget_point("SmolLM2-135M", 512, 1, kv_dtype="e4m3"), ValueError, r"kv_dtype must be one of"),
+    (lambda w: w.budget_point("SmolLM2-135M", 512, 1, dtype="int5"), ValueError, r"unknown weight format 'int5'"),
+    (lambda w: w.budget_point("SmolLM2-135M", 512, 1, measure_on_device="no"), TypeError,
+     r"measure_on_device must be True or False"),
+    (lambda w: w.load_measured("SmolLM2-135M", "int8"), ValueError, r"dtype 'int8' cannot be built to measure"),
+]
+
+
+@pytest.mark.parametrize("call,exc,msg", WIDGET_ERRORS)
+def test_widget_doors_refuse(call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call(_widgets())
+
+
+def test_widgets_accept_numpy_integers():
+    p = _widgets().budget_point("SmolLM2-135M", np.int64(256), np.int64(2), measure_on_device=False)
+    assert p["parts"] == _widgets().budget_point("SmolLM2-135M", 256, 2, measure_on_device=False)["parts"]
+
+
+# ------------------------------------------------------------------------------------ budget's newer arguments
+BUDGET_NEWER_ERRORS = [
+    (lambda: budget.kv_bytes(CFG, float("nan"), 1), ValueError, r"seq_len must be a positive integer"),
+    (lambda: budget.kv_bytes(CFG, 512, 1, "fp7"), ValueError, r"unknown dtype 'fp7'"),
+    (lambda: budget.kv_bytes(CFG, 512, 1, "int4", group_size=0), ValueError, r"group_size must be a positive"),
+    (lambda: budget.activation_bytes(CFG, 512, 1, attention="flashy"), ValueError, r"attention must be 'sdpa' or 'eager'"),
+    (lambda: budget.generation_peak(CFG, 512, -1, 1), ValueError, r"new_tokens must be a positive integer"),
+    (lambda: budget.budget(CFG, "bf16", 512, 1, kv_dtype="fp9"), ValueError, r"unknown dtype 'fp9'"),
+    (lambda: budget.weight_bytes(CFG, "int5"), ValueError, r"unknown weight format 'int5'"),
+    (lambda: _bd().device_footprint(CFG, 512, 16, 1, float("nan")), ValueError, r"non_torch_bytes must be bytes ≥ 0"),
+    (lambda: _bd().device_footprint(CFG, 512, 16, 1, 0, "flash9"), ValueError, r"attention must be one of"),
+    (lambda: _bd().kv_storage_positions(CFG, 512, -3), ValueError, r"steps must be an int ≥ 0"),
+    (lambda: budget.param_counts({"hidden_size": 4}), ValueError, r"config lacks"),
+]
+
+
+def _bd():
+    from helpers import budget_detail
+    return budget_detail
+
+
+@pytest.mark.parametrize("call,exc,msg", BUDGET_NEWER_ERRORS)
+def test_budget_newer_doors_refuse(call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call()
