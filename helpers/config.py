@@ -67,6 +67,13 @@ def cache_dir(*parts: str) -> Path:
     return path
 
 
+def results_path(*parts: str) -> Path:
+    """A file of the course's recorded results (``results/…`` of the repository ``helpers`` was imported
+    from — the clone on Colab too), found from anywhere rather than from the working directory; it may
+    not exist (an installed copy without the repository has no ``results/``): callers check."""
+    return Path(__file__).resolve().parents[1].joinpath("results", *parts)
+
+
 def read_json(path: Path | str) -> dict:
     """A JSON file the course wrote, read back with a clear error naming the file and the remedy
     when it is corrupt (an interrupted write, a hand edit)."""

@@ -39,10 +39,11 @@ if importlib.util.find_spec("helpers") is None or os.environ.get("COURSE_FORCE_S
     sys.path.insert(0, dest)
 
 # %%
-import json, pathlib
+import json
 import matplotlib.pyplot as plt
 import torch
 from helpers import allocator_sim as A, leaks, measure, plots, key_numbers
+from helpers.config import results_path
 from helpers.device import has_cuda, get_device
 MB, GB = A.MB, A.GB
 cuda = has_cuda()
@@ -201,7 +202,7 @@ plots.segments(ec["snapshot"], title="a 64 MiB tensor pins its whole 512 MiB seg
 # ### Simulator vs the real allocator (H200 reference)
 
 # %%
-ref = pathlib.Path("../results/h200/allocator_agreement.json")
+ref = results_path("h200", "allocator_agreement.json")
 if ref.exists():
     rows = json.loads(ref.read_text())
     for mode in ("default", "expandable"):

@@ -54,6 +54,7 @@ import copy, time
 import pandas as pd
 import torch
 from helpers import budget, calib, course_model, gptq, key_numbers, llm_compressor, models, quant, variants
+from helpers.config import results_path
 from helpers.models import decoder_layers
 bench = course_model.setup()
 model = bench.model
@@ -201,11 +202,10 @@ pd.DataFrame([r for r in llm_compressor.API_MAP if r[0] == "AutoGPTQ"], columns=
 
 # %%
 import json
-for path in ("../results/cpu/quantizers.json", "../results/h200/quantizers.json"):
-    p = pathlib.Path(path)
+for p in (results_path("cpu", "quantizers.json"), results_path("h200", "quantizers.json")):
     if p.exists():
         ref = pd.DataFrame(json.loads(p.read_text()))
-        print(path, "—", ref.device.iloc[0])
+        print(p.relative_to(results_path().parent), "—", ref.device.iloc[0])
         display(ref[ref.method.isin(["baseline", "rtn", "gptq"])][["model", "method", "impl", "bits", "group_size", "calib_tokens", "seconds", "ppl"]])
 
 # %% [markdown]

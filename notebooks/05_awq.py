@@ -51,7 +51,7 @@ import pandas as pd
 import torch
 from helpers import awq, course_model, key_numbers, llm_compressor, variants
 from helpers.qspec import QuantSpec
-from helpers.config import pick
+from helpers.config import pick, results_path
 bench = course_model.setup()
 model, cal, S = bench.model, bench.calib(), bench.settings
 BITS, G = 3, 64   # the step-by-step story at W3 g64, where the differences are large
@@ -215,13 +215,12 @@ print("times are those of the runs that built each variant (this profile, this m
 for r in speed.itertuples():
     print(f"{r.impl}: AWQ takes {r._4:.1f}× the time of GPTQ here ({'slower' if r._4 > 1 else 'faster'})")
 import json, pathlib
-for path in ("../results/cpu/quantizers.json", "../results/h200/quantizers.json"):   # the recorded runs
-    p = pathlib.Path(path)
+for p in (results_path("cpu", "quantizers.json"), results_path("h200", "quantizers.json")):   # the recorded runs
     if p.exists():
         rec = pd.DataFrame(json.loads(p.read_text()))
         rec = rec[(rec.bits == 4) & rec.method.isin(["gptq", "awq"])].pivot_table(index=["model", "impl"], columns="method", values="seconds", aggfunc="min")
         rec["AWQ / GPTQ"] = rec.awq / rec.gptq
-        print(path); display(rec.round(2))
+        print(p.relative_to(results_path().parent)); display(rec.round(2))
 speed.round(2)
 
 # %% [markdown]
@@ -237,7 +236,7 @@ speed.round(2)
 # compressed AWQ checkpoint, saved and reloaded, is the same two calls as in notebook 04:
 
 # %%
-import tempfile, pathlib
+import tempfile
 small = copy.deepcopy(model)
 llm_compressor.oneshot_quantize(small, bench.calib(pick(full=4, ci=2), 128), "awq", QuantSpec(4, G), n_grid=S["n_grid"])
 info = llm_compressor.roundtrip(small, bench.tokenizer, pathlib.Path(tempfile.mkdtemp()) / "awq-w4g64", bench.eval_ids[:64][None])

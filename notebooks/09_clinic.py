@@ -38,18 +38,18 @@ if importlib.util.find_spec("helpers") is None or os.environ.get("COURSE_FORCE_S
     sys.path.insert(0, dest)
 
 # %%
-import copy, json, pathlib
+import copy, json
 import pandas as pd
 import torch
 import matplotlib.pyplot as plt
 from helpers import (allocator_sim, budget, clinic, course_model, device, engine_plan, evaluate, exercises,
                      generation, key_numbers, llm_compressor, loading, measure, models, plots, quant)
-from helpers.config import pick
+from helpers.config import pick, results_path
 from helpers.device import has_cuda, get_device
 from helpers.qspec import QuantSpec
 cuda, dev = has_cuda(), get_device()
 GiB, MiB = 2**30, 2**20
-REF = pathlib.Path(clinic.__file__).resolve().parents[1] / "results"
+REF = results_path()
 bench = course_model.setup()          # the real model where there is one (offline SmolLM2 here); see its report
 model, tok = bench.model, bench.tokenizer
 REAL = bench.quality_meaningful       # quality verdicts below are printed only from real weights on real text

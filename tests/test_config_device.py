@@ -139,3 +139,12 @@ def test_participant_cap_from_the_environment_holds_in_a_fresh_process():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**__import__("os").environ, "COURSE_GPU_CAP_GIB": "2"})
     assert out.stdout.strip().endswith("OOM") and "NO-OOM" not in out.stdout, out.stderr[-1000:]
+
+
+def test_results_are_found_from_anywhere_and_helpers_is_a_real_package(tmp_path, monkeypatch):
+    import helpers
+    from helpers.config import results_path
+    monkeypatch.chdir(tmp_path)                      # not the notebooks' folder: no ../results here
+    assert results_path("h200", "kernels.json").is_file()
+    assert results_path().name == "results" and not results_path("no such file").exists()
+    assert helpers.__file__ and helpers.__file__.endswith("__init__.py")   # a namespace package has no file

@@ -53,7 +53,8 @@ def test_roofline():
     assert timing.roofline_tokens_per_s(16e9, 4000, kv_bytes=4e9) == pytest.approx(200)
     with pytest.raises(ValueError, match="positive"):
         timing.roofline_tokens_per_s(0, 4000)
-    assert timing.cpu_ms(lambda: sum(range(1000)), iters=3) > 0
+    import time
+    assert 19 <= timing.cpu_ms(lambda: time.sleep(0.02), iters=3) < 200      # the timer reads 20 ms as 20 ms
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="cpu_ms"):
             timing.gpu_ms(lambda: None)
@@ -63,8 +64,12 @@ def test_decode_speed_of_a_tiny_model():
     torch.manual_seed(0)
     m = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                      num_attention_heads=4, num_key_value_heads=2)).eval()
+    import time
+    hook = m.register_forward_pre_hook(lambda *_: time.sleep(0.02))    # every forward takes ≥ 20 ms
     r = generation.decode_speed(m, torch.arange(10), 4)
-    assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["new_tokens"] == 4
+    hook.remove()
+    assert r["new_tokens"] == 4 and 10 < r["decode_tok_s"] <= 50        # 3 decode steps of ≥ 20 ms each
+    assert 50 < r["prefill_tok_s"] <= 500                                # 10 prompt tokens in one ≥ 20 ms forward
     with pytest.raises(ValueError, match="1-D"):
         generation.decode_speed(m, torch.arange(10)[None], 4)
     with pytest.raises(ValueError, match="new_tokens must be"):
