@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import clinic, device, measure, models
+from helpers import clinic, device, gpu_share, measure, models
 
 
 def scenario_rows(holder_gib: float | None) -> list[dict]:
@@ -40,12 +40,13 @@ def scenario_rows(holder_gib: float | None) -> list[dict]:
     return [{**r, "run": run} for r in rows]
 
 
-def _spinners(n: int, env: dict, kernels: int = 500) -> list[dict]:
+def _spinners(n: int, extra_env: dict | None = None, kernels: int = 500) -> list[dict]:
     """``n`` spinners started together: each reports ``ready`` once its CUDA context is up, then all
     are told to go at once, so their kernel streams overlap (process start-up takes seconds)."""
-    procs = [subprocess.Popen([sys.executable, "-m", "helpers.gpu_share", "spin", "--kernels", str(kernels), "--wait"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for _ in range(n)]
+    argv, env = gpu_share.command("spin", "--kernels", kernels, "--wait")
+    env.update(extra_env or {})
+    procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env) for _ in range(n)]
     for p in procs:
         if p.stdout.readline().strip() != "ready":
             raise RuntimeError(f"a spinner did not start: {p.stderr.read()[-400:]}")
@@ -56,28 +57,27 @@ def _spinners(n: int, env: dict, kernels: int = 500) -> list[dict]:
     out = []
     for p in procs:
         o, e = p.communicate(timeout=300)
-        line = [ln for ln in o.splitlines() if ln.startswith("{")]
-        out.append(json.loads(line[-1]) if line else {"error": e[-400:]})
+        out.append(gpu_share.last_json(o) or {"error": e[-400:]})
     wall = time.perf_counter() - t0
     return [{**r, "wall_seconds": wall} for r in out]
 
 
 def mps_rows() -> list[dict]:
-    env = clinic._module_env()
-    rows = [{"setting": "one spinner, no MPS", "procs": _spinners(1, env)},
-            {"setting": "two spinners at once, no MPS", "procs": _spinners(2, env)}]
+    rows = [{"setting": "one spinner, no MPS", "procs": _spinners(1)},
+            {"setting": "two spinners at once, no MPS", "procs": _spinners(2)}]
     ctl = shutil.which("nvidia-cuda-mps-control")
     if ctl is None:
         return rows + [{"setting": "MPS", "error": "nvidia-cuda-mps-control is not on this machine's PATH"}]
     tmp = Path(tempfile.mkdtemp(prefix="mps-"))
-    menv = {**env, "CUDA_MPS_PIPE_DIRECTORY": str(tmp / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(tmp / "log")}
+    mps = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(tmp / "log")}
+    menv = {**os.environ, **mps}
     (tmp / "pipe").mkdir()
     (tmp / "log").mkdir()
     start = subprocess.run([ctl, "-d"], env=menv, capture_output=True, text=True)
     if start.returncode:
         return rows + [{"setting": "MPS", "error": f"the daemon did not start: {start.stderr[-300:]}"}]
     try:
-        rows.append({"setting": "two spinners at once, under MPS", "procs": _spinners(2, menv)})
+        rows.append({"setting": "two spinners at once, under MPS", "procs": _spinners(2, mps)})
     finally:
         subprocess.run([ctl], input="quit\n", env=menv, capture_output=True, text=True)
         log = (tmp / "log" / "control.log")

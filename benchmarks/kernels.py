@@ -51,12 +51,6 @@ STEPS = {  # the CUDA-core GEMV, one optimisation at a time (helpers/w4_kernel.p
 }
 
 
-def copies_for(nbytes: int) -> int:
-    """How many copies of a weight make the rotation exceed the L2 cache three times over."""
-    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 * 2**20)
-    return max(2, math.ceil(3 * l2 / max(1, nbytes)))
-
-
 class Shape:
     """One weight shape on the GPU: bf16 copies, our packed copies per group, tinygemm per group."""
 
@@ -64,16 +58,16 @@ class Shape:
         torch.manual_seed(0)
         self.k, self.n = k, n
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-        self.w = [w] + [w.clone() for _ in range(copies_for(w.numel() * 2) - 1)]
+        self.w = [w] + [w.clone() for _ in range(timing.copies_past_l2(w.numel() * 2) - 1)]
         self.packed = {}
         self.tiny = {}
         for g in groups:
             p = w4_kernel.pack_w4(w, g)
             self.packed[g] = [p] + [w4_kernel.W4Weight(p.words.clone(), p.scale.clone(), p.zero.clone(), g, p.shape)
-                                    for _ in range(copies_for(p.nbytes) - 1)]
+                                    for _ in range(timing.copies_past_l2(p.nbytes) - 1)]
             t = decode_bench.tinygemm_linear(w, g)
             self.tiny[g] = None if t is None else [t] + [decode_bench.tinygemm_linear(w, g)
-                                                         for _ in range(copies_for(p.nbytes) - 1)]
+                                                         for _ in range(timing.copies_past_l2(p.nbytes) - 1)]
 
     def free(self):
         self.w = self.packed = self.tiny = None

@@ -30,15 +30,14 @@ tests/test_budget_measured.py, and on the H200 by ``benchmarks/budget_accuracy.p
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
+from . import validate
 from .allocator_sim import simulate
 from .models import parse_dtype, quiet_torchao_import
-from .qspec import as_int
 
 KV_FORMATS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
 ATTENTIONS = ("sdpa", "eager")
@@ -47,48 +46,40 @@ DEVICES = ("cuda", "cpu")
 
 
 # --------------------------------------------------------------------------- the door checks
-# every bad value is a ValueError naming the argument (a float where a count is meant included)
+# helpers.validate's meaning of each check (numpy and torch integers accepted; bools, floats where a
+# count is meant, NaN and inf refused), raised here as a ValueError naming the argument
 def positive_int(value, name: str) -> int:
-    """``value`` as an int ≥ 1 (numpy and torch integers accepted), else a ``ValueError`` naming ``name``."""
+    """``value`` as an int ≥ 1 (:func:`helpers.validate.positive_int`), else a ``ValueError`` naming ``name``."""
     try:
-        v = as_int(value, name)
-    except TypeError:
+        return validate.positive_int(value, name)
+    except (TypeError, ValueError):
         raise ValueError(f"{name} must be a positive integer, got {value!r}") from None
-    if v <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return v
 
 
 def non_negative_int(value, name: str) -> int:
-    """``value`` as an int ≥ 0, else a ``ValueError`` naming ``name``."""
+    """``value`` as an int ≥ 0 (:func:`helpers.validate.non_negative_int`), else a ``ValueError`` naming ``name``."""
     try:
-        v = as_int(value, name)
-    except TypeError:
+        return validate.non_negative_int(value, name)
+    except (TypeError, ValueError):
         raise ValueError(f"{name} must be an integer ≥ 0, got {value!r}") from None
-    if v < 0:
-        raise ValueError(f"{name} must be an integer ≥ 0, got {value!r}")
-    return v
 
 
 def byte_count(value, name: str, hint: str = "", unit: str = "bytes") -> float:
-    """``value`` as a finite number ≥ 0 of ``unit`` (ints, floats, numpy and torch scalars), else a
+    """``value`` as a finite number ≥ 0 of ``unit`` (:func:`helpers.validate.non_negative_number`), else a
     ``ValueError`` naming ``name``."""
-    v = math.nan
-    if not isinstance(value, (bool, str, bytes)):
-        try:
-            v = float(value)
-        except (TypeError, ValueError):
-            pass
-    if not (math.isfinite(v) and v >= 0):
-        raise ValueError(f"{name} must be a finite number of {unit} ≥ 0{hint}, got {value!r}")
-    return v
+    try:
+        return float(validate.non_negative_number(value, name))
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite number of {unit} ≥ 0{hint}, got {value!r}") from None
 
 
 def choice(value, name: str, options) -> str:
-    """``value`` if it is one of ``options``, else a ``ValueError`` naming ``name`` and the options."""
-    if not isinstance(value, str) or value not in options:
-        raise ValueError(f"{name} must be one of {list(options)}, got {value!r}")
-    return value
+    """``value`` if it is one of ``options`` (:func:`helpers.validate.one_of`), else a ``ValueError``
+    naming ``name`` and the options."""
+    try:
+        return validate.one_of(value, name, options)
+    except ValueError:
+        raise ValueError(f"{name} must be one of {list(options)}, got {value!r}") from None
 
 
 def dtype_bytes(fmt) -> float:

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from . import allocator_sim, budget, measure
+from . import allocator_sim, budget, gpu_share, measure
 from . import validate as v
 from .device import memory_limit
 from .models import architecture_config as models_config
@@ -163,13 +160,6 @@ def fp8_support(capability: tuple[int, int] | None) -> str:
             "kernel); a T4 is 7.5, an A100 8.0")
 
 
-def _module_env() -> dict:
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
 def shared_gpu_demo(participants: list[tuple[float, float]], lift: tuple[int, ...] = ()) -> list[dict]:
     """Several processes on one GPU at once (:mod:`helpers.gpu_share`), participant ``i`` under an
     allocator cap of ``participants[i][0]`` GiB asking for ``participants[i][1]`` GiB; those whose index
@@ -180,15 +170,15 @@ def shared_gpu_demo(participants: list[tuple[float, float]], lift: tuple[int, ..
             raise ValueError(f"participants[{i}] must be (cap GiB, wanted GiB), two positive numbers, got {pw!r}")
     if not torch.cuda.is_available():
         raise RuntimeError("shared_gpu_demo needs a CUDA device")
-    procs = [subprocess.Popen([sys.executable, "-m", "helpers.gpu_share", "participant", "--cap-gib", str(cap),
-                               "--want-gib", str(want), "--name", f"p{i}"] + (["--lift"] if i in lift else []),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_module_env())
-             for i, (cap, want) in enumerate(participants)]
+    procs = []
+    for i, (cap, want) in enumerate(participants):
+        argv, env = gpu_share.command("participant", "--cap-gib", cap, "--want-gib", want, "--name", f"p{i}",
+                                      *(["--lift"] if i in lift else []))
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
     rows = []
     for p in procs:
         out, err = p.communicate(timeout=300)
-        line = [ln for ln in out.splitlines() if ln.startswith("{")]
-        rows.append(json.loads(line[-1]) if line else {"error": err[-300:]})
+        rows.append(gpu_share.last_json(out) or {"error": err[-300:]})
     return rows
 
 
@@ -198,9 +188,9 @@ def other_process(gib: float):
     a shared card, :mod:`helpers.gpu_share` ``hold``). Yields the bytes it holds."""
     if not (isinstance(gib, (int, float)) and 0 < gib < float("inf")):
         raise ValueError(f"gib must be a positive, finite number of GiB, got {gib!r}")
-    p = subprocess.Popen([sys.executable, "-m", "helpers.gpu_share", "hold", "--gib", str(gib)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=_module_env())
+    argv, env = gpu_share.command("hold", "--gib", gib)
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env)
     try:
         line = p.stdout.readline()
         if not line.startswith("{"):

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from . import models, timing, w4_kernel
+from . import models, w4_kernel
 from .cuda_graphs import GraphedCalls
 
 FORMATS = ("bf16", "W4A16 ours", "W4A16 tinygemm")
@@ -81,27 +81,10 @@ def resident_bytes(model) -> int:
     return torch.cuda.memory_allocated()
 
 
-def tune_shapes(arch: str, batches=(1,)) -> dict:
-    """One kernel configuration per (linear shape, row tile) of ``arch``, measured on this GPU."""
-    with torch.device("meta"):
-        model = models.model_from_config(arch, device="meta")
-    shapes = sorted({(m.out_features, m.in_features) for n, m in model.named_modules()
-                     if isinstance(m, torch.nn.Linear) and "lm_head" not in n})
-    out = {}
-    for n, k in shapes:
-        p = w4_kernel.pack_w4(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02, 128)
-        out[(n, k)] = {}
-        for rows in sorted({w4_kernel.block_rows(b) for b in batches} | {64}):
-            x = torch.randn(max(rows, 1), k, device="cuda", dtype=torch.bfloat16)
-            cfg, ms = w4_kernel.tuned_config(x, p, lambda fn: timing.gpu_ms(fn, iters=10, warmup=2))
-            out[(n, k)][rows] = cfg
-            print(f"tuned {n}x{k} rows {rows}: {cfg} {ms:.4f} ms", flush=True)
-    return out
-
-
 def build(arch: str, fmt: str, tuned: dict | None = None, group_size: int = 128, family: dict | None = None):
     """``arch`` with random weights on the GPU, in format ``fmt`` (see :data:`FORMATS`); our kernel runs
-    the configs of ``tuned`` (from :func:`tune_shapes`) where given, else
+    the configs of ``tuned`` (``{(N, K): {row tile: config}}``, e.g. from :func:`helpers.w4_kernel.tuned_config`)
+    where given, else
     :func:`helpers.w4_kernel.auto_config`'s, chosen from each shape (with ``family``'s kernel family)."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")

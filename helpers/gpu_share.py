@@ -28,6 +28,25 @@ import time
 CHUNK = 2**28   # 256 MiB
 
 
+def command(role: str, *args: str) -> tuple[list[str], dict]:
+    """``(argv, env)`` to start one process of ``role`` (``participant``, ``hold``, ``spin``) with
+    ``subprocess``: this interpreter running this module, the course's folder on ``PYTHONPATH``."""
+    import os
+    from pathlib import Path
+    if role not in ("participant", "hold", "spin"):
+        raise ValueError(f"role must be 'participant', 'hold' or 'spin', got {role!r}")
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return [sys.executable, "-m", "helpers.gpu_share", role, *map(str, args)], env
+
+
+def last_json(stdout: str) -> dict | None:
+    """The last JSON line a process of this module printed (its result), or None."""
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+
+
 def participant(cap_gib: float, want_gib: float, lift: bool = False, name: str = "p") -> dict:
     import torch
 

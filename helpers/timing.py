@@ -72,6 +72,15 @@ def roofline_tokens_per_s(weight_bytes: float, bandwidth_gbps: float, kv_bytes: 
     return bandwidth_gbps * 1e9 / (weight_bytes + kv_bytes)
 
 
+def copies_past_l2(nbytes: int, times: int = 3) -> int:
+    """How many copies of an ``nbytes`` weight a :func:`graph_ms` rotation needs so that together they
+    exceed the device's L2 cache ``times`` over (at least 2): each call then reads from HBM."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("copies_past_l2 reads the CUDA device's L2 size; there is no CUDA device here")
+    l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 60 * 2**20)
+    return max(2, -(-times * l2 // max(1, int(nbytes))))
+
+
 def graph_ms(fns: list, replays: int = 20, warmup: int = 2) -> float:
     """Milliseconds per call of the calls ``fns`` (each a zero-argument function) replayed as one CUDA
     graph: captured once, in order, then replayed ``replays`` times; the median replay ÷ ``len(fns)``.

@@ -171,7 +171,7 @@ def live_kernels(k=4096, n=14336, rows=(1, 16), group=128):
     bw = timing.copy_bandwidth_gbps()
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
     p = w4_kernel.pack_w4(w, group)
-    copies = max(2, int(3 * 60e6 // p.nbytes) + 1)                       # > 3× a 60 MB L2
+    copies = timing.copies_past_l2(p.nbytes)                              # together > 3× this GPU's L2
     ws, ps = [w, w.clone()], [p] + [w4_kernel.W4Weight(p.words.clone(), p.scale.clone(), p.zero.clone(), group, p.shape)
                              for _ in range(copies - 1)]
     tiny = [decode_bench.tinygemm_linear(w, group) for _ in range(copies)] if decode_bench.tinygemm_config() else None

@@ -146,3 +146,14 @@ def test_group_sweep_and_task_drops_on_a_tiny_model():
     assert torch.equal(before, m.model.layers[0].mlp.up_proj.weight)      # the variants are copies
     text = clinic.rankings(drops)
     assert text.startswith("perplexity ranks ") and "the copy task ranks" in text
+
+
+def test_gpu_share_command_and_result_line():
+    from helpers import gpu_share
+    argv, env = gpu_share.command("hold", "--gib", 8)
+    assert argv[1:4] == ["-m", "helpers.gpu_share", "hold"] and argv[-1] == "8"
+    from pathlib import Path
+    assert (Path(env["PYTHONPATH"].split(":")[0]) / "helpers" / "gpu_share.py").is_file()   # the course's folder first
+    assert gpu_share.last_json('noise\n{"a": 1}\n{"b": 2}\n') == {"b": 2} and gpu_share.last_json("none") is None
+    with pytest.raises(ValueError, match="role must be"):
+        gpu_share.command("sleep")

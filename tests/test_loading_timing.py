@@ -58,6 +58,11 @@ def test_roofline():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="cpu_ms"):
             timing.gpu_ms(lambda: None)
+        with pytest.raises(RuntimeError, match="L2 size"):
+            timing.copies_past_l2(2**20)
+    else:
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        assert timing.copies_past_l2(l2) == 3 and timing.copies_past_l2(10 * l2) == 2
 
 
 def test_decode_speed_of_a_tiny_model():
