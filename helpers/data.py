@@ -28,6 +28,20 @@ from .qspec import positive_int
 ENV_VAR = "COURSE_WIKITEXT"
 EVAL_FRACTION = 0.8
 SPLITS = ("eval", "calib", "all")
+FIRST_ORDINARY_ID = 3   # ids 0-2 are special tokens in the course's tokenizers (<|endoftext|>, <|im_start|>, <|im_end|>)
+
+
+def random_ids(vocab_size: int, shape: tuple[int, ...], seed: int = 0, device=None) -> torch.Tensor:
+    """Token ids drawn uniformly from ``[3, vocab_size − 1)``: a prompt of the right shape for memory and
+    speed, never for quality. The first ids (special tokens) and the last are left out; the draw is
+    from a CPU generator seeded with ``seed`` (the same ids on every device), then moved to ``device``."""
+    vocab_size = positive_int(vocab_size, "vocab_size")
+    if vocab_size <= FIRST_ORDINARY_ID + 1:
+        raise ValueError(f"vocab_size={vocab_size} leaves no ordinary token id: it must exceed {FIRST_ORDINARY_ID + 1}")
+    shape = tuple(positive_int(n, "shape") for n in shape)
+    g = torch.Generator(device="cpu").manual_seed(int(seed))
+    ids = torch.randint(FIRST_ORDINARY_ID, vocab_size - 1, shape, generator=g)
+    return ids if device is None else ids.to(device)
 
 
 def _rows_from_file(path: Path) -> list[str]:
