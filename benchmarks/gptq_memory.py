@@ -17,6 +17,8 @@ import torch
 
 from helpers import gptq as G
 from helpers import models
+from helpers.data import random_ids
+from helpers.measure import PeakMeter
 from helpers.qspec import QuantSpec
 
 
@@ -29,22 +31,19 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("gptq_memory needs a CUDA device")
     base = models.model_from_config(args.arch, device="cuda", dtype=torch.bfloat16)
-    calib = torch.randint(3, base.config.vocab_size - 1, (args.samples, 512), generator=torch.Generator().manual_seed(0))
+    calib = random_ids(base.config.vocab_size, (args.samples, 512), seed=0)
     spec, options = QuantSpec(4, 128), G.GPTQOptions(actorder=True, static_groups=True)
     rows = []
     for name, share in (("graphs, shared pool", True), ("graphs, a pool per shape", False), ("eager column loop", None)):
         m = copy.deepcopy(base)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
         t0 = time.perf_counter()
-        graphs = False if share is None else G.BlockGraphs(spec, share_pool=share)
-        G.gptq_model(m, calib, spec, options, progress=False, graphs=graphs)
-        if graphs:
-            graphs.close()
-        torch.cuda.synchronize()
+        with PeakMeter() as meter:
+            graphs = False if share is None else G.BlockGraphs(spec, share_pool=share)
+            G.gptq_model(m, calib, spec, options, progress=False, graphs=graphs)
+            if graphs:
+                graphs.close()
         rows.append({"arch": args.arch, "column_loop": name, "seconds": round(time.perf_counter() - t0, 2),
-                     "peak_bytes": torch.cuda.max_memory_allocated() - before, "calib_tokens": calib.numel()})
+                     "peak_bytes": meter.peak, "calib_tokens": calib.numel()})
         print(rows[-1], flush=True)
         del m, graphs
         torch.cuda.empty_cache()

@@ -41,8 +41,7 @@ def main():
     rows = []
     for ctx in contexts:
         if stream is None:
-            g = torch.Generator().manual_seed(ctx)
-            prompts = torch.randint(3, model.config.vocab_size - 1, (batch, ctx), generator=g).cuda()
+            prompts = data.random_ids(model.config.vocab_size, (batch, ctx), seed=ctx, device="cuda")
         else:
             prompts = torch.stack([stream[i * ctx:(i + 1) * ctx] for i in range(batch)])
         for r in generation.kv_ab(model, prompts, args.new_tokens):

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from helpers import data, evaluate, host_alloc, models, variants
+from helpers.measure import PeakMeter
 from helpers.qspec import QuantSpec
 
 
@@ -65,8 +66,7 @@ def main():
             if args.layers:
                 models.keep_first_layers(base, args.layers)
                 arch = f"{arch} (first {args.layers} layers)"
-            g = torch.Generator().manual_seed(0)
-            calib = torch.randint(3, base.config.vocab_size - 1, (args.calib_samples, args.seq_len), generator=g)
+            calib = data.random_ids(base.config.vocab_size, (args.calib_samples, args.seq_len), seed=0)
             ev, name, note = None, arch, "architecture from config, random weights: time only"
         ppl = lambda m: None if ev is None else round(evaluate.perplexity(m, ev, args.seq_len, progress=False)["ppl"], 4)
 
@@ -87,11 +87,9 @@ def main():
                           if (method, impl) == ("awq", "ours") and args.awq_search_dtype != "auto" else {})
                     run = lambda m=m, kw=kw: variants.apply_quantizer(m, calib, method, impl, QuantSpec(bits, args.group), **kw)
                     if cuda:
-                        torch.cuda.synchronize()
-                        torch.cuda.reset_peak_memory_stats()
-                        before = torch.cuda.memory_allocated()
-                        info = run()
-                        peak = torch.cuda.max_memory_allocated() - before
+                        with PeakMeter() as meter:
+                            info = run()
+                        peak = meter.peak
                     else:   # the C allocator's live bytes after every op (helpers.host_alloc), over the start
                         box = {}
                         peak = host_alloc.peak_bytes(lambda: box.setdefault("info", run()), warmup=False,

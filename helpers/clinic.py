@@ -11,16 +11,19 @@ import json
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 
 import torch
 
 from . import allocator_sim, budget, gpu_share, measure
 from . import validate as v
+from .data import random_ids
 from .device import memory_limit
+from .generation import greedy_tokens, prefill
+from .kvcache import make_cache
 from .models import architecture_config as models_config
 from .models import check_token_ids, model_from_config
-
-GiB, MiB = 1024**3, 1024**2
+from .units import GiB, KiB, MiB
 
 
 def generation_oom_point(config, cap_bytes: float, batch: int, contexts, dtype: str = "bf16",
@@ -207,7 +210,7 @@ def _requested_bytes(message: str) -> int | None:
     m = re.search(r"Tried to allocate ([\d.]+) (GiB|MiB|KiB|B)", message)
     if not m:
         return None
-    return int(float(m.group(1)) * {"GiB": GiB, "MiB": 2**20, "KiB": 2**10, "B": 1}[m.group(2)])
+    return int(float(m.group(1)) * {"GiB": GiB, "MiB": MiB, "KiB": KiB, "B": 1}[m.group(2)])
 
 
 def caught_oom(fn, need: float | None = None) -> dict:
@@ -294,7 +297,7 @@ def real_oom_scenarios(model) -> list[OOMScenario]:
                     lambda: model_from_config("TinyLlama-1.1B", device="cuda", dtype=torch.float32),
                     lambda: 2.0, budget.weight_bytes(tiny, "fp32")),
         OOMScenario("prefill 64 × 4096 under weights + 1 GiB", "too-big",
-                    lambda: model(torch.randint(3, 1000, (64, 4096), device=dev), use_cache=False),
+                    lambda: model(random_ids(model.config.vocab_size, (64, 4096), device=dev), use_cache=False),
                     lambda: w / GiB + 1.0, w + budget.activation_bytes(model.config, 4096, 64)["peak"]),
         OOMScenario("decode batch 64, 256 → 4352 tokens, under weights + 0.5 GiB", "too-big",
                     lambda: decode_until_oom(model, 64, 256, 4096),
@@ -365,12 +368,10 @@ def decode_until_oom(model, batch: int, prompt_len: int, max_new: int = 4096) ->
     batch, prompt_len = v.positive_int(batch, "batch"), v.positive_int(prompt_len, "prompt_len")
     max_new = v.non_negative_int(max_new, "max_new")
     dev = next(model.parameters()).device
-    ids = torch.randint(3, model.config.vocab_size - 1, (batch, prompt_len), device=dev)
-    out = model(ids, use_cache=True, logits_to_keep=1)
-    cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-    for _ in range(max_new):
-        out = model(nxt, past_key_values=cache, use_cache=True)
-        nxt = out.logits[:, -1:].argmax(-1)
+    cache = make_cache("baseline", model.config)
+    nxt = prefill(model, random_ids(model.config.vocab_size, (batch, prompt_len), device=dev), cache)
+    for _ in islice(greedy_tokens(model, cache, nxt), max_new):
+        pass
     return max_new
 
 

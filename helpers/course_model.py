@@ -34,8 +34,7 @@ class Bench:
         L = positive_int(seq_len if seq_len is not None else self.settings["seq_len"], "seq_len")
         if self.real_text:
             return data.calibration_batch(self.tokenizer, n, L, seed)
-        g = torch.Generator().manual_seed(1000 + seed)
-        return torch.randint(3, self.model.config.vocab_size - 1, (n, L), generator=g)
+        return data.random_ids(self.model.config.vocab_size, (n, L), seed=1000 + seed)
 
     @property
     def quality_meaningful(self) -> bool:
@@ -63,7 +62,7 @@ def setup(name: str | None = None, device=None, dtype=None) -> Bench:
     real_text = ids is not None
     if not real_text:
         print("[text] no text source → random token ids: perplexities below measure nothing.")
-        ids = torch.randint(3, model.config.vocab_size - 1, (200_000,), generator=torch.Generator().manual_seed(0))
+        ids = data.random_ids(model.config.vocab_size, (200_000,), seed=0)
     label = getattr(model.config, "_name_or_path", "") or "random-weights"
     label = label.rstrip("/").split("/")[-1] or "model"
     settings = quality_settings(torch.cuda.is_available())

@@ -14,6 +14,8 @@ import torch
 
 from . import models, w4_kernel
 from .cuda_graphs import GraphedCalls
+from .data import random_ids
+from .measure import PeakMeter
 
 FORMATS = ("bf16", "W4A16 ours", "W4A16 tinygemm")
 CATEGORIES = {  # kernel-name fragments → what a decode step spends its time on
@@ -117,7 +119,7 @@ def step_profile(model, batch: int, prompt: int) -> dict:
     from transformers import StaticCache
     cfg, dev = model.config, next(model.parameters()).device
     cache = StaticCache(config=cfg, max_cache_len=prompt + 16)
-    ids = torch.randint(0, cfg.vocab_size, (batch, prompt), device=dev)
+    ids = random_ids(cfg.vocab_size, (batch, prompt), device=dev)
     model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(prompt, device=dev), logits_to_keep=1)
     tok, pos = ids[:, -1:], torch.tensor([prompt], device=dev)
     for i in range(3):
@@ -143,35 +145,33 @@ def run(model, batch: int, prompt: int, steps: int, graphs: bool) -> dict:
     from transformers import StaticCache
     cfg = model.config
     dev = next(model.parameters()).device
-    cuda = dev.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     cache = StaticCache(config=cfg, max_cache_len=prompt + steps + 8)
-    ids = torch.randint(0, cfg.vocab_size, (batch, prompt), device=dev)
+    ids = random_ids(cfg.vocab_size, (batch, prompt), device=dev)
     model(input_ids=ids[:, :16], use_cache=False, logits_to_keep=1)   # warm-up: library handles, autotuning
     sync()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    t = time.perf_counter()
-    out = model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(prompt, device=dev),
-                logits_to_keep=1, use_cache=True)
-    sync()
-    prefill_s = time.perf_counter() - t
-    tok = out.logits[:, -1:].argmax(-1)
+    with PeakMeter(dev) as meter:
+        t = time.perf_counter()
+        out = model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(prompt, device=dev),
+                    logits_to_keep=1, use_cache=True)
+        sync()
+        prefill_s = time.perf_counter() - t
+        tok = out.logits[:, -1:].argmax(-1)
 
-    def step(tok, pos):
-        return (model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits[:, -1],)
-    fn = GraphedCalls(step) if graphs else step
-    pos = torch.tensor([prompt], device=dev)
-    for _ in range(3):                     # warm-up (captures the graph)
-        logits, = fn(tok, pos)
-    sync()
-    t = time.perf_counter()
-    for i in range(steps):
-        logits, = fn(tok, pos + i)
-        tok = logits.argmax(-1, keepdim=True)
-    sync()
-    decode_s = time.perf_counter() - t
-    peak = torch.cuda.max_memory_allocated() if cuda else None
+        def step(tok, pos):
+            return (model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits[:, -1],)
+        fn = GraphedCalls(step) if graphs else step
+        pos = torch.tensor([prompt], device=dev)
+        for _ in range(3):                     # warm-up (captures the graph)
+            logits, = fn(tok, pos)
+        sync()
+        t = time.perf_counter()
+        for i in range(steps):
+            logits, = fn(tok, pos + i)
+            tok = logits.argmax(-1, keepdim=True)
+        sync()
+        decode_s = time.perf_counter() - t
+    peak = None if meter.peak is None else meter.base + meter.peak     # weights and cache included
     if graphs:
         fn.close()
     return {"prefill_tok_s": batch * prompt / prefill_s, "decode_tok_s": batch * steps / decode_s,

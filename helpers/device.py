@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-GiB = 1024**3
+from .units import GiB
+
 CARD_ENV = "COURSE_GPU_GIB"
 CAP_ENV = "COURSE_GPU_CAP_GIB"
 

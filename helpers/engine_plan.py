@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .budget_detail import Shape, dtype_bytes, layer_windows
+from .units import GiB
 from .validate import model_config, non_negative_number, number_in, one_of, positive_int, positive_number
 
-GiB = 1024**3
 KV_CACHE_DTYPES = {"auto": None, "bfloat16": "bf16", "float16": "fp16", "fp8": "fp8", "fp8_e4m3": "fp8",
                    "fp8_e5m2": "fp8"}
 MODEL_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
@@ -191,17 +191,16 @@ def measure_profile(model, max_num_batched_tokens: int = 2048, utilization: floa
     model_config(getattr(model, "config", None), "model.config")
     if not torch.cuda.is_available():
         raise RuntimeError("measure_profile needs a CUDA device (on CPU, plan from a vLLM log or from budget())")
-    from .measure import non_torch_bytes
+    from .data import random_ids
+    from .measure import PeakMeter, non_torch_bytes
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    weights = torch.cuda.memory_allocated()
     free0, total = torch.cuda.mem_get_info()
     outside0 = (total - free0) - torch.cuda.memory_reserved()
-    torch.cuda.reset_peak_memory_stats()
-    ids = torch.randint(0, model.config.vocab_size, (1, max_num_batched_tokens), device="cuda")
-    model(input_ids=ids, use_cache=False, logits_to_keep=1)
-    torch.cuda.synchronize()
-    activation = torch.cuda.max_memory_allocated() - weights
+    ids = random_ids(model.config.vocab_size, (1, max_num_batched_tokens))
+    with PeakMeter() as meter:                  # its base: the weights (all that is live on the GPU)
+        model(input_ids=ids.cuda(), use_cache=False, logits_to_keep=1)
+    weights, activation = meter.base, meter.peak
     non_torch = non_torch_bytes(torch.cuda.current_device())
     if non_torch is None:
         free, _ = torch.cuda.mem_get_info()

@@ -14,6 +14,7 @@ This module sits above :mod:`helpers.measure` (memory views, the stage profiler)
 from __future__ import annotations
 
 import time
+from itertools import islice
 from pathlib import Path
 
 import torch
@@ -21,11 +22,31 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 from .budget import kv_bytes
+from .data import random_ids
 from .device import memory_limit, process_gpu_bytes
 from .kvcache import available_kinds, make_cache, stored_bytes
-from .measure import StageProfiler, free_memory, oom_guard, requested_bytes, reset_peak, warmup_cublas
+from .measure import PeakMeter, StageProfiler, free_memory, oom_guard, requested_bytes, reset_peak, warmup_cublas
 from .models import model_from_config
 from .qspec import positive_int
+from .units import GiB
+
+
+def greedy_tokens(model, cache, token: torch.Tensor):
+    """Greedy decoding, one step per item: feed ``token`` [batch, 1] through ``model`` with ``cache``
+    and yield the argmax of the next-token logits, fed back at the next step (endless: bound it with
+    ``zip``/``islice``). The logits are dropped each step, so only the cache grows."""
+    while True:
+        out = model(token, past_key_values=cache, use_cache=True)
+        token = out.logits[:, -1:].argmax(-1)
+        del out
+        yield token
+
+
+def prefill(model, ids: torch.Tensor, cache) -> torch.Tensor:
+    """Run the prompt ``ids`` [batch, tokens] into ``cache``; return the greedy first token [batch, 1]
+    (only the last position's logits are computed: ``logits_to_keep=1``)."""
+    out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1:].argmax(-1)
 
 
 def measure_weights(arch: str, device="cuda", dtype=torch.bfloat16, attn_implementation: str | None = None,
@@ -53,40 +74,37 @@ def measure_generate(model, seq_len: int, batch: int, new_tokens: int = 16, cach
     and tokens/s. ``cache`` is a :data:`helpers.kvcache.KV_KINDS` name or ``"static"``.
     """
     dev = next(model.parameters()).device
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    ids = torch.randint(3, model.config.vocab_size - 1, (batch, seq_len), generator=g).to(dev)
+    ids = random_ids(model.config.vocab_size, (batch, seq_len), seed=seed, device=dev)
     mask = torch.ones_like(ids)
     kv = make_cache(cache, model.config, max_cache_len=seq_len + new_tokens)
     free_memory()
-    reset_peak()
-    base = torch.cuda.memory_allocated() if dev.type == "cuda" else 0
+    meter = PeakMeter(dev)
     calls, between = [], [0]  # per-forward peaks; the peak outside forward calls (logits processing)
 
     def pre(*_):
-        if dev.type == "cuda":
-            between[0] = max(between[0], torch.cuda.max_memory_allocated() - base)
-            torch.cuda.reset_peak_memory_stats()
+        if meter.cuda:
+            between[0] = max(between[0], meter.read())
+            meter.restart()
 
     def post(*_):
-        if dev.type == "cuda":
-            calls.append(torch.cuda.max_memory_allocated() - base)
-            torch.cuda.reset_peak_memory_stats()
+        if meter.cuda:
+            calls.append(meter.read())
+            meter.restart()
 
     hooks = [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
     t0 = time.perf_counter()
     try:
-        out = model.generate(ids, attention_mask=mask, past_key_values=kv, max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, disable_compile=True)
+        with meter:
+            out = model.generate(ids, attention_mask=mask, past_key_values=kv, max_new_tokens=new_tokens,
+                                 min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, disable_compile=True)
     finally:
         for h in hooks:
             h.remove()
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
     secs = time.perf_counter() - t0
     res = {"kv_meas": stored_bytes(kv), "seconds": secs, "tokens_per_s": batch * new_tokens / secs,
            "new_tokens": out.shape[1] - seq_len}
-    if dev.type == "cuda":
-        between[0] = max(between[0], torch.cuda.max_memory_allocated() - base)
+    if meter.cuda:
+        between[0] = max(between[0], meter.peak)
         res.update(prefill_meas=calls[0], decode_meas=max(calls[1:], default=0),
                    peak_meas=max(calls + between), reserved=torch.cuda.memory_reserved(),
                    process_gpu_bytes=process_gpu_bytes(dev.index or 0))   # nvidia-smi's number, cache still held
@@ -154,26 +172,21 @@ def tokens_until_oom(model, kind: str, batch: int, prompt_len: int, max_new: int
     before returning (the OOM is caught). ``trace``, a list, receives ``memory_allocated`` after the
     prefill and after every decoded token (CUDA): the memory-over-time line of a plot."""
     dev = next(model.parameters()).device
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, model.config.vocab_size - 1, (batch, prompt_len), generator=g).to(dev)
+    ids = random_ids(model.config.vocab_size, (batch, prompt_len), seed=seed, device=dev)
     cache, n, phase = make_cache(kind, model.config), 0, "prefill"
+    record = trace is not None and dev.type == "cuda"
     try:
-        out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        nxt = prefill(model, ids, cache)
         phase = "decode"
-        nxt = out.logits[:, -1:].argmax(-1)
-        del out
-        record = trace is not None and dev.type == "cuda"
         if record:
             trace.append(torch.cuda.memory_allocated(dev))
-        for n in range(1, max_new + 1):  # noqa: B007  (n is read after an OOM)
-            out = model(nxt, past_key_values=cache, use_cache=True)
-            nxt = out.logits[:, -1:].argmax(-1)
-            del out
+        for _ in islice(greedy_tokens(model, cache, nxt), max_new):
+            n += 1                                  # tokens decoded so far (read after an OOM)
             if record:
                 trace.append(torch.cuda.memory_allocated(dev))
-        result = {"generated": max_new, "oom": False, "phase": None}
+        result = {"generated": n, "oom": False, "phase": None}
     except torch.OutOfMemoryError:
-        result = {"generated": n - 1 if phase == "decode" else 0, "oom": True, "phase": phase}
+        result = {"generated": n, "oom": True, "phase": phase}
     del cache, ids
     free_memory()
     return result
@@ -189,9 +202,9 @@ def oom_points(model, batch: int, prompt_len: int, extra: int, max_new: int,
     ``{"cap_gib", "rows"}`` (each row with its ``trace`` of allocated bytes per step when ``traces``).
     CUDA only."""
     free_memory()
-    torch.cuda.reset_peak_memory_stats()
+    reset_peak()
     tokens_until_oom(model, "baseline", batch, prompt_len, 0)          # prefill only, no cap: its peak
-    cap_gib = (torch.cuda.max_memory_reserved() + kv_bytes(model.config, extra, batch)) / 2**30
+    cap_gib = (torch.cuda.max_memory_reserved() + kv_bytes(model.config, extra, batch)) / GiB
     rows = []
     with memory_limit(cap_gib):
         for kind in kinds:
@@ -218,13 +231,11 @@ def prefill_decode(model, prompt: torch.Tensor, decode_steps: int, kind: str = "
         model(prompt[:, :8])
     cache = make_cache(kind, model.config)
     with prof.stage("prefill"):
-        out = model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    nxt = out.logits[:, -1:].argmax(-1)
-    del out
+        nxt = prefill(model, prompt, cache)
     kv0, req0 = stored_bytes(cache), requested_bytes()
     with prof.stage("decode"):
-        for _ in range(decode_steps):
-            nxt = model(nxt, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        for _ in islice(greedy_tokens(model, cache, nxt), decode_steps):
+            pass
     res = {"profiler": prof, "kv_after_prefill": kv0, "kv_growth": stored_bytes(cache) - kv0,
            "requested_growth": requested_bytes() - req0}
     del cache, nxt
@@ -271,17 +282,14 @@ def load_checkpoint(path, device, dtype=torch.bfloat16) -> dict:
     disk = sum(f.stat().st_size for f in path.glob("*.safetensors"))
     if not disk:
         raise FileNotFoundError(f"{path} holds no .safetensors files: not a checkpoint directory")
-    cuda = torch.device(device).type == "cuda"
     free_memory()
-    reset_peak()
-    before = torch.cuda.memory_allocated() if cuda else 0
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=str(device), use_safetensors=True,
-                                                 trust_remote_code=False)
+    with PeakMeter(device) as meter:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=str(device), use_safetensors=True,
+                                                     trust_remote_code=False)
     secs = time.perf_counter() - t0
     resident = sum(p.numel() * p.element_size() for p in model.parameters())
-    out = {"disk_bytes": disk, "resident_param_bytes": resident, "seconds": secs,
-           "peak_bytes": torch.cuda.max_memory_allocated() - before if cuda else None,
+    out = {"disk_bytes": disk, "resident_param_bytes": resident, "seconds": secs, "peak_bytes": meter.peak,
            "param_dtypes": sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})}
     del model
     free_memory()
@@ -322,14 +330,12 @@ def decode_speed(model, prompt: torch.Tensor, new_tokens: int = 64) -> dict:
     if new_tokens < 2:
         raise ValueError(f"new_tokens must be ≥ 2 (one step after the first token), got {new_tokens}")
     dev = next(model.parameters()).device
+    cache = make_cache("baseline", model.config)
     t0 = time.perf_counter()
-    out = model(prompt[None].to(dev), use_cache=True)
-    tok = out.logits[:, -1:].argmax(-1)
+    tok = prefill(model, prompt[None].to(dev), cache)
     t1 = time.perf_counter()
-    cache = out.past_key_values
-    for _ in range(new_tokens - 1):
-        out = model(tok, past_key_values=cache, use_cache=True)
-        tok = out.logits[:, -1:].argmax(-1)
+    for _ in islice(greedy_tokens(model, cache, tok), new_tokens - 1):
+        pass
     t2 = time.perf_counter()
     return {"prefill_tok_s": len(prompt) / (t1 - t0), "decode_tok_s": (new_tokens - 1) / (t2 - t1),
             "new_tokens": new_tokens}

@@ -25,7 +25,9 @@ import json
 import sys
 import time
 
-CHUNK = 2**28   # 256 MiB
+from .units import GiB, MiB
+
+CHUNK = 256 * MiB
 
 
 def command(role: str, *args: str) -> tuple[list[str], dict]:
@@ -52,12 +54,12 @@ def participant(cap_gib: float, want_gib: float, lift: bool = False, name: str =
 
     from .device import process_memory
     total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * 2**30 / total))
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GiB / total))
     if lift:
         torch.cuda.set_per_process_memory_fraction(1.0)
     chunks, err = [], None
     try:
-        while len(chunks) * CHUNK < want_gib * 2**30:
+        while len(chunks) * CHUNK < want_gib * GiB:
             chunks.append(torch.empty(CHUNK, dtype=torch.uint8, device="cuda"))
             time.sleep(0.02)      # the participants run side by side, not one after another
     except torch.OutOfMemoryError as e:
@@ -65,14 +67,14 @@ def participant(cap_gib: float, want_gib: float, lift: bool = False, name: str =
     proc = process_memory(torch.cuda.current_device())
     reserved = torch.cuda.memory_reserved()
     return {"participant": name, "cap_gib": cap_gib, "wanted_gib": want_gib, "lifted": lift,
-            "got_gib": len(chunks) * CHUNK / 2**30, "oom": err is not None, "error": err,
+            "got_gib": len(chunks) * CHUNK / GiB, "oom": err is not None, "error": err,
             "reserved_bytes": reserved, "process_bytes": proc.bytes,
             "non_torch_bytes": None if proc.bytes is None else proc.bytes - reserved, "source": proc.source}
 
 
 def hold(gib: float) -> None:
     import torch
-    n = int(gib * 2**30)
+    n = int(gib * GiB)
     keep = torch.empty(n, dtype=torch.uint8, device="cuda")
     keep.fill_(1)                          # touch it: the memory is really in use
     torch.cuda.synchronize()

@@ -19,7 +19,7 @@ import importlib.util
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, QuantizedCache, QuantizedLayer, StaticCache
 
-from .quant import FP8_FORMATS
+from .quant import FP8_FORMATS, pack_nibbles, unpack_nibbles
 from .validate import flag, model_config, non_negative_int, one_of, positive_int, positive_number, tensor
 
 KV_KINDS = ("baseline", "fp8-e4m3", "fp8-e5m2", "int4", "int4-hqq")
@@ -132,13 +132,13 @@ class Int4Layer(QuantizedLayer):
         xmin, xmax = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
         scale = ((xmax - xmin) / 15).clamp(min=1e-8)
         codes = torch.clamp(torch.round((x - xmin) / scale), 0, 15).to(torch.uint8).reshape(*shape[:-1], -1)
-        packed = codes[..., 0::2] | (codes[..., 1::2] << 4)          # two codes per byte
+        packed = pack_nibbles(codes)                                  # two codes per byte
         return {"packed": packed, "scale": scale.half(), "min": xmin.half(), "shape": shape,
                 "dtype": tensor.dtype, "g": g}
 
     def _dequantize(self, q):
         p = q["packed"]
-        codes = torch.stack([p & 0xF, p >> 4], dim=-1).reshape(*q["shape"][:-1], -1)
+        codes = unpack_nibbles(p)
         x = codes.reshape(*q["shape"][:-1], q["shape"][-1] // q["g"], q["g"]).float()
         return (x * q["scale"].float() + q["min"].float()).reshape(q["shape"]).to(q["dtype"])
 

@@ -30,6 +30,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from .config import file_lock, read_json
+from .measure import PeakMeter
 from .models import parse_dtype, unreadable_safetensors
 from .validate import bad_file, json_fields, non_negative_number, positive_number, text
 
@@ -191,16 +192,14 @@ def load_peaks(folder, device="cpu", dtype=torch.bfloat16) -> list[dict]:
     for name, load in (("naive: fp32 from config + torch.load", lambda: load_naive(folder, device)),
                        (f"from_pretrained({str(dtype).replace('torch.', '')}, safetensors)",
                         lambda: load_lazy(folder, device, dtype))):
-        cuda = device.type == "cuda"
-        if cuda:
+        if device.type == "cuda":
             torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
         t = time.perf_counter()
-        model, rss_peak = peak_rss_during(load)
+        with PeakMeter(device) as meter:
+            model, rss_peak = peak_rss_during(load)
         secs = time.perf_counter() - t
         resident = sum(p.numel() * p.element_size() for p in model.parameters())
-        peak = torch.cuda.max_memory_allocated() - before if cuda else rss_peak
+        peak = rss_peak if meter.peak is None else meter.peak
         rows.append({"load": name, "device": str(device), "peak_bytes": peak, "param_bytes": resident,
                      "peak_over_params": peak / resident, "seconds": secs})
         del model

@@ -26,9 +26,7 @@ import psutil
 import torch
 
 from .device import memory_cap, process_gpu_bytes, process_memory
-
-GiB = 1024**3
-MiB = 1024**2
+from .units import GiB, KiB, MiB
 
 
 def views(device=None) -> dict:
@@ -91,16 +89,58 @@ def fmt_bytes(n: float | None) -> str:
     """Human-readable bytes (binary units); ``"unavailable"`` for None (a number the driver does not report)."""
     if n is None:
         return "unavailable"
-    for unit, div in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+    for unit, div in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if abs(n) >= div:
             return f"{n / div:.2f} {unit}"
     return f"{n:.0f} B"
 
 
 def reset_peak(device=None) -> None:
+    """Start a new peak window: ``max_memory_allocated`` (and ``max_memory_reserved``) restart from now."""
     if torch.cuda.is_available():
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+
+
+class PeakMeter:
+    """The CUDA allocator's peak above a base: ``peak = max_memory_allocated() − base``.
+
+    ``base`` is ``memory_allocated()`` when the meter starts (after a synchronize and a reset of the
+    peak statistics, PyTorch "CUDA semantics → memory management"), so the peak counts what the
+    measured code allocated on top of what was already live. Use::
+
+        with PeakMeter() as m:
+            work()
+        m.peak          # bytes; None without CUDA
+
+    ``read()`` gives the peak so far, ``restart()`` opens a new window over the same base (per-call
+    peaks inside one measurement). Without CUDA every reading is None."""
+
+    def __init__(self, device=None):
+        self.device = device
+        self.cuda = torch.cuda.is_available() and torch.device(device or "cuda").type == "cuda"
+        self.base = None
+        self.peak = None
+
+    def __enter__(self) -> PeakMeter:
+        if self.cuda:
+            reset_peak(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+        return self
+
+    def read(self) -> int | None:
+        if not self.cuda:
+            return None
+        return torch.cuda.max_memory_allocated(self.device) - self.base   # allocator statistics: host-side, no sync needed
+
+    def restart(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        self.peak = self.read()
 
 
 def requested_bytes() -> int:
@@ -152,27 +192,21 @@ class StageProfiler:
 
     @contextlib.contextmanager
     def stage(self, name: str):
-        cuda = torch.cuda.is_available()
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            start = torch.cuda.memory_allocated()
-        else:
-            proc = psutil.Process()
-            start = proc.memory_info().rss
+        meter, proc = PeakMeter(), psutil.Process()
         t0 = time.perf_counter()
         try:
-            yield self
-        finally:
-            if cuda:
-                torch.cuda.synchronize()
-                end, peak = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
-                reserved = torch.cuda.memory_reserved()
+            with meter:
+                start = meter.base if meter.cuda else proc.memory_info().rss
+                yield self
+        finally:       # a stage that raised (an OOM) is recorded all the same
+            if meter.cuda:
+                end, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+                peak = start + meter.peak
             else:
                 end = proc.memory_info().rss
                 peak, reserved = max(start, end), end
             self.records.append(StageRecord(name, time.perf_counter() - t0, start, end, peak, reserved,
-                                            "cuda" if cuda else "cpu-rss"))
+                                            "cuda" if meter.cuda else "cpu-rss"))
 
     def table(self) -> list[dict]:
         return [{"stage": r.name, "seconds": round(r.seconds, 3), "start": r.start_allocated,

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-GiB = 1024**3
+from .units import GiB, MiB
+
 COLORS = {"weights": "#4C72B0", "kv_cache": "#DD8452", "activations": "#55A868", "overhead": "#8172B3"}
 
 
@@ -25,7 +26,7 @@ def budget_bars(rows: list[dict], labels: list[str], measured: list[float | None
     return ax
 
 
-def segments(snapshot: list[dict], ax=None, title: str = "allocator segments", unit: float = 1024**2):
+def segments(snapshot: list[dict], ax=None, title: str = "allocator segments", unit: float = MiB):
     """Draw segments (rows) and their blocks (allocated = filled, free = hatched) from a
     ``torch.cuda.memory_snapshot()`` or the simulator's ``snapshot()``."""
     snapshot = [s for s in snapshot if s["total_size"] > 0]
@@ -85,7 +86,7 @@ def memory_lines(series: dict, ax=None, cap: float | None = None, unit: float = 
     if cap is not None:
         ax.axhline(cap / unit, color="red", linestyle="--", linewidth=1, label="cap")
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("GiB" if unit == GiB else "MiB" if unit == 1024**2 else f"× {unit:g} B")
+    ax.set_ylabel("GiB" if unit == GiB else "MiB" if unit == MiB else f"× {unit:g} B")
     ax.set_title(title)
     ax.legend(fontsize=8)
     return ax

@@ -190,6 +190,26 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     return out.flatten().to(torch.uint8)
 
 
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """Two 4-bit codes per byte along the last dimension, low nibble first: ``[…, K] → […, K/2]`` uint8,
+    byte ``b`` = ``codes[…, 2b] | codes[…, 2b + 1] << 4`` — row by row what :func:`pack_codes` writes at 4 bits,
+    computed on the codes' own device (a GPU packs a whole model in seconds). ``K`` must be even and
+    the codes in ``[0, 15]``."""
+    if not isinstance(codes, torch.Tensor) or codes.dim() < 1 or codes.shape[-1] % 2:
+        raise ValueError(f"codes must be a tensor whose last dimension is even, got {getattr(codes, 'shape', type(codes).__name__)}")
+    if codes.numel() and (codes.is_floating_point() or int(codes.min()) < 0 or int(codes.max()) > 15):
+        raise ValueError("codes must be integers in [0, 15] to pack two per byte (add 8 to symmetric 4-bit codes first)")
+    c = codes.to(torch.uint8)
+    return (c[..., 0::2] | (c[..., 1::2] << 4)).contiguous()
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`pack_nibbles`: ``[…, K/2]`` uint8 → ``[…, K]`` uint8 codes."""
+    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8:
+        raise TypeError(f"packed must be the uint8 tensor pack_nibbles returns, got {getattr(packed, 'dtype', type(packed).__name__)}")
+    return torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2)
+
+
 def unpack_codes(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
     """Inverse of :func:`pack_codes`: the first ``numel`` codes as int64."""
     bits, numel = check_bits(bits), as_int(numel, "numel")

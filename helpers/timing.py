@@ -15,7 +15,9 @@ import time
 
 import torch
 
-L2_FLUSH_BYTES = 256 * 1024**2
+from .units import GiB, MiB
+
+L2_FLUSH_BYTES = 256 * MiB
 
 
 def _flush(buf: torch.Tensor | None) -> None:
@@ -56,7 +58,7 @@ def cpu_ms(fn, iters: int = 5, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-def copy_bandwidth_gbps(nbytes: int = 2 * 1024**3, iters: int = 20) -> float:
+def copy_bandwidth_gbps(nbytes: int = 2 * GiB, iters: int = 20) -> float:
     """Device-to-device copy bandwidth in GB/s: ``2 · nbytes / time`` (each byte read once, written once)."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -77,7 +79,7 @@ def copies_past_l2(nbytes: int, times: int = 3) -> int:
     exceed the device's L2 cache ``times`` over (at least 2): each call then reads from HBM."""
     if not torch.cuda.is_available():
         raise RuntimeError("copies_past_l2 reads the CUDA device's L2 size; there is no CUDA device here")
-    l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 60 * 2**20)
+    l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 60 * MiB)
     return max(2, -(-times * l2 // max(1, int(nbytes))))
 
 

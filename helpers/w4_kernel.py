@@ -6,7 +6,7 @@ The weight ``W[N, K]`` (``N`` outputs, ``K`` inputs) is quantized 4-bit asymmetr
     y[m, n] = Σ_groups s[n, j] · ( Σ_{k ∈ group j} x[m, k] · q[n, k]  −  z[n, j] · Σ_{k ∈ group j} x[m, k] )
 
 which is ``x @ dequantize(W).T`` rearranged so the scale is applied once per group, not per weight.
-The codes are packed by :func:`helpers.quant.pack_codes` (two per byte, low nibble first) row by row:
+The codes are packed by :func:`helpers.quant.pack_nibbles` (two per byte, low nibble first) row by row:
 byte ``b`` of row ``n`` holds ``q[n, 2b]`` (low nibble) and ``q[n, 2b + 1]`` (high nibble); read as
 int32 words, nibble ``j`` of word ``w`` is ``q[n, 8w + j]``.
 
@@ -43,7 +43,7 @@ import torch
 
 from . import validate as v
 from .qspec import QuantSpec
-from .quant import check_finite, quantize_tensor
+from .quant import check_finite, pack_nibbles, quantize_tensor
 
 try:  # Triton is optional: CPU installs without it still import this module (the kernels then refuse)
     import triton
@@ -112,18 +112,9 @@ def pack_w4(w: torch.Tensor, group_size: int = 128) -> W4Weight:
         raise ValueError(f"in_features={k} must be a multiple of 8 and of group_size={group_size} "
                          "(pick a group size that divides it: helpers.qspec.allowed_group_sizes)")
     q = quantize_tensor(w.float(), bits=4, symmetric=False, granularity="group", group_size=spec.group_size)
-    words = pack_rows(q.codes).view(torch.int32)      # little-endian bytes: nibble j of word i = code 8i+j
+    words = pack_nibbles(q.codes).view(torch.int32)   # little-endian bytes: nibble j of word i = code 8i+j
     return W4Weight(words.contiguous(), q.scale.to(torch.float16).contiguous(),
                     q.zero.to(torch.float16).contiguous(), spec.group_size, (n, k))
-
-
-def pack_rows(codes: torch.Tensor) -> torch.Tensor:
-    """Two 4-bit codes per byte, low nibble first, row by row: ``[N, K] → [N, K/2]`` uint8.
-
-    Byte for byte what :func:`helpers.quant.pack_codes` writes for each row (tested), but on the
-    codes' own device, so an 8B model packs on the GPU in seconds."""
-    c = codes.to(torch.uint8)
-    return (c[:, 0::2] | (c[:, 1::2] << 4)).contiguous()
 
 
 def unpack_w4(p: W4Weight) -> torch.Tensor:

@@ -13,8 +13,8 @@ from . import budget, device, generation, measure, models, plots
 from . import validate as v
 from .device import has_cuda
 from .qspec import allowed_group_sizes
+from .units import GiB, MiB
 
-GiB = 1024**3
 # the KV formats of the widget and the caches that store them on the device (helpers.kvcache)
 KV_CACHE_KIND = {"bf16": "baseline", "fp8": "fp8-e4m3", "int4": "int4"}
 # weight formats a real model can be built in: int4 is the course's packed W4 layer (notebook 08)
@@ -261,8 +261,8 @@ def allocator_playground(ops_text: str = "a=300MiB; b=20MiB; c=300MiB; free a; d
             runs = [("simulator", r["sim"])] + ([("real allocator", r["real"])] if r["real"] else [])
             fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 2.4), squeeze=False)
             for ax, (name, res) in zip(axes[0], runs):
-                plots.segments(res["snapshot"], ax=ax, title=f"{name}: allocated {res['allocated'] / 2**20:.0f} MiB, "
-                               f"reserved {res['reserved'] / 2**20:.0f} MiB" + (" — OOM at op "
+                plots.segments(res["snapshot"], ax=ax, title=f"{name}: allocated {res['allocated'] / MiB:.0f} MiB, "
+                               f"reserved {res['reserved'] / MiB:.0f} MiB" + (" — OOM at op "
                                f"{res['failed_at'] + 1}" if res["oom"] else ""))
             plt.tight_layout()
             plt.show()

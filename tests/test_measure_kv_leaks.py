@@ -118,3 +118,37 @@ def test_missing_zero_grad_is_not_a_leak():
     r = leaks.missing_zero_grad(torch.device("cpu"), steps=4, batch=8)
     assert r["same_storages"] and r["bytes_after_last"] == r["bytes_after_first"] > 0
     assert r["grad_norm_growth"] == pytest.approx(4.0, rel=1e-4)   # identical steps: the sum of 4 gradients
+
+
+def test_peak_meter_counts_what_the_block_allocated_over_its_base():
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    keep = torch.ones(256, 1024, device=dev)                     # live before: part of the base, not the peak
+    with measure.PeakMeter(dev) as m:
+        tmp = torch.ones(1024, 1024, device=dev)                 # 4 MiB, freed inside the window
+        del tmp
+        first = m.read()
+        m.restart()
+        small = torch.ones(16, 1024, device=dev)
+    if dev == "cpu":
+        assert m.peak is None and first is None and m.base is None
+    else:
+        assert first >= 4 * 2**20 and m.base >= keep.numel() * 4
+        assert 16 * 1024 * 4 <= m.peak < 4 * 2**20                # the restarted window saw only `small`
+    del keep, small
+
+
+def test_greedy_tokens_is_the_hand_written_loop():
+    model = tiny().eval()
+    ids = torch.randint(3, 127, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        cache = kvcache.make_cache("baseline", model.config)
+        nxt = generation.prefill(model, ids, cache)
+        got = [t for _, t in zip(range(5), generation.greedy_tokens(model, cache, nxt))]
+        want, out = [], model(ids, use_cache=True)
+        tok, past = out.logits[:, -1:].argmax(-1), out.past_key_values
+        assert torch.equal(tok, nxt)
+        for _ in range(5):
+            out = model(tok, past_key_values=past, use_cache=True)
+            tok = out.logits[:, -1:].argmax(-1)
+            want.append(tok)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and cache.get_seq_length() == 12 + 5

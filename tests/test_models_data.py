@@ -122,3 +122,14 @@ def test_keep_first_layers_cuts_model_and_config(tiny_llama_factory):
     for bad in (0, 3, 2.0, True):
         with pytest.raises(ValueError, match="n must be an int in \\[1, 2\\]"):
             keep_first_layers(m, bad)
+
+
+def test_random_ids_are_ordinary_ids_reproducible_on_any_device():
+    a = data.random_ids(50, (4, 300), seed=3)
+    assert a.shape == (4, 300) and a.dtype == torch.long
+    assert int(a.min()) >= data.FIRST_ORDINARY_ID and int(a.max()) <= 50 - 2
+    assert torch.equal(a, data.random_ids(50, (4, 300), seed=3)) and not torch.equal(a, data.random_ids(50, (4, 300), seed=4))
+    with pytest.raises(ValueError, match="vocab_size"):
+        data.random_ids(4, (2, 2))
+    with pytest.raises(ValueError, match="shape"):
+        data.random_ids(50, (2, 0))

@@ -51,6 +51,20 @@ def test_packing_roundtrip_and_bytes(bits):
         Q.pack_codes(torch.tensor([2 ** bits]), bits)
 
 
+def test_nibbles_are_pack_codes_row_by_row_and_refuse_what_does_not_fit():
+    codes = torch.randint(0, 16, (6, 64), generator=torch.Generator().manual_seed(0))
+    packed = Q.pack_nibbles(codes)
+    assert packed.shape == (6, 32) and packed.dtype == torch.uint8
+    assert torch.equal(packed.flatten(), Q.pack_codes(codes, 4))
+    assert torch.equal(Q.unpack_nibbles(packed).long(), codes)
+    with pytest.raises(ValueError, match=r"\[0, 15\]"):
+        Q.pack_nibbles(torch.tensor([3, 16]))
+    with pytest.raises(ValueError, match="even"):
+        Q.pack_nibbles(torch.zeros(3, 5, dtype=torch.uint8))
+    with pytest.raises(TypeError, match="uint8"):
+        Q.unpack_nibbles(torch.zeros(4, dtype=torch.int32))
+
+
 def test_storage_bytes_matches_formula():
     q = Q.quantize_tensor(torch.randn(64, 512), bits=4, symmetric=False, group_size=64)
     b = Q.storage_bytes(q)

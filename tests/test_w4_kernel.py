@@ -13,10 +13,11 @@ def weight(n=48, k=512, seed=0):
     return torch.randn(n, k, generator=g)
 
 
-def test_pack_rows_is_notebook_03s_packing():
+def test_the_kernels_packing_is_notebook_03s_packing():
     p = w4_kernel.pack_w4(weight(), 64)
     codes = w4_kernel.unpack_w4(p)
-    assert torch.equal(w4_kernel.pack_rows(codes).flatten(), quant.pack_codes(codes, 4))
+    assert torch.equal(quant.pack_nibbles(codes).flatten(), quant.pack_codes(codes, 4))
+    assert torch.equal(p.words.view(torch.uint8), quant.pack_nibbles(codes))
     q = quant.quantize_tensor(weight(), bits=4, symmetric=False, granularity="group", group_size=64)
     assert torch.equal(codes.long(), q.codes.long())
     assert torch.allclose(w4_kernel.dequantize_w4(p, torch.float32), q.dequantize(), atol=1e-2, rtol=1e-3)
