@@ -17,7 +17,7 @@ Our kernel is chosen in three phases, each row saying which (``phase``): A1 pick
 and the MMA orientation, A2 the block width, groups per step, split-K reduction and warps, on three
 shapes; B times the chosen family on every shape, group and M with every split of K, and the
 shape-only rule :func:`helpers.w4_kernel.auto_config` beside it. Every timed shape, group and M is
-checked against :func:`helpers.w4_kernel.reference_matmul` (``exact``).
+checked against :func:`helpers.w4_format.reference_matmul` (``exact``).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import decode_bench, timing, w4_kernel
+from helpers import decode_bench, timing, w4_format, w4_kernel
 
 SHAPES = {  # label: (K, N) — in_features, out_features
     "8B q/o 4096x4096": (4096, 4096), "8B gate/up 4096x14336": (4096, 14336), "8B down 14336x4096": (14336, 4096),
@@ -62,8 +62,8 @@ class Shape:
         self.packed = {}
         self.tiny = {}
         for g in groups:
-            p = w4_kernel.pack_w4(w, g)
-            self.packed[g] = [p] + [w4_kernel.W4Weight(p.words.clone(), p.scale.clone(), p.zero.clone(), g, p.shape)
+            p = w4_format.pack_w4(w, g)
+            self.packed[g] = [p] + [w4_format.W4Weight(p.words.clone(), p.scale.clone(), p.zero.clone(), g, p.shape)
                                     for _ in range(timing.copies_past_l2(p.nbytes) - 1)]
             t = decode_bench.tinygemm_linear(w, g)
             self.tiny[g] = None if t is None else [t] + [decode_bench.tinygemm_linear(w, g)
@@ -209,7 +209,7 @@ def main():
                 add("ours (Triton, best split)", f"W4A16 g{g}", label, k, n, m, g,
                     triton.testing.do_bench(lambda cfg=cfg: w4_kernel.w4a16_matmul(x, p0, cfg), return_mode="median"),
                     nbytes, "do_bench", config=cfg, phase="B")
-                ref = w4_kernel.reference_matmul(x.float(), p0).float()
+                ref = w4_format.reference_matmul(x.float(), p0).float()
                 got = w4_kernel.w4a16_matmul(x, p0, cfg, out_dtype=torch.float32)
                 err = ((got - ref).abs().max() / ref.abs().max()).item()
                 rows[-1]["exact"] = bool(err <= 1e-3)

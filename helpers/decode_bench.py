@@ -2,7 +2,7 @@
 decode steps (a static KV cache; each decode step replayed as a CUDA graph, or eagerly).
 
 Used by notebook 08 (a small live run) and ``benchmarks/decode.py`` (the 8B reference run).
-Formats: ``bf16``; ``W4A16 ours`` (every decoder linear → :class:`helpers.w4_kernel.W4Linear`);
+Formats: ``bf16``; ``W4A16 ours`` (every decoder linear → :class:`helpers.w4_linear.W4Linear`);
 ``W4A16 tinygemm`` (torchao's ``Int4WeightOnlyConfig``, tile-packed, the ``_weight_int4pack_mm`` kernel).
 Random weights: speed and memory are real, the generated tokens mean nothing.
 """
@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from . import models, w4_kernel
+from . import models, w4_linear
 from .cuda_graphs import GraphedCalls
 from .data import random_ids
 from .measure import PeakMeter
@@ -92,7 +92,7 @@ def build(arch: str, fmt: str, tuned: dict | None = None, group_size: int = 128,
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
     model = models.model_from_config(arch, device="cuda", dtype=torch.bfloat16).eval()
     if fmt == "W4A16 ours":
-        w4_kernel.swap_linears(model, group_size, tuned, family=family)
+        w4_linear.swap_linears(model, group_size, tuned, family=family)
     elif fmt == "W4A16 tinygemm":
         from torchao.quantization import quantize_
         quantize_(model.model.layers, tinygemm_config(group_size))

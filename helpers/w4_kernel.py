@@ -6,9 +6,8 @@ The weight ``W[N, K]`` (``N`` outputs, ``K`` inputs) is quantized 4-bit asymmetr
     y[m, n] = Σ_groups s[n, j] · ( Σ_{k ∈ group j} x[m, k] · q[n, k]  −  z[n, j] · Σ_{k ∈ group j} x[m, k] )
 
 which is ``x @ dequantize(W).T`` rearranged so the scale is applied once per group, not per weight.
-The codes are packed by :func:`helpers.quant.pack_nibbles` (two per byte, low nibble first) row by row:
-byte ``b`` of row ``n`` holds ``q[n, 2b]`` (low nibble) and ``q[n, 2b + 1]`` (high nibble); read as
-int32 words, nibble ``j`` of word ``w`` is ``q[n, 8w + j]``.
+The packed format (:class:`helpers.w4_format.W4Weight`): read as int32 words, nibble ``j`` of word
+``w`` of row ``n`` is ``q[n, 8w + j]``.
 
 Every weight byte is read once per call, so at decode (``M`` = 1 … 64 rows) the matmul is
 memory-bound: its limit is ``bytes read / copy bandwidth``. Two kernels, the second built on what the
@@ -29,7 +28,7 @@ first taught (notebook 08 measures each step, ``benchmarks/kernels.py``):
   partials with fp32 atomics, or ``"serial"``: each split writes its partial, and the last to
   arrive adds them and writes the output once, in its dtype (one launch, no zero-fill).
 
-The readable reference is :func:`reference_matmul` (dequantize, then matmul); both kernels are
+The readable reference is :func:`helpers.w4_format.reference_matmul` (dequantize, then matmul); both kernels are
 tested against it on small shapes in Triton's interpreter on CPU (``TRITON_INTERPRET=1``, read when
 triton is imported: :func:`helpers.device.use_triton_interpreter_without_gpu` sets it, before that).
 """
@@ -37,102 +36,17 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 
 import torch
 
 from . import validate as v
-from .qspec import QuantSpec
-from .quant import check_finite, pack_nibbles, quantize_tensor
+from .w4_format import W4Weight
 
 try:  # Triton is optional: CPU installs without it still import this module (the kernels then refuse)
     import triton
     import triton.language as tl
 except ImportError:  # pragma: no cover - exercised where triton is absent
     triton = None
-
-
-@dataclass
-class W4Weight:
-    """A packed 4-bit weight: int32 words ``[N, K/8]``, fp16 scales and zeros ``[N, K/g]``, all on one
-    device. Checked when built: a weight whose words or groups cover fewer rows or columns than its
-    shape would make a kernel read past its tensors."""
-    words: torch.Tensor
-    scale: torch.Tensor
-    zero: torch.Tensor
-    group_size: int
-    shape: tuple[int, int]   # (N, K)
-
-    def __post_init__(self):
-        for name in ("words", "scale", "zero"):
-            if not isinstance(getattr(self, name), torch.Tensor):
-                raise TypeError(f"W4Weight.{name} must be a tensor, got {type(getattr(self, name)).__name__}")
-        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 8 \
-                or self.group_size % 8:
-            raise ValueError(f"W4Weight.group_size must be a positive multiple of 8, got {self.group_size!r}")
-        try:
-            n, k = (int(v) for v in self.shape)
-        except (TypeError, ValueError):
-            raise ValueError(f"W4Weight.shape must be (out_features, in_features), got {self.shape!r}") from None
-        if n < 1 or k < 1 or k % 8 or k % self.group_size:
-            raise ValueError(f"W4Weight.shape {self.shape}: in_features must be a positive multiple of 8 and of "
-                             f"group_size={self.group_size}")
-        self.shape = (n, k)
-        want = {"words": ((n, k // 8), torch.int32), "scale": ((n, k // self.group_size), torch.float16),
-                "zero": ((n, k // self.group_size), torch.float16)}
-        for name, (shp, dt) in want.items():
-            t = getattr(self, name)
-            if tuple(t.shape) != shp or t.dtype != dt:
-                raise ValueError(f"W4Weight.{name} must be {dt} of shape {shp} for a {n}×{k} weight in groups of "
-                                 f"{self.group_size}, got {t.dtype} {tuple(t.shape)} (pack with pack_w4)")
-            if not t.is_contiguous():
-                raise ValueError(f"W4Weight.{name} must be contiguous (call .contiguous())")
-        if not (self.words.device == self.scale.device == self.zero.device):
-            raise ValueError(f"W4Weight tensors are on different devices: words {self.words.device}, scale "
-                             f"{self.scale.device}, zero {self.zero.device} (move them together with .to(device))")
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.words, self.scale, self.zero))
-
-    def to(self, device) -> W4Weight:
-        return W4Weight(self.words.to(device), self.scale.to(device), self.zero.to(device), self.group_size,
-                        self.shape)
-
-
-def pack_w4(w: torch.Tensor, group_size: int = 128) -> W4Weight:
-    """Quantize ``w[N, K]`` to 4-bit asymmetric groups (integer zeros) and pack it for the kernel."""
-    if not isinstance(w, torch.Tensor) or w.dim() != 2:
-        raise ValueError(f"w must be a 2-D weight [out_features, in_features], got "
-                         f"{getattr(w, 'shape', type(w).__name__)}")
-    check_finite(w, "w")
-    n, k = w.shape
-    spec = QuantSpec(bits=4, group_size=group_size, symmetric=False)
-    if k % 8 or k % spec.group_size:
-        raise ValueError(f"in_features={k} must be a multiple of 8 and of group_size={group_size} "
-                         "(pick a group size that divides it: helpers.qspec.allowed_group_sizes)")
-    q = quantize_tensor(w.float(), bits=4, symmetric=False, granularity="group", group_size=spec.group_size)
-    words = pack_nibbles(q.codes).view(torch.int32)   # little-endian bytes: nibble j of word i = code 8i+j
-    return W4Weight(words.contiguous(), q.scale.to(torch.float16).contiguous(),
-                    q.zero.to(torch.float16).contiguous(), spec.group_size, (n, k))
-
-
-def unpack_w4(p: W4Weight) -> torch.Tensor:
-    """The integer codes ``[N, K]`` back from the words (the kernel's unpacking, in PyTorch)."""
-    shifts = torch.arange(0, 32, 4, device=p.words.device, dtype=torch.int32)
-    return ((p.words[:, :, None] >> shifts) & 0xF).reshape(p.shape)
-
-
-def dequantize_w4(p: W4Weight, dtype=torch.float16) -> torch.Tensor:
-    """``(q − z) · s`` per group, as a dense ``[N, K]`` matrix."""
-    n, k = p.shape
-    q = unpack_w4(p).reshape(n, k // p.group_size, p.group_size).float()
-    return ((q - p.zero.float()[..., None]) * p.scale.float()[..., None]).reshape(n, k).to(dtype)
-
-
-def reference_matmul(x: torch.Tensor, p: W4Weight) -> torch.Tensor:
-    """The readable version: dequantize the whole weight, then ``x @ W.T`` in fp32."""
-    return (x.float() @ dequantize_w4(p, torch.float32).T).to(x.dtype)
 
 
 def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K, stride_wn, stride_sn,
@@ -466,72 +380,3 @@ def tuned_config(x: torch.Tensor, p: W4Weight, time_fn, configs: list[dict] | No
     if best is None:
         raise RuntimeError("no kernel configuration ran for this shape")
     return best
-
-
-class W4Linear(torch.nn.Module):
-    """A ``Linear`` whose weight lives packed (0.5 byte per weight + 4 bytes per group, registered as
-    buffers so ``state_dict`` and byte counts see them) and runs through :func:`w4a16_matmul`, with one
-    configuration per row tile (``configs``: :func:`block_rows` value → config; :func:`auto_config`
-    where none is given).
-
-    Above ``dense_above`` rows (prefill, large batches) the int4 kernels lose to a 16-bit GEMM (the
-    crossover measured in notebook 08), so the layer dequantizes its weight for that call and uses
-    cuBLAS — what engines do too (vLLM's AWQ path dequantizes from 256 tokens); the cost is one
-    transient dense copy of this layer's weight."""
-
-    def __init__(self, linear: torch.nn.Linear, group_size: int = 128, configs: dict | None = None,
-                 dense_above: int = 16, family: dict | None = None):
-        super().__init__()
-        p = pack_w4(linear.weight.data, group_size)
-        self.register_buffer("words", p.words)
-        self.register_buffer("scale", p.scale)
-        self.register_buffer("zero", p.zero)
-        # the serial split-K counters: one per output tile (≥ 16 columns wide, ≤ 4 row tiles up to 64 rows)
-        self.register_buffer("locks", torch.zeros(-(-p.shape[0] // 16) * 4, dtype=torch.int32, device=p.words.device),
-                             persistent=False)
-        self.group_size, self.shape = group_size, p.shape
-        self.bias = linear.bias
-        self.configs = dict(configs or {})    # row tile → config; filled from auto_config(family) on first use
-        self.family = family
-        self.dense_above = dense_above
-
-    @property
-    def p(self) -> W4Weight:
-        return W4Weight(self.words, self.scale, self.zero, self.group_size, self.shape)
-
-    def forward(self, x):
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        if x2.shape[0] > self.dense_above:
-            y = x2 @ dequantize_w4(self.p, x2.dtype).T
-        else:
-            m = x2.shape[0]
-            if x2.dtype == torch.float32 and m > 1:   # tensor cores take 16-bit activations
-                y = x2 @ dequantize_w4(self.p, x2.dtype).T
-                y = y.reshape(*shape[:-1], self.shape[0])
-                return y + self.bias if self.bias is not None else y
-            if x2.dtype == torch.float32:
-                cfg = DEFAULT_CONFIG                  # one fp32 row: the CUDA-core GEMV
-            else:
-                cfg = self.configs.get(block_rows(m))
-                if cfg is None:
-                    cfg = self.configs[block_rows(m)] = auto_config(self.p, block_rows(m), self.family)
-            y = w4a16_matmul(x2, self.p, cfg, locks=self.locks)
-        y = y.reshape(*shape[:-1], self.shape[0])
-        return y + self.bias if self.bias is not None else y
-
-
-def swap_linears(model, group_size: int = 128, configs: dict | None = None, skip=("lm_head",),
-                 family: dict | None = None) -> int:
-    """Replace every ``nn.Linear`` of ``model`` (except names containing one of ``skip``) by a
-    :class:`W4Linear`; ``configs[(N, K)]`` gives each shape's per-tile configs, ``family`` the kernel
-    family the others' :func:`auto_config` uses. Returns how many."""
-    n = 0
-    for name, mod in list(model.named_modules()):
-        for child, lin in list(mod.named_children()):
-            full = f"{name}.{child}" if name else child
-            if isinstance(lin, torch.nn.Linear) and not any(s in full for s in skip):
-                shape = (lin.out_features, lin.in_features)
-                setattr(mod, child, W4Linear(lin, group_size, (configs or {}).get(shape), family=family))
-                n += 1
-    return n

@@ -56,17 +56,17 @@ def int4_format(config) -> tuple[str, int]:
 def load_measured(arch: str, dtype: str = "bf16"):
     """``(model, weight bytes it added to allocated)`` on the GPU (:func:`helpers.generation.measure_weights`).
     ``dtype`` bf16 or fp32: the architecture in that dtype; ``"int4"``: bf16, then every ``nn.Linear``
-    but ``lm_head`` replaced by the course's packed :class:`~helpers.w4_kernel.W4Linear` (group size
+    but ``lm_head`` replaced by the course's packed :class:`~helpers.w4_linear.W4Linear` (group size
     from :func:`int4_format`, fp16 scale and zero per group: 4.25 bits per weight at g128, where the
     budget counts a 4-bit zero: 4.16)."""
     if dtype not in MEASURED_WEIGHTS:
         raise ValueError(f"dtype {dtype!r} cannot be built to measure; measured formats: {MEASURED_WEIGHTS}")
     prepare = None
     if dtype == "int4":
-        from . import w4_kernel  # imported here: on a machine without CUDA it selects Triton's interpreter
+        from . import w4_linear  # imported when used: it imports Triton
 
         def prepare(model):
-            w4_kernel.swap_linears(model, int4_format(model.config)[1])
+            w4_linear.swap_linears(model, int4_format(model.config)[1])
     return generation.measure_weights(arch, dtype=torch.float32 if dtype == "fp32" else torch.bfloat16,
                                       prepare=prepare)
 

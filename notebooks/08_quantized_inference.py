@@ -46,7 +46,7 @@ if importlib.util.find_spec("helpers") is None or os.environ.get("COURSE_FORCE_S
 # %%
 from helpers.device import use_triton_interpreter_without_gpu
 use_triton_interpreter_without_gpu()   # first: without a GPU, Triton's kernels run in its interpreter
-from helpers import w4_kernel
+from helpers import w4_format, w4_kernel
 import json
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -140,9 +140,9 @@ key_numbers.record("08_quantized_inference", checkpoint=ck.drop(columns=["param_
 # %%
 torch.manual_seed(0)
 W = torch.randn(64, 512, device=dev)
-P = w4_kernel.pack_w4(W, 128)
+P = w4_format.pack_w4(W, 128)
 x1 = torch.randn(1, 512, device=dev)
-err = (w4_kernel.w4a16_matmul(x1, P, out_dtype=torch.float32) - w4_kernel.reference_matmul(x1, P)).abs().max().item()
+err = (w4_kernel.w4a16_matmul(x1, P, out_dtype=torch.float32) - w4_format.reference_matmul(x1, P)).abs().max().item()
 print(f"packed: {P.nbytes} bytes for {W.numel()} weights ({8 * P.nbytes / W.numel():.3f} bits each); "
       f"kernel vs dequantize-then-matmul: max |error| {err:.2e}")
 
@@ -170,9 +170,9 @@ exercises.check("w4_gemv", my_w4_gemv)
 def live_kernels(k=4096, n=14336, rows=(1, 16), group=128):
     bw = timing.copy_bandwidth_gbps()
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-    p = w4_kernel.pack_w4(w, group)
+    p = w4_format.pack_w4(w, group)
     copies = timing.copies_past_l2(p.nbytes)                              # together > 3× this GPU's L2
-    ws, ps = [w, w.clone()], [p] + [w4_kernel.W4Weight(p.words.clone(), p.scale.clone(), p.zero.clone(), group, p.shape)
+    ws, ps = [w, w.clone()], [p] + [w4_format.W4Weight(p.words.clone(), p.scale.clone(), p.zero.clone(), group, p.shape)
                              for _ in range(copies - 1)]
     tiny = [decode_bench.tinygemm_linear(w, group) for _ in range(copies)] if decode_bench.tinygemm_config() else None
     out = []

@@ -299,7 +299,7 @@ print(f"vLLM on an 80 GiB card, utilization 0.9: both engines hold {0.9 * 80:.0f
 #    quantization moves memory from weights to the KV pool (more concurrent sequences), it does not
 #    make `nvidia-smi` smaller. Lower `--gpu-memory-utilization` for that.
 # 3. **Dequantization buffers.** A fake-quant or fallback path dequantizes a layer's weight to 16-bit
-#    for each call: a transient dense copy of the largest layer (`helpers.w4_kernel.W4Linear` does so
+#    for each call: a transient dense copy of the largest layer (`helpers.w4_linear.W4Linear` does so
 #    above 16 rows — measured in notebook 08). Packed kernels avoid it.
 #
 # ## Case 7 — "OOM while quantizing with AWQ / GPTQ"

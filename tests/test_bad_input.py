@@ -922,8 +922,11 @@ def test_evaluate_doors_refuse(tiny_llama, call, exc, msg):
 
 # ------------------------------------------------------------------------------------ w4_kernel
 def _w4():
-    from helpers import w4_kernel
-    return w4_kernel, w4_kernel.pack_w4(W(16, 256), 64)
+    from types import SimpleNamespace
+
+    from helpers import w4_format, w4_kernel
+    both = SimpleNamespace(pack_w4=w4_format.pack_w4, W4Weight=w4_format.W4Weight, w4a16_matmul=w4_kernel.w4a16_matmul)
+    return both, w4_format.pack_w4(W(16, 256), 64)
 
 
 W4_ERRORS = [

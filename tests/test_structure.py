@@ -12,9 +12,9 @@ LAYERS = {
         "solutions", "host_alloc", "units"},
     1: {"models", "data", "allocator_sim", "gpu_share"},
     2: {"quant", "measure", "budget", "budget_detail", "calib", "leaks"},
-    3: {"gptq", "awq", "kvcache", "evaluate", "llm_compressor", "course_model", "w4_kernel", "engine_plan",
+    3: {"gptq", "awq", "kvcache", "evaluate", "llm_compressor", "course_model", "w4_format", "w4_kernel", "engine_plan",
         "loading"},
-    4: {"generation", "variants", "gguf_run", "decode_bench"},
+    4: {"generation", "variants", "gguf_run", "decode_bench", "w4_linear"},
     5: {"flow", "budget_check", "widgets", "exercises", "clinic"},
 }
 

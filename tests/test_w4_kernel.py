@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from helpers import quant, w4_kernel
+from helpers import quant, w4_format, w4_kernel, w4_linear
 
 pytestmark = pytest.mark.skipif(w4_kernel.triton is None, reason="triton is not installed")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -14,27 +14,27 @@ def weight(n=48, k=512, seed=0):
 
 
 def test_the_kernels_packing_is_notebook_03s_packing():
-    p = w4_kernel.pack_w4(weight(), 64)
-    codes = w4_kernel.unpack_w4(p)
+    p = w4_format.pack_w4(weight(), 64)
+    codes = w4_format.unpack_w4(p)
     assert torch.equal(quant.pack_nibbles(codes).flatten(), quant.pack_codes(codes, 4))
     assert torch.equal(p.words.view(torch.uint8), quant.pack_nibbles(codes))
     q = quant.quantize_tensor(weight(), bits=4, symmetric=False, granularity="group", group_size=64)
     assert torch.equal(codes.long(), q.codes.long())
-    assert torch.allclose(w4_kernel.dequantize_w4(p, torch.float32), q.dequantize(), atol=1e-2, rtol=1e-3)
+    assert torch.allclose(w4_format.dequantize_w4(p, torch.float32), q.dequantize(), atol=1e-2, rtol=1e-3)
 
 
 def test_bytes_are_half_a_byte_plus_group_params():
-    p = w4_kernel.pack_w4(weight(64, 1024), 128)
+    p = w4_format.pack_w4(weight(64, 1024), 128)
     assert p.nbytes == 64 * 1024 // 2 + 2 * (64 * 1024 // 128) * 2
 
 
 @pytest.mark.parametrize("cfg", [dict(KERNEL="gemv", BLOCK_N=16, BLOCK_K=128, SPLIT_K=1, MAGIC=False),
                                  dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, MAGIC=True)])
 def test_gemv_matches_reference(cfg):
-    p = w4_kernel.pack_w4(weight(48, 512).to(DEV), 128)
+    p = w4_format.pack_w4(weight(48, 512).to(DEV), 128)
     x = torch.randn(1, 512, generator=torch.Generator().manual_seed(1)).to(DEV)
     got = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
-    ref = w4_kernel.reference_matmul(x, p)
+    ref = w4_format.reference_matmul(x, p)
     assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
@@ -48,10 +48,10 @@ TC_CONFIGS = [None,   # auto_config: chosen from the shape
 @pytest.mark.parametrize("m", [1, 3, 16, 20])
 def test_tensor_core_kernel_matches_reference_every_group_and_row_count(group, m):
     """g64 — the course model's group — at every row count (it was refused above one row)."""
-    p = w4_kernel.pack_w4(weight(40, 512, seed=group).to(DEV), group)
+    p = w4_format.pack_w4(weight(40, 512, seed=group).to(DEV), group)
     for dtype in (torch.float16, torch.bfloat16):   # bf16 on a CPU multiplies fp32 tiles (the interpreter's NumPy)
         x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m)).to(dtype).to(DEV)
-        ref = w4_kernel.reference_matmul(x.float(), p)
+        ref = w4_format.reference_matmul(x.float(), p)
         for cfg in TC_CONFIGS:
             y = torch.full((m, 40), float("nan"))                      # every output must be written
             y = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
@@ -60,7 +60,7 @@ def test_tensor_core_kernel_matches_reference_every_group_and_row_count(group, m
 
 
 def test_serial_reduction_leaves_its_counters_at_zero():
-    p = w4_kernel.pack_w4(weight(32, 512).to(DEV), 64)
+    p = w4_format.pack_w4(weight(32, 512).to(DEV), 64)
     locks = torch.zeros(16, dtype=torch.int32, device=DEV)
     x = torch.randn(2, 512, device=DEV, dtype=torch.float16)
     cfg = dict(KERNEL="tc", BLOCK_N=16, GROUPS=1, SPLIT_K=4, REDUCE="serial")
@@ -72,14 +72,14 @@ def test_serial_reduction_leaves_its_counters_at_zero():
 
 
 def test_auto_config_follows_the_measured_rule():
-    narrow = w4_kernel.pack_w4(weight(64, 4096), 128)
+    narrow = w4_format.pack_w4(weight(64, 4096), 128)
     one = w4_kernel.auto_config(narrow, 1)
     assert one["KERNEL"] == "gemv" and one["MAGIC"] and 4096 % (one["BLOCK_K"] * one["SPLIT_K"]) == 0
     many = w4_kernel.auto_config(narrow, 16)
     assert many["KERNEL"] == "tc" and many["SPLIT_K"] == 4          # one output tile: split K
-    wide = w4_kernel.auto_config(w4_kernel.pack_w4(weight(4096, 1024), 128), 16)
+    wide = w4_kernel.auto_config(w4_format.pack_w4(weight(4096, 1024), 128), 16)
     assert wide["SPLIT_K"] == 1                                     # 64 tiles of 64 rows fill 8 "SMs"
-    smol = w4_kernel.auto_config(w4_kernel.pack_w4(weight(64, 576), 64), 4)
+    smol = w4_kernel.auto_config(w4_format.pack_w4(weight(64, 576), 64), 4)
     assert smol["GROUPS"] == 1 and 576 % (64 * smol["GROUPS"]) == 0  # 9 groups of 64: one per step
     assert w4_kernel.auto_config(narrow, 16, {"KERNEL": "tc", "BLOCK_N": 128})["BLOCK_N"] == 128
 
@@ -88,15 +88,15 @@ def test_w4linear_swaps_and_matches():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(256, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(DEV)
     x = torch.randn(1, 256, device=DEV)
-    assert w4_kernel.swap_linears(net, 32 if DEV == "cpu" else 128, skip=("2",)) == 1
-    assert isinstance(net[0], w4_kernel.W4Linear) and isinstance(net[2], torch.nn.Linear)
-    ref = net[2](torch.relu(w4_kernel.reference_matmul(x, net[0].p) + net[0].bias))
+    assert w4_linear.swap_linears(net, 32 if DEV == "cpu" else 128, skip=("2",)) == 1
+    assert isinstance(net[0], w4_linear.W4Linear) and isinstance(net[2], torch.nn.Linear)
+    ref = net[2](torch.relu(w4_format.reference_matmul(x, net[0].p) + net[0].bias))
     assert torch.allclose(net(x), ref, atol=1e-4)
     assert "0.words" in net.state_dict()  # packed bytes are saved with the module
 
 
 def test_candidate_configs_all_valid():
-    p = w4_kernel.pack_w4(weight(64, 1024), 128)
+    p = w4_format.pack_w4(weight(64, 1024), 128)
     for m in (1, 16, 64):
         cfgs = w4_kernel.candidate_configs(p, m)
         assert cfgs and all(w4_kernel._check_config(c, p, m) for c in cfgs)
@@ -116,19 +116,19 @@ def test_candidate_configs_all_valid():
     (dict(KERNEL="fast"), "KERNEL must be 'gemv' or 'tc'"),
 ])
 def test_bad_config_is_refused(bad, match):
-    p = w4_kernel.pack_w4(weight(16, 512).to(DEV), 128)
+    p = w4_format.pack_w4(weight(16, 512).to(DEV), 128)
     with pytest.raises(ValueError, match=match):
         w4_kernel.w4a16_matmul(torch.randn(1, 512, device=DEV), p, bad)
 
 
 def test_bad_input():
     with pytest.raises(ValueError, match="2-D weight"):
-        w4_kernel.pack_w4(torch.randn(8))
+        w4_format.pack_w4(torch.randn(8))
     with pytest.raises(ValueError, match="multiple of 8 and of group_size"):
-        w4_kernel.pack_w4(torch.randn(8, 100), 64)
+        w4_format.pack_w4(torch.randn(8, 100), 64)
     with pytest.raises(ValueError, match="non-finite"):
-        w4_kernel.pack_w4(torch.full((4, 128), float("nan")), 64)
-    p = w4_kernel.pack_w4(weight(16, 256), 64)
+        w4_format.pack_w4(torch.full((4, 128), float("nan")), 64)
+    p = w4_format.pack_w4(weight(16, 256), 64)
     with pytest.raises(ValueError, match=r"x must be a 2-D tensor \[M, K=256\]"):
         w4_kernel.w4a16_matmul(torch.randn(2, 128), p)
     with pytest.raises(ValueError, match="float16, bfloat16 or float32 activations"):
@@ -142,36 +142,36 @@ def test_bad_input():
 
 
 def test_a_weight_that_covers_less_than_its_shape_is_refused():
-    p = w4_kernel.pack_w4(weight(16, 256), 64)
+    p = w4_format.pack_w4(weight(16, 256), 64)
     with pytest.raises(ValueError, match=r"W4Weight.words must be torch.int32 of shape \(16, 32\)"):
-        w4_kernel.W4Weight(p.words[:8], p.scale, p.zero, 64, (16, 256))        # fewer rows of words
+        w4_format.W4Weight(p.words[:8], p.scale, p.zero, 64, (16, 256))        # fewer rows of words
     with pytest.raises(ValueError, match=r"W4Weight.scale must be torch.float16 of shape \(16, 4\)"):
-        w4_kernel.W4Weight(p.words, p.scale[:, :2], p.zero, 64, (16, 256))     # fewer groups of scales
+        w4_format.W4Weight(p.words, p.scale[:, :2], p.zero, 64, (16, 256))     # fewer groups of scales
     with pytest.raises(ValueError, match="W4Weight.zero must be torch.float16"):
-        w4_kernel.W4Weight(p.words, p.scale, p.zero.float(), 64, (16, 256))
+        w4_format.W4Weight(p.words, p.scale, p.zero.float(), 64, (16, 256))
     with pytest.raises(ValueError, match="group_size must be a positive multiple of 8"):
-        w4_kernel.W4Weight(p.words, p.scale, p.zero, 0, (16, 256))
+        w4_format.W4Weight(p.words, p.scale, p.zero, 0, (16, 256))
     with pytest.raises(ValueError, match="in_features must be a positive multiple"):
-        w4_kernel.W4Weight(p.words, p.scale, p.zero, 64, (16, 250))
+        w4_format.W4Weight(p.words, p.scale, p.zero, 64, (16, 250))
     with pytest.raises(ValueError, match="must be contiguous"):
-        w4_kernel.W4Weight(torch.zeros(32, 16, dtype=torch.int32).t(), p.scale, p.zero, 64, (16, 256))
+        w4_format.W4Weight(torch.zeros(32, 16, dtype=torch.int32).t(), p.scale, p.zero, 64, (16, 256))
     with pytest.raises(TypeError, match="W4Weight.scale must be a tensor"):
-        w4_kernel.W4Weight(p.words, None, p.zero, 64, (16, 256))
+        w4_format.W4Weight(p.words, None, p.zero, 64, (16, 256))
 
 
 def test_w4linear_g64_runs_every_batch_size():
     """The course model's group (64) through the layer at 1, 2, 8 and 16 rows (bf16 activations)."""
     lin = torch.nn.Linear(576, 64, bias=True).to(DEV)
-    w4 = w4_kernel.W4Linear(lin, 64)
+    w4 = w4_linear.W4Linear(lin, 64)
     for m in (1, 2, 8, 16):
         x = torch.randn(m, 576, device=DEV, dtype=torch.bfloat16)
-        ref = w4_kernel.reference_matmul(x.float(), w4.p).float() + lin.bias.float()
+        ref = w4_format.reference_matmul(x.float(), w4.p).float() + lin.bias.float()
         got = w4(x).float()
         assert (got - ref).abs().max() <= 1e-2 * ref.abs().max(), m
 
 
 def test_w4linear_large_batches_take_the_dense_path():
     lin = torch.nn.Linear(256, 16, bias=False)
-    w4 = w4_kernel.W4Linear(lin, 64, dense_above=4)
+    w4 = w4_linear.W4Linear(lin, 64, dense_above=4)
     x = torch.randn(8, 256)
-    assert torch.allclose(w4(x), w4_kernel.reference_matmul(x, w4.p), atol=1e-4)
+    assert torch.allclose(w4(x), w4_format.reference_matmul(x, w4.p), atol=1e-4)
