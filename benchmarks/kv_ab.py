@@ -50,7 +50,7 @@ def main():
             rows.append(r)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(rows, indent=1))
-            print({k: r[k] for k in ("kv_format", "context", "kv_bytes", "peak", "tokens_per_s", "token_agreement", "kl")}, flush=True)
+            print({k: r[k] for k in ("kv_format", "context", "kv_bytes", "peak", "tokens_per_s", "top1_agreement", "mean_kl")}, flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=1))
     print("wrote", args.out)

@@ -147,10 +147,8 @@ def has_cuda() -> bool:
 @contextlib.contextmanager
 def cpu_threads(n: int):
     """Run the block with ``n`` intra-op CPU threads, then restore the previous count. For loops of
-    tiny operations (GPTQ's column step on a 576-row block is a few microseconds of work): on a busy
-    2-core machine two threads made that step 14× slower (0.06 → 0.87 ms; 0.16 ms with one thread —
-    the course's issue #20 measurement), because every op pays the threads' hand-off. Large matmuls
-    keep the default."""
+    tiny operations (GPTQ's column step on a 576-row block is a few microseconds of work) every op
+    pays the hand-off between threads, so one thread is faster there; large matmuls keep the default."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive number of threads, got {n!r}")
     before = torch.get_num_threads()

@@ -134,7 +134,7 @@ def compare_logits(base: torch.Tensor, other: torch.Tensor) -> dict:
     agree = (base.argmax(-1) == other.argmax(-1)).float().mean().item()
     lp, lq = base.log_softmax(-1), other.log_softmax(-1)
     kl = (lp.exp() * (lp - lq)).sum(-1).mean().item()
-    return {"token_agreement": agree, "kl": kl}
+    return {"top1_agreement": agree, "mean_kl": kl}
 
 
 def kv_ab(model, prompts: torch.Tensor, new_tokens: int, kinds=None, measure_memory: bool = True,
@@ -143,7 +143,7 @@ def kv_ab(model, prompts: torch.Tensor, new_tokens: int, kinds=None, measure_mem
 
     ``kinds`` defaults to every format installed here (:func:`helpers.kvcache.available_kinds`).
     For each kind: stored KV bytes, peak memory over the weights and decode tokens/s (from
-    ``measure.measure_generate``), and quality against the baseline cache on the baseline's own greedy
+    :func:`measure_generate`), and quality against the baseline cache on the baseline's own greedy
     continuation (teacher-forced top-1 agreement and KL, by :func:`kv_quality`)."""
     kinds = available_kinds() if kinds is None else kinds
     batch, ctx = prompts.shape
@@ -158,8 +158,8 @@ def kv_ab(model, prompts: torch.Tensor, new_tokens: int, kinds=None, measure_mem
             baseline_bytes = m.get("kv_meas")
         rows.append({"kv_format": kind, "context": ctx, "batch": batch, "kv_bytes": m.get("kv_meas"),
                      "baseline_kv_bytes": baseline_bytes, "peak": m.get("peak_meas"),
-                     "tokens_per_s": m.get("tokens_per_s"), "token_agreement": quality[kind]["top1_agreement"],
-                     "kl": quality[kind]["mean_kl"]})
+                     "tokens_per_s": m.get("tokens_per_s"), "top1_agreement": quality[kind]["top1_agreement"],
+                     "mean_kl": quality[kind]["mean_kl"]})
     return rows
 
 
@@ -298,8 +298,9 @@ def load_checkpoint(path, device, dtype=torch.bfloat16) -> dict:
 
 @torch.no_grad()
 def kv_quality(model, prompts: torch.Tensor, continuation: torch.Tensor, kinds=None) -> list[dict]:
-    """Quality of each KV-cache format on a *real* continuation, teacher-forced: every format is fed
-    the same prompt and the same true next tokens (``continuation`` [batch, n], from the text), and
+    """Quality of each KV-cache format, teacher-forced: every format is fed the same prompt and the
+    same next tokens (``continuation`` [batch, n]: the text's own continuation, or the baseline's
+    greedy output as :func:`kv_ab` passes), and
     compared with the baseline cache's next-token distributions (top-1 agreement, mean KL) and by the
     perplexity of the continuation. Meaningful only with real weights on real text: with random
     weights the logits are nearly flat and these numbers are noise."""
@@ -316,8 +317,8 @@ def kv_quality(model, prompts: torch.Tensor, continuation: torch.Tensor, kinds=N
                                                 continuation.reshape(-1).to(logits.device), reduction="mean")
         q = compare_logits(base, logits)
         rows.append({"kv_format": kind, "context": prompts.shape[1], "batch": prompts.shape[0],
-                     "continuation": continuation.shape[1], "top1_agreement": q["token_agreement"],
-                     "mean_kl": q["kl"], "ppl": float(torch.exp(nll))})
+                     "continuation": continuation.shape[1], "top1_agreement": q["top1_agreement"],
+                     "mean_kl": q["mean_kl"], "ppl": float(torch.exp(nll))})
     return rows
 
 

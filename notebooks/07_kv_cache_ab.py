@@ -221,7 +221,7 @@ ab
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
 for kind, g in ab.groupby("kv_format"):
     axes[0].plot(g.context, g["kv % of baseline"], marker="o", label=kind)
-    axes[1].plot(g.context, g.kl, marker="o", label=kind)
+    axes[1].plot(g.context, g.mean_kl, marker="o", label=kind)
 axes[0].set_title("stored KV bytes, % of baseline"); axes[1].set_title("KL(baseline ‖ format), teacher-forced")
 axes[1].set_yscale("symlog", linthresh=1e-5)
 for a in axes: a.set_xlabel("context"); a.legend(fontsize=7)
