@@ -1,5 +1,5 @@
 """Replays allocator sequences on the real CUDA allocator and in the simulator: the notebook's own, and
-``--random N`` seeded random workloads per mode (``allocator_sim.random_sequence``: small, mid and large
+``--random N`` seeded random workloads per mode (``allocator_ops.random_sequence``: small, mid and large
 sizes, frees in random order, caps 0.7–1.4 × the peak of live bytes), in the default and the
 ``expandable_segments`` mode. Every row has ``mode``; a sequence agrees when the OOM outcome, the
 failing op, reserved and allocated bytes are the same. Target (issue 16): 100 % of default-mode and
@@ -20,15 +20,15 @@ from pathlib import Path
 
 import torch
 
-from helpers import allocator_sim as A
+from helpers import allocator_ops, allocator_replay, allocator_sim
 
 
 def sequences():
     return {
-        "seed_snippet": (A.seed_snippet(), None, False),
-        "fragmenting": (A.fragmenting_sequence(), A.fragmenting_cap(), False),
-        "fragmenting_expandable": (A.fragmenting_sequence(), A.fragmenting_cap(), True),
-        "empty_cache_limits": (A.empty_cache_sequence(), None, False),
+        "seed_snippet": (allocator_ops.seed_snippet(), None, False),
+        "fragmenting": (allocator_ops.fragmenting_sequence(), allocator_ops.fragmenting_cap(), False),
+        "fragmenting_expandable": (allocator_ops.fragmenting_sequence(), allocator_ops.fragmenting_cap(), True),
+        "empty_cache_limits": (allocator_ops.empty_cache_sequence(), None, False),
         "small_pool": ([["alloc", f"s{i}", 100_000] for i in range(30)] + [["free", f"s{i}"] for i in range(0, 30, 3)], None, False),
         "mid_sizes": ([["alloc", f"m{i}", (3 + i % 5) * 1024**2] for i in range(12)] + [["free", "m3"], ["free", "m4"], ["alloc", "x", 7 * 1024**2]], None, False),
     }
@@ -37,7 +37,7 @@ def sequences():
 def random_sequences(n: int, start: int = 0):
     out = {}
     for seed in range(start, start + n):
-        ops, cap = A.random_sequence(seed)
+        ops, cap = allocator_ops.random_sequence(seed)
         for exp in (False, True):
             out[f"random_{seed}" + ("_expandable" if exp else "")] = (ops, cap, exp)
     return out
@@ -50,7 +50,7 @@ def agrees(r: dict) -> bool:
 
 def compare(name, ops, cap, exp) -> dict:
     """One sequence on the real allocator (a fresh process) and in the simulator."""
-    real = A.run_real(ops, cap, exp)
+    real = allocator_replay.run_real(ops, cap, exp)
     row = {"sequence": name, "mode": "expandable" if exp else "default", "cap": cap, "expandable": exp,
            "real_oom": real["oom"], "real_failed_at": real["failed_at"], "real_reserved": real["reserved"],
            "real_allocated": real["allocated"], "real_segments": [s["total_size"] for s in real["snapshot"]]}
@@ -59,7 +59,7 @@ def compare(name, ops, cap, exp) -> dict:
 
 def simulated(row: dict, ops: list) -> dict:
     """``row`` with the simulator's side (re)computed for its sequence: ``sim_*`` keys and ``agree``."""
-    sim = A.simulate(ops, row["cap"], row["expandable"])
+    sim = allocator_sim.simulate(ops, row["cap"], row["expandable"])
     row.update(sim_oom=sim["oom"], sim_failed_at=sim["failed_at"], sim_reserved=sim["reserved"],
                sim_allocated=sim["allocated"], sim_segments=[s["total_size"] for s in sim["snapshot"]])
     row["agree"] = agrees(row)
@@ -74,7 +74,7 @@ def ops_of(name: str) -> list:
     m = re.fullmatch(r"random_(\d+)(_expandable)?", name)
     if not m:
         raise SystemExit(f"sequence {name!r} is not one this script generates")
-    return A.random_sequence(int(m.group(1)))[0]
+    return allocator_ops.random_sequence(int(m.group(1)))[0]
 
 
 def resimulate(path: Path) -> list:

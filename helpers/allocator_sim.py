@@ -1,4 +1,4 @@
-"""A small, faithful simulator of PyTorch's CUDA caching allocator — and a runner for the real one.
+"""A small, faithful simulator of PyTorch's CUDA caching allocator.
 
 The policy (c10/cuda/CUDACachingAllocator.cpp, default settings):
 
@@ -25,29 +25,23 @@ costing memory. :class:`CachingAllocatorSim` models it block by block (``expanda
 ``find_expandable_block``, ``try_allocate_expandable_block``, ``map_block`` and ``unmap_block`` in
 c10/cuda/CUDACachingAllocator.cpp.
 
-:func:`run_real` replays the same op sequence on a real GPU, in a fresh subprocess so the allocator
-starts empty and ``PYTORCH_CUDA_ALLOC_CONF`` can be set before CUDA initialises.
+:func:`simulate` runs an op sequence (:mod:`helpers.allocator_ops`);
+:func:`helpers.allocator_replay.run_real` runs the same sequence on the real allocator.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import weakref
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from .device import card_gib
+from .allocator_ops import check_op, check_size
+from .units import MiB
 
-KB, MB, GB = 1024, 1024**2, 1024**3
 K_MIN_BLOCK = 512
-K_SMALL_SIZE = 1 * MB
-K_SMALL_BUFFER = 2 * MB
-K_LARGE_BUFFER = 20 * MB
-K_MIN_LARGE_ALLOC = 10 * MB
-K_ROUND_LARGE = 2 * MB
-PAGE = 20 * MB          # expandable segments map the large pool in kLargeBuffer-sized pages (small: 2 MiB)
+K_SMALL_SIZE = 1 * MiB
+K_SMALL_BUFFER = 2 * MiB
+K_LARGE_BUFFER = 20 * MiB
+K_MIN_LARGE_ALLOC = 10 * MiB
+K_ROUND_LARGE = 2 * MiB
+PAGE = 20 * MiB          # expandable segments map the large pool in kLargeBuffer-sized pages (small: 2 MiB)
 VIRTUAL_BYTES = 2**40   # address space of one expandable segment (real: 1 1/8 × the card; never the limit here)
 
 
@@ -177,10 +171,7 @@ class CachingAllocatorSim:
         """Allocate ``size`` bytes under ``name`` or raise :class:`SimOutOfMemory`."""
         if name in self.live:
             raise ValueError(f"name {name!r} is already allocated")
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise ValueError(f"allocation {name!r}: size must be a positive number of bytes, got {size!r} "
-                             "(PyTorch's allocator is not called for an empty tensor)")
-        size = round_size(size)
+        size = round_size(check_size(size, name))
         pool = self._pool(size)
         if self.expandable:
             return self._malloc_expandable(size, name, pool)
@@ -364,7 +355,7 @@ class CachingAllocatorSim:
         return out
 
 
-# ------------------------------------------------------------------ op sequences (sim and real)
+# ------------------------------------------------------------------ an op sequence in the simulator
 def simulate(ops: list, cap: int | None = None, expandable: bool = False, max_split_size: int | None = None) -> dict:
     """Replay ``ops`` (``["alloc", name, bytes]``, ``["free", name]``, ``["empty_cache"]``) in the
     simulator; stop at the first OOM. Returns oom, failed op index, allocated, reserved (at the end
@@ -386,227 +377,12 @@ def simulate(ops: list, cap: int | None = None, expandable: bool = False, max_sp
     return result
 
 
-_OP_ARITY = {"alloc": 3, "free": 2, "empty_cache": 1}
-
-
 def _apply(sim, op):
-    if not isinstance(op, (list, tuple)) or not op or op[0] not in _OP_ARITY or len(op) != _OP_ARITY[op[0]]:
-        raise ValueError(f"unknown op {op!r}: an op is ['alloc', name, bytes], ['free', name] or ['empty_cache'] "
-                         "(helpers.allocator_sim.parse_ops reads them from text)")
+    check_op(op)
     kind = op[0]
     if kind == "alloc":
         sim.malloc(op[2], op[1])
     elif kind == "free":
         sim.free(op[1])
-    elif kind == "empty_cache":
-        sim.empty_cache()
     else:
-        raise ValueError(f"unknown op {op!r}")
-
-
-_REAL_SCRIPT = r"""
-import json, sys, torch
-ops, cap, card = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
-torch.cuda.init()
-total = torch.cuda.get_device_properties(0).total_memory
-if card:  # emulated card: what the driver already uses (contexts, the notebook's kernel) comes off it
-    sys.path.insert(0, sys.argv[4])
-    from helpers.device import card_share
-    free, total_now = torch.cuda.mem_get_info()
-    share = card_share(card, total_now, free)
-    cap = share if cap is None else min(cap, share)
-if cap:
-    torch.cuda.set_per_process_memory_fraction(cap / total)
-live, res, trace = {}, {"oom": False, "failed_at": None, "cap": cap}, []
-for i, op in enumerate(ops):
-    try:
-        if op[0] == "alloc":
-            live[op[1]] = torch.empty(op[2], dtype=torch.uint8, device="cuda")
-        elif op[0] == "free":
-            del live[op[1]]
-        elif op[0] == "empty_cache":
-            torch.cuda.empty_cache()
-    except torch.OutOfMemoryError:
-        res.update(oom=True, failed_at=i, summary=torch.cuda.memory_summary(abbreviated=True))
-        break
-    trace.append((torch.cuda.memory_allocated(), torch.cuda.memory_reserved()))
-torch.cuda.synchronize()
-res.update(allocated=torch.cuda.memory_allocated(), reserved=torch.cuda.memory_reserved(), trace=trace,
-           peak_reserved=torch.cuda.max_memory_reserved(),
-           snapshot=[{"segment_type": s["segment_type"], "total_size": s["total_size"],
-                      "blocks": [{"size": b["size"], "state": b["state"]} for b in s["blocks"]]}
-                     for s in torch.cuda.memory_snapshot()])
-print("RESULT" + json.dumps(res))
-"""
-
-
-def run_real(ops: list, cap: int | None = None, expandable: bool = False, timeout: int = 300,
-             max_split_mb: int | None = None) -> dict:
-    """Replay ``ops`` on the real GPU in a fresh subprocess (clean allocator, env set before CUDA).
-    ``cap`` (bytes) caps its allocator; under ``COURSE_GPU_GIB`` it is at most the subprocess's
-    :func:`~helpers.device.card_share` of that card (the notebook's own process holds part of it).
-    ``max_split_mb`` sets ``max_split_size_mb`` (PyTorch allows ≥ 20). The result's ``trace`` is
-    ``(allocated, reserved)`` after every op that ran, as :func:`simulate` returns it."""
-    if max_split_mb is not None and (isinstance(max_split_mb, bool) or not isinstance(max_split_mb, int)
-                                     or max_split_mb < 20):
-        raise ValueError(f"max_split_mb must be an integer ≥ 20 (PyTorch's minimum) or None, got {max_split_mb!r}")
-    env = dict(os.environ)
-    conf = [c for c in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",")
-            if c and "expandable" not in c and "max_split" not in c]
-    if expandable:
-        conf.append("expandable_segments:True")
-    if max_split_mb is not None:
-        conf.append(f"max_split_size_mb:{max_split_mb}")
-    env["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(conf)
-    out = subprocess.run([sys.executable, "-c", _REAL_SCRIPT, json.dumps(ops), json.dumps(cap),
-                          json.dumps(card_gib()), str(Path(__file__).resolve().parent.parent)],
-                         capture_output=True, text=True, env=env, timeout=timeout)
-    line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT")), None)
-    if line is None:
-        raise RuntimeError(f"real allocator run failed:\n{out.stderr[-2000:]}")
-    return json.loads(line[len("RESULT"):])
-
-
-_UNITS = {"b": 1, "kib": KB, "kb": KB, "mib": MB, "mb": MB, "gib": GB, "gb": GB}
-
-
-def parse_ops(text: str) -> list:
-    """Ops from a line a learner types: ``"a=300MiB; b=20MiB; free a; c=250MiB; empty_cache"``
-    (``;`` or newlines between ops; sizes in B, KiB, MiB or GiB — KB/MB/GB are read as binary units,
-    as PyTorch reports them). Raises ValueError naming the op it cannot read."""
-    import re
-
-    if not isinstance(text, str):
-        raise ValueError(f"ops must be text such as 'a=300MiB; free a', got {type(text).__name__}")
-    ops, live = [], set()
-    for raw in re.split(r"[;\n]", text):
-        op = raw.strip()
-        if not op:
-            continue
-        if op == "empty_cache":
-            ops.append(["empty_cache"])
-        elif op.startswith("free "):
-            name = op[5:].strip()
-            if name not in live:
-                raise ValueError(f"op {op!r}: nothing named {name!r} is allocated (allocate it first: {name}=100MiB)")
-            live.discard(name)
-            ops.append(["free", name])
-        elif m := re.fullmatch(r"(\w+)\s*=\s*([\d.]+)\s*([KMG]i?B|B)", op, flags=re.I):
-            size = float(m.group(2)) * _UNITS[m.group(3).lower()]
-            if not size >= 1:
-                raise ValueError(f"op {op!r}: the size must be at least 1 B")
-            if m.group(1) in live:
-                raise ValueError(f"op {op!r}: {m.group(1)!r} is already allocated (free it first, or pick another name)")
-            live.add(m.group(1))
-            ops.append(["alloc", m.group(1), int(size)])
-        else:
-            raise ValueError(f"cannot read op {op!r}: write name=SIZE (a=300MiB), free NAME, or empty_cache")
-    return ops
-
-
-def random_sequence(seed: int, n_ops: int = 48) -> tuple[list, int]:
-    """``(ops, cap)``: a seeded random workload for checking the simulator against the real allocator —
-    allocations of small (512 B – 1 MiB), mid (1 – 10 MiB) and large (10 – 300 MiB) sizes, frees of
-    random live tensors in random order, and a cap between 0.7 and 1.4 × the peak of live bytes (so
-    some sequences run out and some do not)."""
-    import random
-
-    rng = random.Random(seed)
-    ops, live, now, peak = [], {}, 0, 0
-    for i in range(n_ops):
-        if live and rng.random() < 0.4:
-            name = rng.choice(sorted(live))
-            now -= live.pop(name)
-            ops.append(["free", name])
-            continue
-        kind = rng.random()
-        size = (rng.randint(512, MB) if kind < 0.3 else rng.randint(MB, 10 * MB) if kind < 0.6
-                else rng.randint(10 * MB, 300 * MB))
-        live[f"t{i}"] = size
-        now += size
-        peak = max(peak, now)
-        ops.append(["alloc", f"t{i}", size])
-    return ops, int(peak * rng.uniform(0.7, 1.4))
-
-
-# ------------------------------------------------------------------ the notebook's sequences
-def seed_snippet(n: int = 20, big: int = 1 * GB, small: int = 256 * MB, request: int = 2 * GB,
-                 as_written: bool = True) -> list:
-    """The source document's fragmentation snippet (``../shared/seeds/002…``, "模拟碎片化"):
-    n × (big + small) kept in a list, then ``for big, small in tensors: del big``, ``empty_cache()``,
-    and a ``request``.
-
-    ``as_written=True`` replays what that code does: ``del big`` deletes only the loop variable, the
-    list still holds every tensor, so **nothing is freed** (:func:`seed_loop_keeps_tensors_alive`
-    shows it on the CPU). ``as_written=False`` is what the text meant: the big tensors really freed
-    (``tensors = [(None, s) for _, s in tensors]``)."""
-    ops = []
-    for i in range(n):
-        ops += [["alloc", f"big{i}", big], ["alloc", f"small{i}", small]]
-    if not as_written:
-        ops += [["free", f"big{i}"] for i in range(n)]
-    ops += [["empty_cache"], ["alloc", "request", request]]
-    return ops
-
-
-def seed_loop_keeps_tensors_alive(n: int = 20) -> dict:
-    """Run the seed's loop as written on small CPU tensors and count, with weak references, how
-    many "freed" big tensors are still alive: the list holds them, ``del big`` drops only a name."""
-    import torch
-
-    tensors = []
-    for _ in range(n):
-        big, small = torch.empty(1024), torch.empty(256)
-        tensors.append((big, small))
-    refs = [weakref.ref(b) for b, _ in tensors]
-    for big, small in tensors:  # noqa: B007  (the seed's loop, verbatim)
-        del big
-    alive_as_written = sum(r() is not None for r in refs)
-    tensors = [(None, s) for _, s in tensors]  # the corrected version: drop the list's references
-    return {"n": n, "alive_as_written": alive_as_written, "alive_after_fix": sum(r() is not None for r in refs)}
-
-
-def fragmenting_sequence(block: int = 64 * MB, n: int = 16, request_blocks: int = 2) -> list:
-    """Blocks split inside ONE cached segment, every other one freed, then a larger request.
-
-    1. allocate and free one ``n × block`` tensor → one cached segment of that size;
-    2. allocate ``n`` blocks: best-fit carves all of them out of that segment (splitting);
-    3. free every other block → ``n/2`` holes of ``block`` bytes, none adjacent;
-    4. ask for ``request_blocks × block``: no hole is big enough, and under a cap of
-       ``(n + 1) × block`` a new segment does not fit → OOM, although
-       ``reserved − allocated = n/2 × block`` exceeds the request.
-    """
-    ops = [["alloc", "arena", n * block], ["free", "arena"]]
-    ops += [["alloc", f"b{i}", block] for i in range(n)]
-    ops += [["free", f"b{i}"] for i in range(0, n, 2)]
-    ops += [["alloc", "request", request_blocks * block]]
-    return ops
-
-
-def fragmenting_cap(block: int = 64 * MB, n: int = 16) -> int:
-    """The cap used with :func:`fragmenting_sequence`: the arena plus one block."""
-    return (n + 1) * block
-
-
-def fenced_cycles_sequence(cycles: int = 8, big: int = 138 * MB, fence: int = 2 * MB) -> list:
-    """The pattern of pytorch/pytorch#123548 (``max_split_size_mb`` together with
-    ``expandable_segments``): each cycle allocates two ``big`` tensors and a small ``fence`` that stays
-    alive after them, then frees the two. The freed pair merges into one free block walled off from
-    the segment's unmapped tail by the fence. With ``max_split_size_mb`` below ``big``, the next cycle's
-    requests skip that block (it is ≥ the request + 20 MiB: ``get_free_block``'s oversize filter) and
-    map new pages instead, so reserved memory grows every cycle while allocated stays small."""
-    ops = []
-    for c in range(cycles):
-        ops += [["alloc", f"a{c}", big], ["alloc", f"b{c}", big], ["alloc", f"fence{c}", fence],
-                ["free", f"a{c}"], ["free", f"b{c}"]]
-    return ops
-
-
-def empty_cache_sequence(block: int = 64 * MB, n: int = 8) -> list:
-    """What empty_cache can and cannot release: a wholly free segment goes, a segment with one
-    live block stays whole."""
-    ops = [["alloc", "arena", n * block], ["free", "arena"]]          # segment A, wholly free
-    ops += [["alloc", "other", n * block + 2 * MB]]                    # segment B (won't fit in A)
-    ops += [["alloc", "pin", block]]                                   # carved from A
-    ops += [["free", "other"], ["empty_cache"]]                        # B released, A kept (pinned)
-    return ops
+        sim.empty_cache()

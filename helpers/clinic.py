@@ -15,7 +15,7 @@ from itertools import islice
 
 import torch
 
-from . import allocator_sim, budget, gpu_share, measure
+from . import allocator_ops, allocator_sim, budget, gpu_share, measure
 from . import validate as v
 from .data import random_ids
 from .device import memory_limit
@@ -66,7 +66,7 @@ def holes_sequences() -> dict:
     out = {}
     for mib in (64, 16):
         block = mib * MiB
-        out[f"{mib} MiB holes"] = (allocator_sim.fragmenting_sequence(block), allocator_sim.fragmenting_cap(block))
+        out[f"{mib} MiB holes"] = (allocator_ops.fragmenting_sequence(block), allocator_ops.fragmenting_cap(block))
     return out
 
 
@@ -258,13 +258,13 @@ def largest_free_block() -> int:
 
 
 def fragment_on_gpu(block: int, n: int = 16) -> None:
-    """Replay :func:`helpers.allocator_sim.fragmenting_sequence` with real CUDA tensors of ``block``
+    """Replay :func:`helpers.allocator_ops.fragmenting_sequence` with real CUDA tensors of ``block``
     bytes (under a cap of the memory already reserved plus the arena plus one block, its last request
     runs out: the real-allocator twin of case 2)."""
     block = v.positive_int(block, "block", "bytes per block")
     n = v.positive_int(n, "n", "blocks in the arena")
     keep = {}
-    for op in allocator_sim.fragmenting_sequence(block, n):
+    for op in allocator_ops.fragmenting_sequence(block, n):
         if op[0] == "alloc":
             keep[op[1]] = torch.empty(op[2], dtype=torch.uint8, device="cuda")
         else:

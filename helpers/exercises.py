@@ -155,15 +155,17 @@ def _int4_kv(fn) -> str | None:
 
 
 def _diagnose_snapshot(fn) -> str | None:
-    from .allocator_sim import MB, fragmenting_cap, fragmenting_sequence, simulate
+    from .allocator_ops import fragmenting_cap, fragmenting_sequence
+    from .allocator_sim import simulate
+    from .units import MiB
     frag = fragmenting_sequence()
     cases = [  # (ops before the request, request, cap, what the simulator says happens)
-        (frag[:-1], 128 * MB, fragmenting_cap(), "fragmentation"),
-        (frag[:-1], 64 * MB, fragmenting_cap(), "fits"),                      # one hole is enough
-        ([["alloc", "a", 600 * MB]], 300 * MB, 1024 * MB, "fits"),            # a new segment stays under the cap
-        ([["alloc", "a", 600 * MB], ["alloc", "b", 300 * MB]], 400 * MB, 1024 * MB, "too-big"),
-        (frag[:-1] + [["alloc", "c", 64 * MB], ["alloc", "d", 64 * MB]], 128 * MB, fragmenting_cap(), "fragmentation"),
-        (frag[:-1], 600 * MB, fragmenting_cap(), "too-big"),                 # 512 MiB free in all: not enough
+        (frag[:-1], 128 * MiB, fragmenting_cap(), "fragmentation"),
+        (frag[:-1], 64 * MiB, fragmenting_cap(), "fits"),                      # one hole is enough
+        ([["alloc", "a", 600 * MiB]], 300 * MiB, 1024 * MiB, "fits"),            # a new segment stays under the cap
+        ([["alloc", "a", 600 * MiB], ["alloc", "b", 300 * MiB]], 400 * MiB, 1024 * MiB, "too-big"),
+        (frag[:-1] + [["alloc", "c", 64 * MiB], ["alloc", "d", 64 * MiB]], 128 * MiB, fragmenting_cap(), "fragmentation"),
+        (frag[:-1], 600 * MiB, fragmenting_cap(), "too-big"),                 # 512 MiB free in all: not enough
     ]
     for ops, request, cap, want in cases:
         snap = simulate(ops, cap)["snapshot"]
@@ -171,8 +173,8 @@ def _diagnose_snapshot(fn) -> str | None:
             raise AssertionError(f"exercise case inconsistent with the simulator: {want}")   # the checker's own check
         got = fn(snap, request, cap)
         if got != want:
-            return (f"a request of {request // MB} MiB under a {cap // MB} MiB cap, with "
-                    f"{sum(b['size'] for s in snap for b in s['blocks'] if not b['state'].startswith('active')) // MB} "
+            return (f"a request of {request // MiB} MiB under a {cap // MiB} MiB cap, with "
+                    f"{sum(b['size'] for s in snap for b in s['blocks'] if not b['state'].startswith('active')) // MiB} "
                     f"MiB free in {len(snap)} segment(s): expected {want!r}, got {got!r}")
     return None
 

@@ -220,22 +220,22 @@ def kv_widget(archs=tuple(models.ARCHITECTURES), model=None):
 
 def allocator_run(ops_text: str, cap_mib: float | None = None, expandable: bool = False,
                   on_device: bool | None = None) -> dict:
-    """One run of the allocator playground: the ops (:func:`helpers.allocator_sim.parse_ops`) in the
+    """One run of the allocator playground: the ops (:func:`helpers.allocator_ops.parse_ops`) in the
     simulator and, on a CUDA machine, on the real allocator (a fresh process). Returns
     ``{"sim": …, "real": … or None, "note": …}``."""
-    from . import allocator_sim
+    from . import allocator_ops, allocator_replay, allocator_sim
 
-    ops = allocator_sim.parse_ops(ops_text)
+    ops = allocator_ops.parse_ops(ops_text)
     if cap_mib is not None:
         cap_mib = v.non_negative_number(cap_mib, "cap_mib", "0 or None: no cap")
-    cap = None if cap_mib in (None, 0) else int(cap_mib * allocator_sim.MB)
+    cap = None if cap_mib in (None, 0) else int(cap_mib * MiB)
     expandable = v.flag(expandable, "expandable")
     on_device = has_cuda() if on_device is None else v.flag(on_device, "on_device")
     out = {"sim": allocator_sim.simulate(ops, cap, expandable), "real": None,
            "note": "the real allocator, in a fresh process, next to the simulator" if on_device else
            "no CUDA device here: the simulator only (it predicts; notebook 02 shows where it agrees with the GPU)"}
     if on_device:
-        out["real"] = allocator_sim.run_real(ops, cap, expandable)
+        out["real"] = allocator_replay.run_real(ops, cap, expandable)
     return out
 
 

@@ -42,10 +42,10 @@ if importlib.util.find_spec("helpers") is None or os.environ.get("COURSE_FORCE_S
 import json
 import matplotlib.pyplot as plt
 import torch
-from helpers import allocator_sim as A, leaks, measure, plots, key_numbers
+from helpers import allocator_ops, allocator_replay, allocator_sim as A, leaks, measure, plots, key_numbers
 from helpers.config import results_path
 from helpers.device import has_cuda, get_device
-MB, GB = A.MB, A.GB
+from helpers.units import GiB, MiB
 cuda = has_cuda()
 print("CUDA:", cuda)
 
@@ -58,7 +58,7 @@ print("CUDA:", cuda)
 
 # %%
 if cuda:
-    x = torch.empty(256 * MB, dtype=torch.uint8, device="cuda"); del x   # reserved, then cached
+    x = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda"); del x   # reserved, then cached
     measure.show_views()
 else:
     print("No CUDA device: the four views need one. (process RSS:", measure.fmt_bytes(measure.views()["rss"]), ")")
@@ -85,7 +85,7 @@ else:
 # really does — run verbatim on small CPU tensors, counting the "freed" tensors with weak references:
 
 # %%
-alive = A.seed_loop_keeps_tensors_alive()
+alive = allocator_ops.seed_loop_keeps_tensors_alive()
 print(f"after the seed's loop: {alive['alive_as_written']} of {alive['n']} big tensors still alive; "
       f"after dropping the list's references: {alive['alive_after_fix']}")
 assert alive["alive_as_written"] == alive["n"] and alive["alive_after_fix"] == 0
@@ -97,18 +97,18 @@ assert alive["alive_as_written"] == alive["n"] and alive["alive_after_fix"] == 0
 # request simply needs a new segment. Replayed on the simulator (and on the GPU, if there is one):
 
 # %%
-seed_ops = A.seed_snippet(as_written=True)
+seed_ops = allocator_ops.seed_snippet(as_written=True)
 sim = A.simulate(seed_ops)
-print(f"as written, simulator: OOM={sim['oom']}  reserved at the end {sim['reserved'] / GB:.2f} GiB")
+print(f"as written, simulator: OOM={sim['oom']}  reserved at the end {sim['reserved'] / GiB:.2f} GiB")
 seed_real = None
 if cuda:  # the snippet holds 27 GiB at its end: a smaller card runs out while allocating
-    seed_real = A.run_real(seed_ops)
+    seed_real = allocator_replay.run_real(seed_ops)
     at = f" at op {seed_real['failed_at']}: {seed_ops[seed_real['failed_at']][:2]}" if seed_real["oom"] else ""
-    capped = f" (allocator cap {seed_real['cap'] / GB:.2f} GiB)" if seed_real["cap"] else ""
-    print(f"as written, real GPU : OOM={seed_real['oom']}{at}  reserved at the end {seed_real['reserved'] / GB:.2f} GiB{capped}")
+    capped = f" (allocator cap {seed_real['cap'] / GiB:.2f} GiB)" if seed_real["cap"] else ""
+    print(f"as written, real GPU : OOM={seed_real['oom']}{at}  reserved at the end {seed_real['reserved'] / GiB:.2f} GiB{capped}")
 else:
     print("(no CUDA device here; the H200 reference run is in results/h200/reference_run.json)")
-t4 = A.simulate(seed_ops, cap=int(15 * GB))
+t4 = A.simulate(seed_ops, cap=int(15 * GiB))
 print(f"as written, simulator under a 15 GiB cap (a T4): OOM={t4['oom']} at op {t4['failed_at']}: "
       f"{seed_ops[t4['failed_at']][:2] if t4['oom'] else ''}")
 
@@ -117,14 +117,14 @@ print(f"as written, simulator under a 15 GiB cap (a T4): OOM={t4['oom']} at op {
 # (`tensors = [(None, s) for _, s in tensors]`):
 
 # %%
-meant_ops = A.seed_snippet(as_written=False)
+meant_ops = allocator_ops.seed_snippet(as_written=False)
 meant = A.simulate(meant_ops)
-print(f"corrected, simulator: OOM={meant['oom']}  reserved at the end {meant['reserved'] / GB:.2f} GiB")
-assert not meant["oom"] and meant["reserved"] == 20 * 256 * MB + 2 * GB   # the prose below, checked
-assert not sim["oom"] and sim["reserved"] == 20 * (GB + 256 * MB) + 2 * GB
-meant_real = A.run_real(meant_ops) if cuda else None
+print(f"corrected, simulator: OOM={meant['oom']}  reserved at the end {meant['reserved'] / GiB:.2f} GiB")
+assert not meant["oom"] and meant["reserved"] == 20 * 256 * MiB + 2 * GiB   # the prose below, checked
+assert not sim["oom"] and sim["reserved"] == 20 * (GiB + 256 * MiB) + 2 * GiB
+meant_real = allocator_replay.run_real(meant_ops) if cuda else None
 if meant_real:
-    print(f"corrected, real GPU : OOM={meant_real['oom']}  reserved at the end {meant_real['reserved'] / GB:.2f} GiB")
+    print(f"corrected, real GPU : OOM={meant_real['oom']}  reserved at the end {meant_real['reserved'] / GiB:.2f} GiB")
 key_numbers.record("02_allocator_fragmentation", seed_snippet_as_written_sim={k: sim[k] for k in ("oom", "reserved")},
                    seed_snippet_as_written_real=seed_real and {k: seed_real[k] for k in ("oom", "failed_at", "reserved", "cap")},
                    seed_snippet_corrected_sim={k: meant[k] for k in ("oom", "reserved")},
@@ -142,13 +142,13 @@ key_numbers.record("02_allocator_fragmentation", seed_snippet_as_written_sim={k:
 # 64 MiB (`set_per_process_memory_fraction`, deterministic on any GPU from a T4 to an H200).
 
 # %%
-frag_ops, cap = A.fragmenting_sequence(), A.fragmenting_cap()
+frag_ops, cap = allocator_ops.fragmenting_sequence(), allocator_ops.fragmenting_cap()
 sim = A.simulate(frag_ops, cap)
-print(f"simulator: OOM={sim['oom']} allocated {sim['allocated'] / MB:.0f} MiB, reserved {sim['reserved'] / MB:.0f} MiB,"
-      f" reserved − allocated = {(sim['reserved'] - sim['allocated']) / MB:.0f} MiB ≥ request 128 MiB")
-real = A.run_real(frag_ops, cap) if cuda else None
+print(f"simulator: OOM={sim['oom']} allocated {sim['allocated'] / MiB:.0f} MiB, reserved {sim['reserved'] / MiB:.0f} MiB,"
+      f" reserved − allocated = {(sim['reserved'] - sim['allocated']) / MiB:.0f} MiB ≥ request 128 MiB")
+real = allocator_replay.run_real(frag_ops, cap) if cuda else None
 if real:
-    print(f"real GPU : OOM={real['oom']} allocated {real['allocated'] / MB:.0f} MiB, reserved {real['reserved'] / MB:.0f} MiB")
+    print(f"real GPU : OOM={real['oom']} allocated {real['allocated'] / MiB:.0f} MiB, reserved {real['reserved'] / MiB:.0f} MiB")
     print(real.get("summary", "")[:2500])
 fig, axes = plt.subplots(1, 2 if real else 1, figsize=(12 if real else 7, 2.2), squeeze=False)
 plots.segments(sim["snapshot"], ax=axes[0][0], title="simulator: one 1 GiB segment, 8 holes of 64 MiB")
@@ -162,7 +162,7 @@ plt.tight_layout(); plt.show()
 
 # %%
 d = measure.diagnose_oom({"total": cap, "allocated": sim["allocated"], "reserved": sim["reserved"],
-                          "driver_used": sim["reserved"]}, request=128 * MB)
+                          "driver_used": sim["reserved"]}, request=128 * MiB)
 
 # %% [markdown]
 # ### The fix: `expandable_segments`
@@ -174,10 +174,10 @@ d = measure.diagnose_oom({"total": cap, "allocated": sim["allocated"], "reserved
 
 # %%
 sim_x = A.simulate(frag_ops, cap, expandable=True)
-print(f"simulator (expandable): OOM={sim_x['oom']}, reserved {sim_x['reserved'] / MB:.0f} MiB")
+print(f"simulator (expandable): OOM={sim_x['oom']}, reserved {sim_x['reserved'] / MiB:.0f} MiB")
 if cuda:
-    real_x = A.run_real(frag_ops, cap, expandable=True)
-    print(f"real GPU  (expandable): OOM={real_x['oom']}, reserved {real_x['reserved'] / MB:.0f} MiB")
+    real_x = allocator_replay.run_real(frag_ops, cap, expandable=True)
+    print(f"real GPU  (expandable): OOM={real_x['oom']}, reserved {real_x['reserved'] / MiB:.0f} MiB")
 
 pick3 = lambda r: None if r is None else {k: r[k] for k in ("oom", "allocated", "reserved")}
 key_numbers.record("02_allocator_fragmentation", fragmenting_sim=pick3(sim), fragmenting_real=pick3(real),
@@ -190,8 +190,8 @@ key_numbers.record("02_allocator_fragmentation", fragmenting_sim=pick3(sim), fra
 # ## 5. What `empty_cache()` can and cannot do
 
 # %%
-ec = A.simulate(A.empty_cache_sequence())
-print(f"after empty_cache: allocated {ec['allocated'] / MB:.0f} MiB, reserved {ec['reserved'] / MB:.0f} MiB")
+ec = A.simulate(allocator_ops.empty_cache_sequence())
+print(f"after empty_cache: allocated {ec['allocated'] / MiB:.0f} MiB, reserved {ec['reserved'] / MiB:.0f} MiB")
 plots.segments(ec["snapshot"], title="a 64 MiB tensor pins its whole 512 MiB segment"); plt.show()
 
 # %% [markdown]
@@ -211,8 +211,8 @@ if ref.exists():
               "(OOM or not, the failing op, reserved and allocated bytes)")
     for r in rows:
         if not r["agree"]:
-            print(f"  differs: {r['sequence']}: reserved real {r['real_reserved'] / MB:.0f} MiB, "
-                  f"sim {r['sim_reserved'] / MB:.0f} MiB; OOM real/sim {r['real_oom']}/{r['sim_oom']}")
+            print(f"  differs: {r['sequence']}: reserved real {r['real_reserved'] / MiB:.0f} MiB, "
+                  f"sim {r['sim_reserved'] / MiB:.0f} MiB; OOM real/sim {r['real_oom']}/{r['sim_oom']}")
 
 # %% [markdown]
 # ### Your playground
@@ -276,7 +276,6 @@ del keep, view_a, view_b
 # genuinely too big (load-phase weights vs generation-phase activations/KV), or `/dev/shm`.
 
 # %%
-GiB = 2**30
 cases = {
     "fragmentation": dict(total=16 * GiB, allocated=10 * GiB, reserved=15 * GiB, driver_used=15.5 * GiB),
     "too big (weights)": dict(total=16 * GiB, allocated=15.5 * GiB, reserved=15.6 * GiB, driver_used=16 * GiB,
@@ -331,6 +330,6 @@ exercises.check("round_alloc", round_alloc)
 
 # %%
 s = A.CachingAllocatorSim()
-s.malloc(30 * MB, "a"); s.free("a"); s.malloc(12 * MB, "b"); s.malloc(17 * MB, "c")
-print(len(s.segments), s.reserved / MB)
-assert (len(s.segments), s.reserved) == (1, 30 * MB)
+s.malloc(30 * MiB, "a"); s.free("a"); s.malloc(12 * MiB, "b"); s.malloc(17 * MiB, "c")
+print(len(s.segments), s.reserved / MiB)
+assert (len(s.segments), s.reserved) == (1, 30 * MiB)

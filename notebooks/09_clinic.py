@@ -42,13 +42,14 @@ import copy, json
 import pandas as pd
 import torch
 import matplotlib.pyplot as plt
-from helpers import (allocator_sim, budget, clinic, course_model, device, engine_plan, evaluate, exercises,
-                     generation, key_numbers, llm_compressor, loading, measure, models, plots, quant)
+from helpers import (allocator_ops, allocator_replay, allocator_sim, budget, clinic, course_model, device,
+                     engine_plan, evaluate, exercises, generation, key_numbers, llm_compressor, loading, measure,
+                     models, plots, quant)
 from helpers.config import pick, results_path
 from helpers.device import has_cuda, get_device
 from helpers.qspec import QuantSpec
+from helpers.units import GiB, MiB
 cuda, dev = has_cuda(), get_device()
-GiB, MiB = 2**30, 2**20
 REF = results_path()
 bench = course_model.setup()          # the real model where there is one (offline SmolLM2 here); see its report
 model, tok = bench.model, bench.tokenizer
@@ -123,7 +124,7 @@ rows2, traces2 = [], {}
 for name, (ops, cap) in clinic.holes_sequences().items():
     for exp in (False, True):
         r = clinic.simulated_oom(ops, cap, expandable=exp)
-        real = allocator_sim.run_real(ops, cap, exp) if cuda else None
+        real = allocator_replay.run_real(ops, cap, exp) if cuda else None
         rows2.append({"sequence": name, "expandable_segments": exp, "oom (simulator)": r["oom"],
                       "oom (this GPU)": real["oom"] if real else None,
                       "reserved_MiB": r["reserved"] / MiB, "allocated_MiB": r["allocated"] / MiB,
@@ -159,12 +160,12 @@ plt.show()
 # of two 138 MiB tensors and a 2 MiB fence, in the simulator and (on a GPU) on this machine's torch:
 
 # %%
-ops_f = allocator_sim.fenced_cycles_sequence(cycles=8)
+ops_f = allocator_ops.fenced_cycles_sequence(cycles=8)
 rows_f = []
 for label, exp, split in (("default", False, None), ("max_split_size_mb:128", False, 128),
                           ("expandable_segments", True, None), ("both", True, 128)):
     sim = allocator_sim.simulate(ops_f, expandable=exp, max_split_size=split * MiB if split else None)
-    real = allocator_sim.run_real(ops_f, None, exp, max_split_mb=split) if cuda else None
+    real = allocator_replay.run_real(ops_f, None, exp, max_split_mb=split) if cuda else None
     rows_f.append({"PYTORCH_CUDA_ALLOC_CONF": label, "reserved_MiB (simulator)": sim["reserved"] / MiB,
                    "reserved_MiB (this GPU)": real["reserved"] / MiB if real else None,
                    "allocated_MiB": sim["allocated"] / MiB})
@@ -186,8 +187,8 @@ if cuda:
 # people's). `empty_cache()` returns only segments with **no** live block:
 
 # %%
-ec = allocator_sim.simulate(allocator_sim.empty_cache_sequence())
-before = allocator_sim.simulate(allocator_sim.empty_cache_sequence()[:-1])
+ec = allocator_sim.simulate(allocator_ops.empty_cache_sequence())
+before = allocator_sim.simulate(allocator_ops.empty_cache_sequence()[:-1])
 print(f"simulator: reserved before empty_cache {before['reserved'] / MiB:.0f} MiB, after {ec['reserved'] / MiB:.0f} MiB, "
       f"allocated {ec['allocated'] / MiB:.0f} MiB: one 64 MiB tensor keeps its whole {ec['reserved'] / MiB:.0f} MiB segment")
 if cuda:

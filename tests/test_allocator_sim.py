@@ -1,71 +1,71 @@
 import pytest
 
+from helpers import allocator_ops
 from helpers import allocator_sim as A
-
-MB = A.MB
+from helpers.units import GiB, MiB
 
 
 def test_rounding_rules():
     assert A.round_size(1) == 512 and A.round_size(513) == 1024
-    assert A.segment_size(1000) == 2 * MB and A.segment_size(5 * MB) == 20 * MB
-    assert A.segment_size(11 * MB + 1) == 12 * MB
+    assert A.segment_size(1000) == 2 * MiB and A.segment_size(5 * MiB) == 20 * MiB
+    assert A.segment_size(11 * MiB + 1) == 12 * MiB
     with pytest.raises(ValueError):
         A.round_size(-1)
 
 
 def test_split_and_coalesce():
     s = A.CachingAllocatorSim()
-    s.malloc(3 * MB, "a"); s.malloc(3 * MB, "b"); s.malloc(3 * MB, "c")
-    assert len(s.segments) == 1 and [b.size for b in s.segments[0].blocks] == [3 * MB] * 3 + [11 * MB]
+    s.malloc(3 * MiB, "a"); s.malloc(3 * MiB, "b"); s.malloc(3 * MiB, "c")
+    assert len(s.segments) == 1 and [b.size for b in s.segments[0].blocks] == [3 * MiB] * 3 + [11 * MiB]
     s.free("a"); s.free("c")                  # c merges with the free tail
-    assert [(b.size, b.free) for b in s.segments[0].blocks] == [(3 * MB, True), (3 * MB, False), (14 * MB, True)]
+    assert [(b.size, b.free) for b in s.segments[0].blocks] == [(3 * MiB, True), (3 * MiB, False), (14 * MiB, True)]
     s.free("b")                               # everything coalesces into one block
-    assert [(b.size, b.free) for b in s.segments[0].blocks] == [(20 * MB, True)]
+    assert [(b.size, b.free) for b in s.segments[0].blocks] == [(20 * MiB, True)]
 
 
 def test_no_split_when_remainder_small():
     s = A.CachingAllocatorSim()
-    s.malloc(11 * MB + 512, "a")              # segment 12 MiB, remainder < 1 MiB: handed out whole
-    assert s.allocated == 12 * MB
+    s.malloc(11 * MiB + 512, "a")              # segment 12 MiB, remainder < 1 MiB: handed out whole
+    assert s.allocated == 12 * MiB
 
 
 def test_best_fit():
     s = A.CachingAllocatorSim()
-    s.malloc(40 * MB, "big"); s.malloc(12 * MB, "mid"); s.free("big"); s.free("mid")
-    s.malloc(12 * MB, "x")
-    assert s.live["x"][0].size == 12 * MB     # the 12 MiB segment, not the 40 MiB one
+    s.malloc(40 * MiB, "big"); s.malloc(12 * MiB, "mid"); s.free("big"); s.free("mid")
+    s.malloc(12 * MiB, "x")
+    assert s.live["x"][0].size == 12 * MiB     # the 12 MiB segment, not the 40 MiB one
 
 
 def test_release_only_wholly_free_segments():
-    r = A.simulate(A.empty_cache_sequence())
-    assert r["reserved"] == 8 * 64 * MB and r["allocated"] == 64 * MB
+    r = A.simulate(allocator_ops.empty_cache_sequence())
+    assert r["reserved"] == 8 * 64 * MiB and r["allocated"] == 64 * MiB
 
 
 def test_fragmentation_oom_and_expandable_fix():
-    ops, cap = A.fragmenting_sequence(), A.fragmenting_cap()
+    ops, cap = allocator_ops.fragmenting_sequence(), allocator_ops.fragmenting_cap()
     r = A.simulate(ops, cap)
-    assert r["oom"] and r["reserved"] - r["allocated"] >= 2 * 64 * MB
+    assert r["oom"] and r["reserved"] - r["allocated"] >= 2 * 64 * MiB
     x = A.simulate(ops, cap, expandable=True)
-    assert not x["oom"] and x["reserved"] == 760 * MB   # as measured on the H200
+    assert not x["oom"] and x["reserved"] == 760 * MiB   # as measured on the H200
 
 
 def test_seed_snippet_no_oom():
     """As written the seed's loop frees nothing (27 GiB stay reserved); as meant, empty_cache returns
     the twenty 1 GiB segments (5 GiB of small tensors + the 2 GiB request). Neither runs out."""
-    r = A.simulate(A.seed_snippet(as_written=True))
-    assert not r["oom"] and r["reserved"] == 20 * (A.GB + 256 * MB) + 2 * A.GB
-    r = A.simulate(A.seed_snippet(as_written=False))
-    assert not r["oom"] and r["reserved"] == 5 * A.GB + 2 * A.GB
+    r = A.simulate(allocator_ops.seed_snippet(as_written=True))
+    assert not r["oom"] and r["reserved"] == 20 * (GiB + 256 * MiB) + 2 * GiB
+    r = A.simulate(allocator_ops.seed_snippet(as_written=False))
+    assert not r["oom"] and r["reserved"] == 5 * GiB + 2 * GiB
 
 
 def test_seed_loop_deletes_only_the_loop_variable():
-    assert A.seed_loop_keeps_tensors_alive(7) == {"n": 7, "alive_as_written": 7, "alive_after_fix": 0}
+    assert allocator_ops.seed_loop_keeps_tensors_alive(7) == {"n": 7, "alive_as_written": 7, "alive_after_fix": 0}
 
 
 def test_small_pool_and_errors():
     s = A.CachingAllocatorSim()
     s.malloc(1000, "a")
-    assert s.segments[0].pool == "small" and s.reserved == 2 * MB
+    assert s.segments[0].pool == "small" and s.reserved == 2 * MiB
     with pytest.raises(ValueError):
         s.malloc(10, "a")
     with pytest.raises(KeyError):
@@ -75,23 +75,23 @@ def test_small_pool_and_errors():
 
 
 def test_oversize_blocks_not_split():
-    s = A.CachingAllocatorSim(max_split_size=100 * MB)
-    s.malloc(200 * MB, "big"); s.free("big")
-    s.malloc(50 * MB, "small")                # may not take the oversize cached block
+    s = A.CachingAllocatorSim(max_split_size=100 * MiB)
+    s.malloc(200 * MiB, "big"); s.free("big")
+    s.malloc(50 * MiB, "small")                # may not take the oversize cached block
     assert len(s.segments) == 2
 
 
 def test_playground_ops_are_read_as_typed():
-    from helpers.allocator_sim import parse_ops
+    from helpers.allocator_ops import parse_ops
     assert parse_ops("a=300MiB; b = 1.5 KiB\nfree a; empty_cache; a=2GB") == [
-        ["alloc", "a", 300 * MB], ["alloc", "b", 1536], ["free", "a"], ["empty_cache"], ["alloc", "a", 2 * 1024**3]]
+        ["alloc", "a", 300 * MiB], ["alloc", "b", 1536], ["free", "a"], ["empty_cache"], ["alloc", "a", 2 * 1024**3]]
 
 
 @pytest.mark.parametrize("text, match", [
     ("a=3XB", "cannot read op 'a=3XB'"), ("free z", "nothing named 'z'"), ("a=1MiB; a=2MiB", "already allocated"),
     ("a=0B", "at least 1 B"), (None, "ops must be text")])
 def test_playground_ops_bad_input(text, match):
-    from helpers.allocator_sim import parse_ops
+    from helpers.allocator_ops import parse_ops
     with pytest.raises(ValueError, match=match):
         parse_ops(text)
 
@@ -101,17 +101,17 @@ def test_playground_run_on_cpu_says_it_predicts():
     r = widgets.allocator_run("a=300MiB; b=20MiB; c=300MiB; free a; d=310MiB", cap_mib=650, on_device=False)
     assert r["real"] is None and "simulator only" in r["note"]
     # the 300 MiB hole cannot take 310 MiB; a new segment would pass the cap, so the wholly free one goes
-    assert not r["sim"]["oom"] and r["sim"]["reserved"] == 630 * MB and r["sim"]["allocated"] == 630 * MB
+    assert not r["sim"]["oom"] and r["sim"]["reserved"] == 630 * MiB and r["sim"]["allocated"] == 630 * MiB
     assert widgets.allocator_run("a=300MiB; b=300MiB", cap_mib=500, on_device=False)["sim"]["oom"]
 
 
 def test_expandable_splits_whenever_512_bytes_remain():
     """shouldSplit: under expandable_segments every pool splits when ≥ 512 B would remain (the
     default large pool needs more than 1 MiB)."""
-    ops = [["alloc", "a", 40 * MB], ["free", "a"], ["alloc", "b", 40 * MB - 600 * 1024]]
+    ops = [["alloc", "a", 40 * MiB], ["free", "a"], ["alloc", "b", 40 * MiB - 600 * 1024]]
     default, exp = A.simulate(ops), A.simulate(ops, expandable=True)
-    assert default["allocated"] == 40 * MB                          # 600 KiB ≤ 1 MiB: handed out whole
-    assert exp["allocated"] == 40 * MB - 600 * 1024                 # split: the 600 KiB stays free
+    assert default["allocated"] == 40 * MiB                          # 600 KiB ≤ 1 MiB: handed out whole
+    assert exp["allocated"] == 40 * MiB - 600 * 1024                 # split: the 600 KiB stays free
 
 
 def test_expandable_maps_only_the_pages_a_reused_hole_needs():
@@ -135,8 +135,8 @@ def test_expandable_oom_when_the_mapping_passes_the_cap():
 
 
 def test_random_sequences_are_seeded_and_capped_around_their_peak():
-    ops, cap = A.random_sequence(3)
-    assert (ops, cap) == A.random_sequence(3) and ops != A.random_sequence(4)[0]
+    ops, cap = allocator_ops.random_sequence(3)
+    assert (ops, cap) == allocator_ops.random_sequence(3) and ops != allocator_ops.random_sequence(4)[0]
     live, now, peak = {}, 0, 0
     for op in ops:
         if op[0] == "alloc":
@@ -144,7 +144,7 @@ def test_random_sequences_are_seeded_and_capped_around_their_peak():
         else:
             now -= live.pop(op[1])
     assert 0.7 * peak <= cap <= 1.4 * peak
-    outcomes = {A.simulate(*A.random_sequence(s))["oom"] for s in range(12)}
+    outcomes = {A.simulate(*allocator_ops.random_sequence(s))["oom"] for s in range(12)}
     assert outcomes == {True, False}                                # some run out, some do not
 
 
@@ -171,9 +171,9 @@ def test_expandable_cap_is_checked_against_the_allocation_size_not_the_pages_nee
     """alloc_block compares mapped bytes + the request's allocation size with the cap, even when a
     free mapped tail means fewer new pages would do."""
     P = A.PAGE
-    ops = [["alloc", "a", 50 * MB], ["alloc", "c", 30 * MB]]       # a leaves a 10 MiB mapped tail
-    assert not A.simulate(ops, cap=90 * MB, expandable=True)["oom"]
-    r = A.simulate(ops, cap=85 * MB, expandable=True)                # 60 + 30 > 85, though 4 pages = 80 fit
+    ops = [["alloc", "a", 50 * MiB], ["alloc", "c", 30 * MiB]]       # a leaves a 10 MiB mapped tail
+    assert not A.simulate(ops, cap=90 * MiB, expandable=True)["oom"]
+    r = A.simulate(ops, cap=85 * MiB, expandable=True)                # 60 + 30 > 85, though 4 pages = 80 fit
     assert r["oom"] and r["failed_at"] == 1 and r["reserved"] == 3 * P
 
 
@@ -182,18 +182,18 @@ def test_expandable_best_fit_keeps_a_block_that_can_grow():
     'expandable size' (plus an unmapped neighbour) is smaller: the tail block that can grow is kept."""
     sim = A.CachingAllocatorSim(expandable=True)
     for n, mib in (("b", 60), ("pin", 20), ("a", 40)):
-        sim.malloc(mib * MB, n)
+        sim.malloc(mib * MiB, n)
     sim.free("b"), sim.free("a")                                     # b: 60 MiB inside; a: 40 MiB at the end
-    sim.malloc(30 * MB, "c")
+    sim.malloc(30 * MiB, "c")
     assert _offset(sim, "c") == 0                                    # b, although a is the tighter fit
 
 
 def test_expandable_small_pool_maps_2_mib_pages_and_snapshot_shows_mapped_runs():
     sim = A.CachingAllocatorSim(expandable=True)
     for i in range(3):
-        sim.malloc(MB, f"s{i}")                                      # 1 MiB each: small pool
-    assert sim.reserved == 4 * MB
-    assert [s["total_size"] for s in sim.snapshot()] == [4 * MB]    # one run of two pages
+        sim.malloc(MiB, f"s{i}")                                      # 1 MiB each: small pool
+    assert sim.reserved == 4 * MiB
+    assert [s["total_size"] for s in sim.snapshot()] == [4 * MiB]    # one run of two pages
 
 
 def test_simulator_matches_every_recorded_h200_run():

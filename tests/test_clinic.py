@@ -3,7 +3,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from helpers import allocator_sim, clinic, models
+from helpers import allocator_ops, allocator_replay, allocator_sim, clinic, models
 from helpers.qspec import QuantSpec
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the H200)")
@@ -36,13 +36,13 @@ def test_simulated_oom_verdicts_holes_larger_and_smaller_than_a_page():
 
 
 def test_fenced_cycles_grow_only_with_max_split_and_expandable():
-    ops = allocator_sim.fenced_cycles_sequence(cycles=6)
+    ops = allocator_ops.fenced_cycles_sequence(cycles=6)
     res = {(e, m): allocator_sim.simulate(ops, expandable=e, max_split_size=m)["reserved"]
            for e in (False, True) for m in (None, 128 * MiB)}
     alone = max(res[(False, None)], res[(False, 128 * MiB)], res[(True, None)])
     assert res[(True, 128 * MiB)] > 4 * alone
     with pytest.raises(ValueError, match="max_split_mb"):
-        allocator_sim.run_real(ops, max_split_mb=10)
+        allocator_replay.run_real(ops, max_split_mb=10)
 
 
 def test_vocab_checks_seed_vs_right():

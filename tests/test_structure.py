@@ -10,7 +10,7 @@ HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 LAYERS = {
     0: {"config", "device", "validate", "qspec", "cuda_graphs", "plots", "envcheck", "key_numbers", "timing",
         "solutions", "host_alloc", "units"},
-    1: {"models", "data", "allocator_sim", "gpu_share"},
+    1: {"models", "data", "allocator_ops", "allocator_sim", "allocator_replay", "gpu_share"},
     2: {"quant", "measure", "budget", "budget_detail", "calib", "leaks"},
     3: {"gptq", "awq", "kvcache", "evaluate", "llm_compressor", "course_model", "w4_format", "w4_kernel", "engine_plan",
         "loading"},
