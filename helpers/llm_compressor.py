@@ -13,6 +13,9 @@ accelerator is present (on a GPU nothing is changed).
 from __future__ import annotations
 
 import contextlib
+import io
+import re
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +25,7 @@ from transformers import AutoModelForCausalLM
 
 from . import calib as C
 from .config import cache_dir, file_lock
+from .data import random_ids
 from .models import model_from_config, unreadable_safetensors
 from .qspec import QuantSpec
 
@@ -60,121 +64,109 @@ def cpu_pin_memory_workaround():
 
 
 LIBRARIES = ("llmcompressor", "compressed_tensors")
-_BAR_MODULES = ("compressed_tensors.offload.dispatch", "compressed_tensors.compressors.model_compressors.model_compressor",
-                "compressed_tensors.quantization.lifecycle.apply", "llmcompressor.pipelines.sequential.pipeline",
-                "llmcompressor.pipelines.basic.pipeline", "llmcompressor.pipelines.cache",
-                "llmcompressor.modifiers.transform.awq.base")
 
 
-def _one_bar_tqdm(bar):
-    """A stand-in for the libraries' ``tqdm``: their per-layer bars ("(k/n): Calibrating", "Propagating",
-    "Dispatching model", …) draw nothing; each "(k/n): Calibrating" moves ``bar`` to k of n."""
-    import re
+class _LibraryBars(io.TextIOBase):
+    """``sys.stderr`` while :func:`quiet_logs` runs. What a tqdm bar writes — a redraw starts with a
+    carriage return; a bar's closing newline and its cursor moves (``\n``, ``ESC[A``) come alone — is
+    dropped; a "(k/n): Calibrating" bar (the sequential pipeline's, one per decoder layer) moves
+    ``bar`` to k of n. Any other text (warnings, errors) goes on to ``stream``."""
+    _BAR_ONLY = re.compile(r"(?:\r|\n|\x1b\[A)*")
+    _CALIBRATING = re.compile(r"\((\d+)/(\d+)\): Calibrating")
 
-    def fake(iterable=None, *args, desc="", **kwargs):
-        m = re.match(r"\((\d+)/(\d+)\): Calibrating", str(desc or ""))
-        if m and bar is not None:
-            bar.total = int(m.group(2))
-            bar.update(int(m.group(1)) - bar.n)
-        return _NoBar(iterable)
-    return fake
+    def __init__(self, stream, bar=None):
+        super().__init__()
+        self.stream, self.bar = stream, bar
 
+    @property
+    def encoding(self):
+        return getattr(self.stream, "encoding", "utf-8")
 
-class _NoBar:
-    """A bar that draws nothing: iterates over what it wraps; every bar method (``update``,
-    ``set_postfix``, ``close``, …) does nothing."""
-    n = 0
+    def writable(self) -> bool:
+        return True
 
-    def __init__(self, iterable=None):
-        self.iterable = iterable
+    def write(self, s: str) -> int:
+        if not s.startswith("\r") and not self._BAR_ONLY.fullmatch(s):
+            return self.stream.write(s)
+        layers = self._CALIBRATING.findall(s)
+        if layers and self.bar is not None:
+            k, n = map(int, layers[-1])
+            self.bar.total = n
+            self.bar.update(k - self.bar.n)
+        return len(s)
 
-    def __iter__(self):
-        return iter(self.iterable if self.iterable is not None else ())
-
-    def __len__(self):
-        return len(self.iterable)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
-
-    def __getattr__(self, name):
-        return lambda *a, **k: None
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 @contextlib.contextmanager
 def quiet_logs(desc: str | None = None):
     """Quiet llm-compressor and compressed-tensors for the duration of the block, so a notebook cell's
-    own table stays within a screenful (JupyterLab folds after 50 outputs):
+    own table stays within a screenful (JupyterLab folds after 50 outputs), with each library's own
+    switch where it has one:
 
     * their loguru messages (hundreds of INFO/METRIC lines per ``oneshot``, the repeated "No
-      accelerator available!"): disabled, and ``LLM_COMPRESSOR_LOG_DISABLED=true`` so that
-      ``oneshot``'s own ``configure_logger`` call does not enable them again;
-    * their progress bars (two per decoder layer): replaced by one bar, ``desc``, that counts the
-      layers ``oneshot`` has calibrated (no bar when ``desc`` is None);
-    * torch.fx's tracing warning, logged once per trace.
+      accelerator available!"): ``logger.disable`` for both packages, and
+      ``LLM_COMPRESSOR_LOG_DISABLED=true``, which ``oneshot``'s own ``configure_logger`` call reads
+      (llmcompressor/logger.py), so that it does not enable them again;
+    * transformers' and datasets' progress bars (loading weights, mapping a dataset):
+      ``transformers.utils.logging.disable_progress_bar`` and ``datasets.disable_progress_bars``;
+    * torch.fx's tracing warning, logged once per trace: its logger's level;
+    * the two packages' own tqdm bars (two per decoder layer), which no switch turns off
+      (``TQDM_DISABLE`` is read once, when tqdm is imported): ``sys.stderr`` is a
+      :class:`_LibraryBars` for the block (``contextlib.redirect_stderr``); in their place one bar,
+      ``desc``, counts the layers ``oneshot`` has calibrated (no bar when ``desc`` is None).
 
     Everything is restored on exit; errors still raise as usual."""
-    import importlib
     import logging
     import os
-    import sys
 
-    import tqdm as tqdm_module
-    from loguru import logger  # with llmcompressor (see _LAZY)
+    import datasets  # with llmcompressor (see _LAZY)
+    import huggingface_hub.utils as hub_utils
+    from loguru import logger
+    from tqdm import tqdm
+    from transformers.utils import logging as hf_logging
 
-    try:  # the library logs at its own METRIC level, which only its (now skipped) configure_logger creates
-        logger.level("METRIC")
-    except ValueError:
-        logger.level("METRIC", no=38)
-    env = os.environ.get("LLM_COMPRESSOR_LOG_DISABLED")
-    os.environ["LLM_COMPRESSOR_LOG_DISABLED"] = "true"
-    for name in LIBRARIES:
-        logger.disable(name)
-    fx_log = logging.getLogger("torch.fx._symbolic_trace")
-    fx_level = fx_log.level
-    fx_log.setLevel(logging.ERROR)
-    bar = tqdm_module.tqdm(desc=desc, unit="layer") if desc else None
-    fake = _one_bar_tqdm(bar)
-    for name in _BAR_MODULES:   # imported now, so that their bars are found and replaced below
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass
-    patched = []
-    for mod_name, mod in list(sys.modules.items()):
-        if mod is None or not mod_name.startswith(LIBRARIES):
-            continue
-        attr = getattr(mod, "tqdm", None)
-        if attr is tqdm_module.tqdm:
-            patched.append((mod, attr))
-            mod.tqdm = fake
-        elif attr is tqdm_module:
-            patched.append((mod, attr))
-            mod.tqdm = _Namespace(tqdm=fake)
-    try:
-        yield
-    finally:
-        for mod, attr in patched:
-            mod.tqdm = attr
-        if bar is not None:
-            bar.close()
-        fx_log.setLevel(fx_level)
+    with contextlib.ExitStack() as restore:
+        try:  # the library logs at its own METRIC level, which only its (now skipped) configure_logger creates
+            logger.level("METRIC")
+        except ValueError:
+            logger.level("METRIC", no=38)
+        env = os.environ.get("LLM_COMPRESSOR_LOG_DISABLED")
+
+        def restore_env():
+            if env is None:
+                os.environ.pop("LLM_COMPRESSOR_LOG_DISABLED", None)
+            else:
+                os.environ["LLM_COMPRESSOR_LOG_DISABLED"] = env
+        os.environ["LLM_COMPRESSOR_LOG_DISABLED"] = "true"
+        restore.callback(restore_env)
         for name in LIBRARIES:
-            logger.enable(name)
-        if env is None:
-            os.environ.pop("LLM_COMPRESSOR_LOG_DISABLED", None)
-        else:
-            os.environ["LLM_COMPRESSOR_LOG_DISABLED"] = env
+            logger.disable(name)
+            restore.callback(logger.enable, name)
 
+        if hf_logging.is_progress_bar_enabled():
+            hub_off = hub_utils.are_progress_bars_disabled()   # transformers' switch turns the Hub's on and off too
 
-class _Namespace:
-    """``import tqdm; tqdm.tqdm(…)`` in a library module: a module-like object with one attribute."""
+            def restore_hf():
+                hf_logging.enable_progress_bar()
+                if hub_off:
+                    hub_utils.disable_progress_bars()
+            hf_logging.disable_progress_bar()
+            restore.callback(restore_hf)
+        if not datasets.are_progress_bars_disabled():
+            datasets.disable_progress_bars()
+            restore.callback(datasets.enable_progress_bars)
 
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
+        fx_log = logging.getLogger("torch.fx._symbolic_trace")
+        restore.callback(fx_log.setLevel, fx_log.level)
+        fx_log.setLevel(logging.ERROR)
+
+        bar = tqdm(desc=desc, unit="layer", file=sys.stderr) if desc else None
+        if bar is not None:
+            restore.callback(bar.close)
+        restore.enter_context(contextlib.redirect_stderr(_LibraryBars(sys.stderr, bar)))
+        yield
 
 
 def scheme(spec: QuantSpec | None = None, **spec_kw):
@@ -298,7 +290,7 @@ def demo_checkpoints(arch: str = "SmolLM2-135M", spec: QuantSpec | None = None) 
             return dirs
         src = model_from_config(arch, device="cpu", dtype=torch.bfloat16)
         src.save_pretrained(dirs["bf16"], safe_serialization=True)
-        oneshot_quantize(src, torch.randint(3, 1000, (2, 64), generator=torch.Generator().manual_seed(0)), "rtn", spec)
+        oneshot_quantize(src, random_ids(src.config.vocab_size, (2, 64), seed=0), "rtn", spec)
         save_compressed(src, None, list(dirs.values())[1])
     return dirs
 

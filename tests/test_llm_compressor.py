@@ -89,3 +89,53 @@ def test_oneshot_logs_are_quieted_and_restored(tiny_llama, tiny_calib, capfd):
                 max_seq_length=tiny_calib.shape[1], num_calibration_samples=len(tiny_calib), pipeline="sequential")
     theirs = capfd.readouterr()
     assert "Calibrating" in theirs.err and "Propagating" in theirs.err   # its own bars are back
+
+
+def test_library_bars_are_dropped_and_counted_other_text_passes():
+    """What the libraries' tqdm bars write while quiet_logs runs: redraws (a leading carriage return),
+    a bar's closing newline and cursor moves are dropped; "(k/n): Calibrating" moves our bar to k of n;
+    a warning's text goes through."""
+    import io
+
+    from tqdm import tqdm
+
+    shown, ours = io.StringIO(), tqdm(desc="ours", file=io.StringIO())
+    err = llmc._LibraryBars(shown, ours)
+    for s in ["\r(3/9): Calibrating:   0%|          | 0/2 [00:00<?, ?it/s]", "\n", "\x1b[A\x1b[A", "\r",
+              "\rPropagating: 100%|##########| 2/2", "UserWarning: something the learner should see\n"]:
+        assert err.write(s) == len(s)
+    assert shown.getvalue() == "UserWarning: something the learner should see\n"
+    assert (ours.n, ours.total) == (3, 9)
+    err.write("\r(4/9): Calibrating:  50%|#####     | 1/2")
+    assert ours.n == 4
+
+
+def test_quiet_logs_uses_the_libraries_switches_and_restores_them(capsys, monkeypatch):
+    import os
+    import sys
+
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.delenv("LLM_COMPRESSOR_LOG_DISABLED", raising=False)
+    hf_logging.enable_progress_bar()
+    datasets.enable_progress_bars()
+    err = sys.stderr
+    with llmc.quiet_logs("counting"):
+        assert not hf_logging.is_progress_bar_enabled() and datasets.are_progress_bars_disabled()
+        assert os.environ["LLM_COMPRESSOR_LOG_DISABLED"] == "true" and sys.stderr is not err
+        print("UserWarning: a warning still shows", file=sys.stderr)   # as warnings.showwarning writes it
+    assert sys.stderr is err and "LLM_COMPRESSOR_LOG_DISABLED" not in os.environ
+    assert hf_logging.is_progress_bar_enabled() and not datasets.are_progress_bars_disabled()
+    shown = capsys.readouterr().err
+    assert "a warning still shows" in shown and "counting" in shown
+    hf_logging.disable_progress_bar()                     # a learner's own choice is kept
+    try:
+        with llmc.quiet_logs():
+            pass
+        assert not hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.enable_progress_bar()
+    with pytest.raises(RuntimeError, match="inside"), llmc.quiet_logs():
+        raise RuntimeError("inside")
+    assert sys.stderr is err and hf_logging.is_progress_bar_enabled()
