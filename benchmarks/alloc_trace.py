@@ -1,5 +1,5 @@
 """The real allocation sequence of one ``generate``, recorded by PyTorch's memory history, beside the
-sequence :func:`helpers.budget_detail.generation_ops` assumes: where the reserved-memory prediction comes from,
+sequence :func:`helpers.budget_replay.generation_ops` assumes: where the reserved-memory prediction comes from,
 and, where it misses, which blocks it misses (issue 16's device-level footprint).
 
     python -m benchmarks.alloc_trace --arch Llama-3.2-1B --layers 2 --seq 2048 --batch 2 --out results/h200/alloc_trace.json
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import budget_detail, generation, measure, models
+from helpers import budget_replay, generation, measure, models
 from helpers.allocator_sim import simulate
 
 
@@ -71,8 +71,8 @@ def main():
         generation.measure_generate(model, 64, 1, 2)          # kernels loaded, workspaces allocated
         r = trace(model, args.seq, args.batch, args.new_tokens)
         cfg = model.config
-        w_ops = budget_detail.weight_ops(cfg)
-        pred = simulate(budget_detail.generation_ops(cfg, args.seq, args.new_tokens, args.batch, attention))["reserved"]
+        w_ops = budget_replay.weight_ops(cfg)
+        pred = simulate(budget_replay.generation_ops(cfg, args.seq, args.new_tokens, args.batch, attention))["reserved"]
         r.update(arch=args.arch, layers=args.layers, attention=attention, seq_len=args.seq, batch=args.batch,
                  new_tokens=args.new_tokens, reserved_pred_over_weights=pred - simulate(w_ops)["reserved"])
         rows.append(r)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from helpers.budget_check import predicted_vs_measured, repredict
+from helpers.budget_check import grid_points, predicted_vs_measured, repredict
 from helpers.models import ARCHITECTURES
 
 
@@ -47,8 +47,7 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("budget_accuracy needs a CUDA device (it measures real allocations)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    kw = {"archs": args.archs} if args.archs else {}
-    predicted_vs_measured(out=Path(args.out), **kw)
+    predicted_vs_measured(grid_points(args.archs) if args.archs else None, out=Path(args.out))
     print("wrote", args.out)
 
 

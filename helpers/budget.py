@@ -22,20 +22,26 @@ The four parts notebook 01 derives (b = bytes per element):
 
 Where an architecture departs from the Llama layout — sliding, chunked and cache-less layers,
 mixtures of experts, latent attention, fused projections, eager attention's fp32 copies, what the
-KV storage holds right after the prefill — the terms come from :mod:`helpers.budget_detail`, read
-once from the config. Sources: Kwon et al. 2023 (vLLM/PagedAttention) for the KV formula;
+KV storage holds right after the prefill — the terms come from the fidelity layer, read once from
+the config and from the model transformers builds on the meta device: :mod:`helpers.budget_shape`
+(the sizes and per-layer caches), :mod:`helpers.budget_layout` (what the modeling code builds, the
+exact parameter count), :mod:`helpers.budget_kv` (positions and bytes the cache stores),
+:mod:`helpers.budget_activations` (one block's transients), :mod:`helpers.budget_replay` (the
+allocator replay of instantiate + ``generate``); their argument checks are
+:mod:`helpers.budget_inputs`'. Sources: Kwon et al. 2023 (vLLM/PagedAttention) for the KV formula;
 Korthikanti et al. 2022 for activation accounting; ``accelerate estimate-memory`` for the meta model.
 """
 from __future__ import annotations
 
 import torch
 
-from . import budget_detail as detail
-from .budget_detail import KV_FORMATS, Layout, Shape, dtype_bytes  # noqa: F401  (KV_FORMATS: importable from here)
+from .budget_activations import block_transients, decode_gather
+from .budget_inputs import ATTENTIONS, CACHES, DEVICES, byte_count, choice, dtype_bytes, non_negative_int, positive_int
+from .budget_kv import exposed_positions, kv_widths, position_bytes, storage_positions
+from .budget_layout import Layout, attention_params, meta_model, mlp_params, norm_params, parameter_parts
+from .budget_shape import Shape
 from .quant import bits_per_weight
-
-GiB = 1024**3
-GB = 1e9
+from .units import GB
 
 # bits per element of each storage format. Grouped formats: (bits, group, symmetric).
 WEIGHT_FORMATS = {
@@ -65,7 +71,7 @@ def format_bits(fmt: str) -> float:
 def param_counts(config) -> dict:
     """Parameters by part, by hand from the config's fields: ``embed`` ``V·h``; ``linears`` — per
     layer the attention ``h·(H + 2K)·d + H·d·h`` and the MLP ``3·h·I`` (mixtures of experts, latent
-    attention, biases, sinks: :func:`helpers.budget_detail.attention_params` and ``mlp_params``);
+    attention, biases, sinks: :func:`helpers.budget_layout.attention_params` and ``mlp_params``);
     ``norms`` — two ``h`` vectors per layer and a final one (sandwich and q/k norms:
     ``norm_params``); ``lm_head`` ``V·h`` unless tied; and ``total``. Which extra norms and biases a
     layer has is the modeling code's, read from the meta-device model (:class:`Layout`); the sizes
@@ -80,8 +86,8 @@ def param_counts(config) -> dict:
 
 def _formula(s: Shape, lay: Layout) -> dict:
     embed = s.vocab * s.hidden
-    linears = sum(detail.attention_params(s, lay) + detail.mlp_params(s, lay, i) for i in range(s.layers))
-    norms = detail.norm_params(s, lay)
+    linears = sum(attention_params(s, lay) + mlp_params(s, lay, i) for i in range(s.layers))
+    norms = norm_params(s, lay)
     head = 0 if s.tied else s.vocab * s.hidden
     return {"embed": embed, "linears": linears, "norms": norms, "lm_head": head,
             "total": embed + linears + norms + head}
@@ -90,7 +96,7 @@ def _formula(s: Shape, lay: Layout) -> dict:
 def meta_param_counts(config) -> dict:
     """The exact parameters by part of the transformers model built from ``config`` on the meta device
     (no memory): ``embed``, ``linears``, ``norms``, ``lm_head``, ``total`` (:class:`Layout`)."""
-    return detail.parameter_parts(detail.meta_model(config))
+    return parameter_parts(meta_model(config))
 
 
 def meta_param_count(config) -> int:
@@ -133,7 +139,7 @@ def kv_bytes(config, seq_len: int, batch: int = 1, kv_dtype="bf16", group_size: 
 
     * plain formats: ``Σ_layers positions_l · 2 · kv_heads · head_dim · batch · b`` — the lesson's
       ``2 · layers · kv_heads · head_dim · seq_len · batch · b`` when every layer is full attention;
-      ``positions_l`` from :func:`helpers.budget_detail.kv_positions` (a sliding or chunked layer holds
+      ``positions_l`` from :func:`helpers.budget_kv.kv_positions` (a sliding or chunked layer holds
       at most its window, a layer without a cache nothing); multi-head latent attention (DeepSeek-V2)
       stores ``kv_lora_rank + qk_rope_head_dim`` values per position and layer instead of
       ``2 · kv_heads · head_dim`` (arXiv:2405.04434, §2.1.2);
@@ -144,12 +150,12 @@ def kv_bytes(config, seq_len: int, batch: int = 1, kv_dtype="bf16", group_size: 
       ``residual_tokens`` most recent tokens, kept in ``residual_dtype`` (the KIVI-style residual of
       transformers' ``QuantizedLayer``; :func:`int4_residual_tokens` says how many).
     The course's fp8 and int4 layers keep every position (they do not evict outside a window)."""
-    seq_len, batch = detail.positive_int(seq_len, "seq_len"), detail.positive_int(batch, "batch")
-    group_size = detail.positive_int(group_size, "group_size")
-    detail.choice(cache, "cache", detail.CACHES)
+    seq_len, batch = positive_int(seq_len, "seq_len"), positive_int(batch, "batch")
+    group_size = positive_int(group_size, "group_size")
+    choice(cache, "cache", CACHES)
     b = dtype_bytes(kv_dtype)
     s = Shape.from_config(config)
-    heads, k_dim, v_dim = detail.kv_widths(s)
+    heads, k_dim, v_dim = kv_widths(s)
     tensors = s.cached_layers * heads                      # K (or V) tensors' heads over the layers
     if s.mla and kv_dtype in ("fp8", "int4"):
         raise ValueError(f"kv_dtype={kv_dtype!r}: the course's fp8 and int4 caches (helpers.kvcache) store K and V "
@@ -169,14 +175,14 @@ def kv_bytes(config, seq_len: int, batch: int = 1, kv_dtype="bf16", group_size: 
                                   + residual_tokens * (k_dim + v_dim) * r)
     if kv_dtype == "fp8":
         return tensors * (k_dim + v_dim) * seq_len * batch * b + 2 * tensors * 4
-    return sum(detail._positions(s, seq_len, cache)) * detail._position_bytes(s, b) * batch
+    return sum(exposed_positions(s, seq_len, cache)) * position_bytes(s, b) * batch
 
 
 def int4_residual_tokens(decode_steps: int, residual_length: int = 16) -> int:
     """Tokens in full precision in transformers' ``QuantizedLayer`` after a prefill and
     ``decode_steps`` single-token steps: the residual is re-quantized whenever it would reach
     ``residual_length`` tokens, so it holds ``decode_steps mod residual_length``."""
-    return detail.non_negative_int(decode_steps, "decode_steps") % detail.positive_int(residual_length, "residual_length")
+    return non_negative_int(decode_steps, "decode_steps") % positive_int(residual_length, "residual_length")
 
 
 # --------------------------------------------------------------------------- 3. activations
@@ -188,27 +194,26 @@ def activation_bytes(config, positions: int, batch: int = 1, act_dtype="bf16", a
     residual stream ``3·n·hidden·b`` plus the rotary ``cos``/``sin`` ``2·n·head_dim·b``; then the
     larger of the MLP ``n·(3·intermediate + hidden)·b`` and SDPA's attention
     ``n·(2·heads + 2·kv_heads)·head_dim·b`` (eager: the scores ``batch·heads·positions²`` ×
-    :func:`~helpers.budget_detail.eager_score_bytes`, the repeated K and V, the masks and the kept attention weights; fused
-    projections, experts, latent attention: :func:`helpers.budget_detail.block_transients`). Logits:
+    :func:`~helpers.budget_activations.eager_score_bytes`, the repeated K and V, the masks and the kept attention weights; fused
+    projections, experts, latent attention: :func:`helpers.budget_activations.block_transients`). Logits:
     ``batch·vocab·(b + 4)`` for the last position (model output + fp32 copy in generate), or
     ``batch·positions·vocab·(b + 4)`` when all positions are kept (training, perplexity).
-    Checked against measurement: the H200 (``results/h200/budget_accuracy.json``) and, without a GPU,
-    the CPU allocation tracker on ten model families (tests/test_budget_measured.py).
+    Checked on the CPU by tests/test_budget_measured.py and on a GPU by ``benchmarks/budget_accuracy.py``.
     """
-    positions, batch = detail.positive_int(positions, "positions"), detail.positive_int(batch, "batch")
+    positions, batch = positive_int(positions, "positions"), positive_int(batch, "batch")
     s = Shape.from_config(config)
     return _activations(s, Layout.from_config(config), positions, batch, act_dtype, attention, keep_all_logits, device)
 
 
 def _activations(s: Shape, lay: Layout, positions, batch, act_dtype, attention, keep_all_logits=False,
                  device="cuda") -> dict:
-    if attention not in detail.ATTENTIONS:
+    if attention not in ATTENTIONS:
         raise ValueError(f"attention must be 'sdpa' or 'eager' (the implementations budget models), got {attention!r}")
-    detail.choice(device, "device", detail.DEVICES)
+    choice(device, "device", DEVICES)
     if not isinstance(keep_all_logits, bool):
         raise ValueError(f"keep_all_logits must be True or False, got {keep_all_logits!r}")
     b = dtype_bytes(act_dtype)
-    t = detail.block_transients(s, lay, positions, batch, act_dtype, attention, device)
+    t = block_transients(s, lay, positions, batch, act_dtype, attention, device)
     logits = batch * (positions if keep_all_logits else 1) * s.vocab * (b + 4)
     block = t["residual"] + max(t["mlp"], t["attention"])
     return {**t, "logits": logits, "peak": max(block, t["residual"] + logits)}
@@ -224,18 +229,18 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     layer's K being re-allocated by ``torch.cat`` (dynamic cache), the last-token logits, and the
     previous step's fp32 logits ``batch·vocab·4`` that generate's loop still holds while the next
     forward runs. With sliding-window layers the dynamic cache's *storage* is the whole prompt until
-    the first decode step copies the window out (:func:`~helpers.budget_detail.kv_storage_positions`): the prefill and the
+    the first decode step copies the window out (:func:`~helpers.budget_kv.kv_storage_positions`): the prefill and the
     first decode step hold the unwindowed prompt KV, later steps only the windows. A static cache
     allocates ``prompt_len + new_tokens`` positions up front. On a GPU a mixture-of-experts decode
-    step also holds the gathered expert weights of :func:`~helpers.budget_detail.moe_decode_gather_bytes`. ``kv`` is what
+    step also holds the gathered expert weights of :func:`~helpers.budget_activations.moe_decode_gather_bytes`. ``kv`` is what
     the cache exposes (:func:`kv_bytes`).
     ``attention`` (``"sdpa"`` or ``"eager"``) is the model's ``attn_implementation``: eager's scores
     dominate the prefill (:func:`activation_bytes`); a decode step's ``batch·heads·positions`` scores
     are small next to the KV cache and are not counted.
     """
-    prompt_len = detail.positive_int(prompt_len, "prompt_len")
-    new_tokens, batch = detail.positive_int(new_tokens, "new_tokens"), detail.positive_int(batch, "batch")
-    if cache not in detail.CACHES:
+    prompt_len = positive_int(prompt_len, "prompt_len")
+    new_tokens, batch = positive_int(new_tokens, "new_tokens"), positive_int(batch, "batch")
+    if cache not in CACHES:
         raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
     s = Shape.from_config(config)
     lay = Layout.from_config(config)
@@ -245,16 +250,16 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     carried = batch * s.vocab * 4  # the previous step's fp32 next-token logits, alive in generate's loop
     step = carried + _activations(s, lay, 1, batch, act_dtype, "sdpa", device=device)["peak"]
     if device == "cuda":      # generate decodes MoE layers with batched_mm on a GPU: gathered expert weights
-        step += detail._decode_gather(s, lay, batch, dtype_bytes(act_dtype))
+        step += decode_gather(s, lay, batch, dtype_bytes(act_dtype))
     if cache == "static":
         prefill, decode = kv_full + act["peak"], kv_full + step
     else:
         if kv_dtype in ("bf16", "fp16", "fp32") or isinstance(kv_dtype, torch.dtype):
             # the bytes of the storage, which a sliding layer's view keeps whole after the prefill
-            per = detail._position_bytes(s, dtype_bytes(kv_dtype)) * batch
-            held = lambda steps: sum(detail._storage_positions(s, prompt_len, steps)) * per  # noqa: E731
+            per = position_bytes(s, dtype_bytes(kv_dtype)) * batch
+            held = lambda steps: sum(storage_positions(s, prompt_len, steps)) * per  # noqa: E731
             first_layer = next(i for i, c in enumerate(s.caches) if c.kind != "none")
-            first_cat = detail._storage_positions(s, prompt_len, 1)[first_layer] * per / 2   # its new K
+            first_cat = storage_positions(s, prompt_len, 1)[first_layer] * per / 2   # its new K
             kv_prompt, first = held(0), held(0) + first_cat
         else:
             kv_prompt = first = kv_bytes(config, prompt_len, batch, kv_dtype)
@@ -276,13 +281,13 @@ def budget(config, dtype: str = "bf16", seq_len: int = 2048, batch: int = 1, kv_
     """
     format_bits(dtype)
     try:
-        detail.positive_int(seq_len, "seq_len")
+        positive_int(seq_len, "seq_len")
     except ValueError:
         raise ValueError(f"seq_len is the prompt's length: prompt_len must be a positive integer, got {seq_len!r}") from None
     act_dtype = "fp32" if dtype == "fp32" else "bf16"
     kv_dtype = kv_dtype or act_dtype
     dtype_bytes(kv_dtype)
-    overhead = detail.byte_count(overhead, "overhead", " (measured by helpers.measure.overhead)")
+    overhead = byte_count(overhead, "overhead", " (measured by helpers.measure.overhead)")
     w = weight_bytes(config, dtype)
     gen = generation_peak(config, seq_len, new_tokens, batch, act_dtype, kv_dtype, attention=attention)
     act = gen["peak"] - gen["kv"]
@@ -301,8 +306,8 @@ def fits_table(config, seq_len: int, batch: int, formats=("fp16", "int8", "int4"
     if not isinstance(gpus, dict) or not gpus:
         raise ValueError(f"gpus must be a non-empty dict of GPU name → memory in GB, got {gpus!r}")
     for gpu, gb in gpus.items():
-        detail.byte_count(gb, f"gpus[{gpu!r}]", unit="GB")
-    overhead_gb = detail.byte_count(overhead_gb, "overhead_gb", unit="GB")
+        byte_count(gb, f"gpus[{gpu!r}]", unit="GB")
+    overhead_gb = byte_count(overhead_gb, "overhead_gb", unit="GB")
     rows = []
     for fmt in formats:
         b = budget(config, fmt, seq_len, batch, kv_dtype, overhead=overhead_gb * GB)

@@ -1,102 +1,178 @@
 """Predicted against measured: the memory budget's formulas checked on real ``generate`` calls.
 
-Notebook 01 runs a few points on the learner's GPU; ``benchmarks/budget_accuracy.py`` runs the full
-grid on the H200 and writes ``results/h200/budget_accuracy.json``.
+A :class:`Point` names one measurement (architecture, attention implementation, prompt length,
+batch, new tokens); :func:`grid_points` builds a grid of them and :func:`predicted_vs_measured`
+measures them on the CUDA device beside the predictions of :mod:`helpers.budget` and
+:mod:`helpers.budget_replay`. Notebook 01 runs a few points on the learner's GPU;
+``benchmarks/budget_accuracy.py`` runs the full grid (the reference run:
+``results/h200/budget_accuracy.json``).
 """
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from itertools import groupby
 from pathlib import Path
 
-import torch
-
-from . import budget, budget_detail, generation, host_alloc, measure, models
+from . import budget, budget_replay, generation, host_alloc, measure, models
+from .budget_inputs import ATTENTIONS, positive_int
 from .config import read_json
+from .data import random_ids
 
-ARCHS = ["SmolLM2-135M", "Qwen2.5-0.5B", "TinyLlama-1.1B",          # the course's first three
-         "Llama-3.2-1B", "Qwen3-1.7B", "Gemma-2-2B", "Mistral-7B", "Phi-3-mini",   # issue 16's families
-         "Qwen1.5-MoE-A2.7B", "DeepSeek-V2-Lite",
-         "Gemma-3-1B", "OLMo-2-1B", "SmolLM3-3B", "Qwen3-30B-A3B", "gpt-oss-20b",  # issue 27's families
-         "Command-R7B", "Granite-3.1-2B"]
+ARCHS = ["SmolLM2-135M", "Qwen2.5-0.5B", "TinyLlama-1.1B",                      # the course's first three
+         "Llama-3.2-1B", "Qwen3-1.7B", "Gemma-2-2B", "Mistral-7B", "Phi-3-mini",   # dense: sliding windows, fused projections
+         "Qwen1.5-MoE-A2.7B", "DeepSeek-V2-Lite",                                  # experts, latent attention
+         "Gemma-3-1B", "OLMo-2-1B", "SmolLM3-3B", "Qwen3-30B-A3B", "gpt-oss-20b",  # per-layer types, post-norms, sinks,
+         "Command-R7B", "Granite-3.1-2B"]                                          # fp32 rotary
 GRID = [(512, 1), (2048, 1), (8192, 1), (512, 16), (2048, 8), (8192, 2)]   # 8192 × 2: past 4096-token windows
-ATTENTION = ("sdpa", "eager")
+ATTENTION = ATTENTIONS
 NEW_TOKENS = 32
 
 
-def predicted_vs_measured(archs=ARCHS, grid=GRID, new_tokens=NEW_TOKENS, out: Path | None = None,
-                          echo: bool = True, attentions=ATTENTION) -> list[dict]:
-    """For each architecture (random weights, bf16, on CUDA), attention implementation and (seq_len,
-    batch) point: predicted and measured weights, KV cache, generation peaks (prefill, decode, whole;
+@dataclass(frozen=True)
+class Point:
+    """One measurement: architecture ``arch`` (a :data:`helpers.models.ARCHITECTURES` name, random
+    weights, bf16, on CUDA) with ``attention`` as its ``attn_implementation``, ``batch`` random prompts
+    of ``seq_len`` tokens, ``new_tokens`` generated (dynamic cache, then static)."""
+    arch: str
+    attention: str
+    seq_len: int
+    batch: int
+    new_tokens: int = NEW_TOKENS
+
+    def __post_init__(self):
+        models.architecture_config(self.arch)            # an unknown name raises with the known ones
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {list(ATTENTIONS)}, got {self.attention!r}")
+        for name in ("seq_len", "batch", "new_tokens"):
+            object.__setattr__(self, name, positive_int(getattr(self, name), name))
+
+    @classmethod
+    def from_row(cls, row: dict) -> Point:
+        """The point a recorded row measured (a row without an ``attention`` key is an SDPA run)."""
+        return cls(row["model"], row.get("attention", "sdpa"), row["seq_len"], row["batch"], row["new_tokens"])
+
+    def key_fields(self) -> dict:
+        """The row's identifying fields: ``model``, ``attention``, ``seq_len``, ``batch``."""
+        return {"model": self.arch, "attention": self.attention, "seq_len": self.seq_len, "batch": self.batch}
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What one loaded model's points share, measured once before them: the CUDA ``context`` (this
+    process before anything is allocated, :func:`helpers.measure.overhead`), the cuBLAS ``workspace``
+    (:func:`helpers.measure.warmup_cublas`), the memory outside the allocator after a warm-up generate
+    (``non_torch``, :func:`helpers.measure.non_torch_bytes`; None without NVML), and the weights:
+    measured (the ``memory_allocated`` delta of :func:`helpers.generation.measure_weights`), replayed
+    through the allocator simulator (:func:`helpers.budget_replay.weight_allocation`) and by the
+    formula (:func:`helpers.budget.weight_bytes`)."""
+    context: int | None
+    workspace: int
+    non_torch: int | None
+    weights_meas: int
+    weights_pred: int
+    weights_formula: int
+
+    def fields(self) -> dict:
+        """The row fields of the baseline, under the names the recorded files use."""
+        return {"weights_pred": self.weights_pred, "weights_meas": self.weights_meas,
+                "weights_formula": self.weights_formula, "cublas_workspace": self.workspace, "context": self.context}
+
+
+def grid_points(archs=ARCHS, shapes=GRID, attentions=ATTENTION, new_tokens: int = NEW_TOKENS) -> list[Point]:
+    """Every :class:`Point` of ``archs × attentions × shapes`` (``(seq_len, batch)`` pairs), in the order
+    :func:`predicted_vs_measured` measures them: one architecture and attention at a time."""
+    return [Point(arch, attention, seq, batch, new_tokens)
+            for arch in archs for attention in attentions for seq, batch in shapes]
+
+
+def predicted_vs_measured(points=None, out: Path | None = None, echo: bool = True) -> list[dict]:
+    """For each :class:`Point` (default: :func:`grid_points` over :data:`ARCHS`, :data:`ATTENTION`,
+    :data:`GRID`): predicted and measured weights, KV cache, generation peaks (prefill, decode, whole;
     dynamic and static cache) and the device-level footprint (``smi_pred`` from
-    :func:`helpers.budget_detail.device_footprint`: the non-torch memory measured after a warm-up generate of
-    the same model plus the simulated reserved memory ``reserved_pred``; ``smi_meas`` from NVML's
-    per-process memory, beside ``reserved_meas``). ``out`` is rewritten after every point, so a cut-off run keeps what it measured;
-    a point that runs out of memory is recorded as such (``oom``), not raised, and so is an attention
-    implementation a model does not have (GPT-OSS has no SDPA path) or weights that do not fit
-    (``error``, one row for the architecture and attention)."""
+    :func:`helpers.budget_replay.device_footprint`: the non-torch memory measured after a warm-up
+    generate of the same model plus the simulated reserved memory ``reserved_pred``; ``smi_meas`` from
+    NVML's per-process memory, beside ``reserved_meas``). Consecutive points of one architecture and
+    attention share one loaded model. ``out`` is rewritten after every point, so a cut-off run keeps
+    what it measured; a point that runs out of memory is recorded as such (``oom``), not raised, and
+    so is an attention implementation a model does not have or weights that do not fit (``error``,
+    one row for the architecture and attention)."""
+    points = grid_points() if points is None else list(points)
+    for p in points:
+        if not isinstance(p, Point):
+            raise TypeError(f"points must be budget_check.Point objects (budget_check.grid_points(...)), got {p!r}")
     rows = []
+
+    def record(row):
+        rows.append(row)
+        if out:
+            out.write_text(json.dumps(rows, indent=1))
+        if echo:
+            _echo(row)
+
     context = measure.overhead()["context"]          # before anything is allocated: the CUDA context
     workspace = measure.warmup_cublas()  # the first matmul's workspace is overhead, not activations
-    for arch in archs:
+    for (arch, attention), group in groupby(points, key=lambda p: (p.arch, p.attention)):
         cfg = models.architecture_config(arch)
-        for attention in attentions:
-            try:
-                model, w_meas = generation.measure_weights(arch, attn_implementation=attention)
-                # a short generate loads the kernels this model and attention use; what the process then
-                # holds outside the allocator is the non-torch part of the nvidia-smi prediction
-                generation.measure_generate(model, 64, 1, 2)
-            except Exception as e:  # no such attention implementation, or the weights do not fit: a row, not a stop
-                rows.append({"model": arch, "attention": attention, "error": f"{type(e).__name__}: {str(e)[:300]}"})
-                model = None
-                measure.free_memory()
-                if out:
-                    out.write_text(json.dumps(rows, indent=1))
-                if echo:
-                    print(f"{arch:<18}{attention:>6}  ERROR {rows[-1]['error']}", flush=True)
-                continue
-            non_torch = measure.non_torch_bytes()
-            w_pred = budget_detail.weight_allocation(cfg)   # formula bytes + simulated block rounding
-            w_formula = budget.weight_bytes(cfg, "bf16")
-            for seq, batch in grid:
-                try:
-                    rows.append(_point(model, cfg, arch, attention, seq, batch, new_tokens, context, workspace,
-                                       w_pred, w_meas, w_formula, non_torch))
-                except Exception as e:  # transformers itself failing at a point is a finding: record it, go on
-                    rows.append({"model": arch, "attention": attention, "seq_len": seq, "batch": batch,
-                                 "error": f"{type(e).__name__}: {str(e)[:300]}"})
-                    measure.free_memory()
-                if out:  # written after every point, so a cut-off run keeps what it measured
-                    out.write_text(json.dumps(rows, indent=1))
-                if echo:
-                    _echo(rows[-1])
-            del model
+        try:
+            model, w_meas = generation.measure_weights(arch, attn_implementation=attention)
+            # a short generate loads the kernels this model and attention use; what the process then
+            # holds outside the allocator is the non-torch part of the nvidia-smi prediction
+            generation.measure_generate(model, 64, 1, 2)
+        except Exception as e:  # no such attention implementation, or the weights do not fit: a row, not a stop
+            model = None
             measure.free_memory()
+            record({"model": arch, "attention": attention, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            continue
+        base = Baseline(context, workspace, measure.non_torch_bytes(), int(w_meas),
+                        int(budget_replay.weight_allocation(cfg)),    # formula bytes + simulated block rounding
+                        int(budget.weight_bytes(cfg, "bf16")))
+        for p in group:
+            try:
+                row = _point(model, p, base)
+            except Exception as e:  # transformers itself failing at a point is a finding: record it, go on
+                row = {**p.key_fields(), "error": f"{type(e).__name__}: {str(e)[:300]}"}
+                measure.free_memory()
+            record(row)
+        del model
+        measure.free_memory()
     return rows
 
 
-def _point(model, cfg, arch, attention, seq, batch, new_tokens, context, workspace, w_pred, w_meas, w_formula,
-           non_torch) -> dict:
-    row = {"model": arch, "attention": attention, "seq_len": seq, "batch": batch, "new_tokens": new_tokens,
-           "weights_pred": int(w_pred), "weights_meas": int(w_meas), "weights_formula": int(w_formula),
-           "cublas_workspace": workspace, "context": context}
-    pred = budget.generation_peak(cfg, seq, new_tokens, batch, attention=attention)
-    r = measure.oom_guard(generation.measure_generate, model, seq, batch, new_tokens, cache="baseline")
+def _predictions(cfg, p: Point) -> dict:
+    """The generation predictions of a row (:func:`helpers.budget.generation_peak`, dynamic and static cache)."""
+    dyn = budget.generation_peak(cfg, p.seq_len, p.new_tokens, p.batch, attention=p.attention)
+    static = budget.generation_peak(cfg, p.seq_len, p.new_tokens, p.batch, cache="static", attention=p.attention)
+    return {"kv_pred": int(dyn["kv"]), "peak_pred": int(dyn["peak"]), "prefill_pred": int(dyn["prefill"]),
+            "decode_pred": int(dyn["decode"]), "static_peak_pred": int(static["peak"])}
+
+
+def _footprint(cfg, p: Point, non_torch: int | None, workspace: int | None) -> dict:
+    """The device-level predictions of a row (:func:`helpers.budget_replay.device_footprint`)."""
+    foot = budget_replay.device_footprint(cfg, p.seq_len, p.new_tokens, p.batch, non_torch or 0, p.attention,
+                                          workspace_bytes=workspace or 0)
+    return {"reserved_pred": int(foot["reserved"]), "smi_pred": int(foot["total"]) if non_torch is not None else None}
+
+
+def _point(model, p: Point, base: Baseline) -> dict:
+    cfg = models.architecture_config(p.arch)
+    row = {**p.key_fields(), "new_tokens": p.new_tokens, **base.fields()}
+    pred = _predictions(cfg, p)
+    r = measure.oom_guard(generation.measure_generate, model, p.seq_len, p.batch, p.new_tokens, cache="baseline")
     if not r["ok"]:
-        return {**row, "oom": True, "peak_pred": int(pred["peak"])}
+        return {**row, "oom": True, "peak_pred": pred["peak_pred"]}
     m = r["result"]
-    foot = budget_detail.device_footprint(cfg, seq, new_tokens, batch, non_torch or 0, attention,
-                                          workspace_bytes=workspace)
-    row.update(kv_pred=int(pred["kv"]), kv_meas=int(m["kv_meas"]), peak_pred=int(pred["peak"]),
-               peak_meas=int(m["peak_meas"]), prefill_pred=int(pred["prefill"]), decode_pred=int(pred["decode"]),
+    foot = _footprint(cfg, p, base.non_torch, base.workspace)
+    row.update(kv_pred=pred["kv_pred"], kv_meas=int(m["kv_meas"]), peak_pred=pred["peak_pred"],
+               peak_meas=int(m["peak_meas"]), prefill_pred=pred["prefill_pred"], decode_pred=pred["decode_pred"],
                prefill_meas=int(m["prefill_meas"]), decode_meas=int(m["decode_meas"]),
-               reserved_meas=int(m["reserved"]), reserved_pred=int(foot["reserved"]), non_torch=non_torch,
-               smi_pred=int(foot["total"]) if non_torch is not None else None, smi_meas=m.get("process_gpu_bytes"),
+               reserved_meas=int(m["reserved"]), reserved_pred=foot["reserved_pred"], non_torch=base.non_torch,
+               smi_pred=foot["smi_pred"], smi_meas=m.get("process_gpu_bytes"),
                new_tokens_generated=int(m["new_tokens"]))
-    s = measure.oom_guard(generation.measure_generate, model, seq, batch, new_tokens, cache="static")
-    spred = budget.generation_peak(cfg, seq, new_tokens, batch, cache="static", attention=attention)
+    s = measure.oom_guard(generation.measure_generate, model, p.seq_len, p.batch, p.new_tokens, cache="static")
     if s["ok"]:
         row.update(static_kv_meas=int(s["result"]["kv_meas"]), static_peak_meas=int(s["result"]["peak_meas"]),
-                   static_peak_pred=int(spred["peak"]))
+                   static_peak_pred=pred["static_peak_pred"])
     return row
 
 
@@ -119,8 +195,7 @@ def cpu_prefill_peak(model, positions: int, batch: int, seed: int = 0) -> int:
     """Measured on a CPU: the peak of live tensor bytes (:mod:`helpers.host_alloc`) during one prefill
     forward of ``batch × positions`` random token ids that keeps only the last logits, as ``generate``
     does — what :func:`helpers.budget.activation_bytes` predicts (``device="cpu"``)."""
-    ids = torch.randint(3, model.config.vocab_size - 1, (batch, positions),
-                        generator=torch.Generator().manual_seed(seed))
+    ids = random_ids(model.config.vocab_size, (batch, positions), seed=seed)
     return host_alloc.peak_bytes(lambda: model(ids, use_cache=False, logits_to_keep=1).logits)["peak"]
 
 
@@ -131,19 +206,11 @@ def repredict(path: Path) -> list[dict]:
     for r in rows:
         if "error" in r:             # nothing was measured: nothing to predict against
             continue
-        cfg = models.architecture_config(r["model"])
-        attention = r.get("attention", "sdpa")     # rows recorded before the attention key were SDPA runs
-        pred = budget.generation_peak(cfg, r["seq_len"], r["new_tokens"], r["batch"], attention=attention)
-        spred = budget.generation_peak(cfg, r["seq_len"], r["new_tokens"], r["batch"], cache="static",
-                                       attention=attention)
-        r.update(weights_pred=int(budget_detail.weight_allocation(cfg)),
-                 weights_formula=int(budget.weight_bytes(cfg, "bf16")),
-                 kv_pred=int(pred["kv"]), peak_pred=int(pred["peak"]), prefill_pred=int(pred["prefill"]),
-                 decode_pred=int(pred["decode"]), static_peak_pred=int(spred["peak"]))
+        p = Point.from_row(r)
+        cfg = models.architecture_config(p.arch)
+        r.update(weights_pred=int(budget_replay.weight_allocation(cfg)),
+                 weights_formula=int(budget.weight_bytes(cfg, "bf16")), **_predictions(cfg, p))
         if "reserved_meas" in r:
-            foot = budget_detail.device_footprint(cfg, r["seq_len"], r["new_tokens"], r["batch"], r.get("non_torch") or 0,
-                                                  attention, workspace_bytes=r.get("cublas_workspace") or 0)
-            r.update(reserved_pred=int(foot["reserved"]),
-                     smi_pred=int(foot["total"]) if r.get("non_torch") is not None else None)
+            r.update(_footprint(cfg, p, r.get("non_torch"), r.get("cublas_workspace")))
     path.write_text(json.dumps(rows, indent=1))
     return rows

@@ -25,7 +25,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .budget_detail import Shape, dtype_bytes, layer_windows
+from .budget_inputs import dtype_bytes
+from .budget_kv import layer_windows
+from .budget_shape import Shape
 from .units import GiB
 from .validate import model_config, non_negative_number, number_in, one_of, positive_int, positive_number
 

@@ -48,7 +48,7 @@ if importlib.util.find_spec("helpers") is None or os.environ.get("COURSE_FORCE_S
 import json
 import pandas as pd
 import torch
-from helpers import budget, budget_check, budget_detail, device, key_numbers, measure, models, widgets
+from helpers import budget, budget_activations, budget_check, budget_kv, budget_shape, device, key_numbers, measure, models, widgets
 from helpers.device import has_cuda
 GiB, GB = 2**30, 1e9
 pd.options.display.float_format = "{:,.3f}".format
@@ -119,13 +119,13 @@ for label, kv in [("MHA (64)", 64), ("GQA (8)", 8), ("MQA (1)", 1)]:
 # Not every layer keeps every token. A config's `layer_types` says which layers attend to a sliding
 # window (or a chunk, Llama-4) and which to everything; transformers' `DynamicCache` keeps a windowed
 # layer's last `window − 1` positions, so the sum over layers is what counts
-# (`helpers.budget_detail.Shape` reads the layers once; `tests/test_budget.py` checks the bytes
+# (`helpers.budget_shape.Shape` reads the layers once; `tests/test_budget.py` checks the bytes
 # against a real cache on many families):
 
 # %%
 for name in ["Gemma-3-1B", "gpt-oss-20b", "Command-R7B", "Llama-3.1-8B"]:
     cfg = models.architecture_config(name)
-    caches = budget_detail.Shape.from_config(cfg).caches
+    caches = budget_shape.Shape.from_config(cfg).caches
     kinds = {f"{c.kind}" + (f" {c.window}" if c.window else ""): sum(x == c for x in caches) for c in caches}
     print(f"{name:>14}: {kinds}; KV at 32768 × 1 in bf16 {budget.kv_bytes(cfg, 32768, 1) / GiB:5.2f} GiB")
 
@@ -187,7 +187,7 @@ pd.DataFrame(budget.fits_table(c70, 4096, 16, formats=("fp16", "int8", "int4")))
 # * **attention**: eager attention materialises `batch × heads × positions²` scores; SDPA's fused
 #   kernels do not. And not once: at its softmax (`softmax(scores, dtype=float32).to(bf16)`) the bf16
 #   scores, an fp32 copy and the fp32 result are alive together — ATen fuses the up-cast only for fp16
-#   on CUDA — so `budget_detail.eager_score_bytes` counts 10 bytes per score in bf16, plus K and V repeated to
+#   on CUDA — so `budget_activations.eager_score_bytes` counts 10 bytes per score in bf16, plus K and V repeated to
 #   every query head and the additive mask. Checked on ten model families by measuring, on a CPU, the
 #   peak of live bytes (`helpers.host_alloc`, `tests/test_budget_measured.py`) — the cell below
 #   measures one.
@@ -246,7 +246,7 @@ if has_cuda():
         if len(grid) < len(GRID):
             print(f"{a}: skipping {sorted({s_ for s_, _ in GRID} - {s_ for s_, _ in grid})} tokens "
                   f"(past its max_position_embeddings = {longest})")
-        rows_m += budget_check.predicted_vs_measured([a], grid, echo=False, attentions=("sdpa",))
+        rows_m += budget_check.predicted_vs_measured(budget_check.grid_points([a], grid, attentions=("sdpa",)), echo=False)
     meas = pd.DataFrame(rows_m)
     o = measure.overhead()
     print(f"overhead now: context {measure.fmt_bytes(o['context'])} (this process, {o['source']}), "
@@ -309,11 +309,11 @@ if ref_path.exists():
     if len(ms):
         cfg_m = models.architecture_config("Mistral-7B")
         print(f"Mistral-7B 8192 × 1: KV the cache exposes {budget.kv_bytes(cfg_m, 8192, 1) / 2**30:.2f} GiB, "
-              f"storage right after the prefill {budget_detail.kv_storage_positions(cfg_m, 8192)[0] * 32 * budget_detail.kv_position_bytes(cfg_m) / 2**30:.2f} GiB; "
+              f"storage right after the prefill {budget_kv.kv_storage_positions(cfg_m, 8192)[0] * 32 * budget_kv.kv_position_bytes(cfg_m) / 2**30:.2f} GiB; "
               f"peak error {ms['peak err %'].iloc[0]:.1f} %")
     ds = models.architecture_config("DeepSeek-V2-Lite")
     print(f"DeepSeek-V2-Lite: gathered expert weights per decoding sequence "
-          f"{budget_detail.moe_decode_gather_bytes(ds, 1) / 2**20:.0f} MiB; KV of a 512-token sequence "
+          f"{budget_activations.moe_decode_gather_bytes(ds, 1) / 2**20:.0f} MiB; KV of a 512-token sequence "
           f"{budget.kv_bytes(ds, 512, 1) / 2**20:.0f} MiB")
     far = ref[ref["peak err %"].abs() > 5].groupby(["model", "attention"])["peak err %"]
     print("rows whose peak is off by more than 5 %:", {f"{m} ({a})": f"{v.min():.0f} … {v.max():.0f} %"
@@ -356,13 +356,13 @@ else:
 #   (`full[:, :, -window + 1:, :]`), so right after the prefill the *whole prompt's* K and V are still
 #   allocated; only the first decode step's `torch.cat` copies the window out and frees the rest. The
 #   cache *exposes* the window (`budget.kv_bytes`), but it *occupies* the prompt
-#   (`budget_detail.kv_storage_positions`): for Mistral-7B at 8192 tokens that is twice the KV (printed
+#   (`budget_kv.kv_storage_positions`): for Mistral-7B at 8192 tokens that is twice the KV (printed
 #   above). Counting the storage is what brings the Mistral, Gemma-2 and Phi-3 long-context peaks in
 #   line (`tests/test_budget.py` checks the storage against the cache's tensors on the CPU).
 # * *Mixture of experts: the GPU decodes differently.* On any device but the CPU, `generate` swaps the
 #   experts' `grouped_mm` for `batched_mm` while it decodes (transformers'
 #   `_optimize_model_for_decode`: faster on few tokens), and `batched_mm` **copies every selected
-#   expert's weights per token** — `budget_detail.moe_decode_gather_bytes`, printed below for
+#   expert's weights per token** — `budget_activations.moe_decode_gather_bytes`, printed below for
 #   DeepSeek-V2-Lite. And DeepSeek-V2's and Mixtral's routers keep the routing weights in fp32, so
 #   the weighted expert outputs (and their copy put back in token order) are fp32 too: in the prefill
 #   that stage, not the gate/up projection, is the block's peak. Both come from reading the model

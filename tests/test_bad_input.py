@@ -1052,16 +1052,21 @@ BUDGET_NEWER_ERRORS = [
     (lambda: budget.generation_peak(CFG, 512, -1, 1), ValueError, r"new_tokens must be a positive integer"),
     (lambda: budget.budget(CFG, "bf16", 512, 1, kv_dtype="fp9"), ValueError, r"unknown dtype 'fp9'"),
     (lambda: budget.weight_bytes(CFG, "int5"), ValueError, r"unknown weight format 'int5'"),
-    (lambda: _bd().device_footprint(CFG, 512, 16, 1, float("nan")), ValueError, r"non_torch_bytes must be bytes ≥ 0"),
-    (lambda: _bd().device_footprint(CFG, 512, 16, 1, 0, "flash9"), ValueError, r"attention must be one of"),
-    (lambda: _bd().kv_storage_positions(CFG, 512, -3), ValueError, r"steps must be an int ≥ 0"),
+    (lambda: _replay().device_footprint(CFG, 512, 16, 1, float("nan")), ValueError, r"non_torch_bytes must be bytes ≥ 0"),
+    (lambda: _replay().device_footprint(CFG, 512, 16, 1, 0, "flash9"), ValueError, r"attention must be one of"),
+    (lambda: _kv().kv_storage_positions(CFG, 512, -3), ValueError, r"steps must be an int ≥ 0"),
     (lambda: budget.param_counts({"hidden_size": 4}), ValueError, r"config lacks"),
 ]
 
 
-def _bd():
-    from helpers import budget_detail
-    return budget_detail
+def _replay():
+    from helpers import budget_replay
+    return budget_replay
+
+
+def _kv():
+    from helpers import budget_kv
+    return budget_kv
 
 
 @pytest.mark.parametrize("call,exc,msg", BUDGET_NEWER_ERRORS)

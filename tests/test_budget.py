@@ -3,8 +3,12 @@ import torch
 from transformers import LlamaConfig
 
 from helpers import budget as B
-from helpers import budget_detail as D
 from helpers import models
+from helpers.budget_activations import eager_score_bytes, moe_decode_gather_bytes
+from helpers.budget_kv import kv_position_bytes, kv_positions, kv_storage_positions, layer_windows
+from helpers.budget_layout import Layout
+from helpers.budget_replay import device_footprint, generation_ops, weight_allocation, weight_ops
+from helpers.budget_shape import MLA, LayerCache, MoE, Shape
 
 GiB = 2**30
 
@@ -41,7 +45,7 @@ def test_weight_formats():
 
 def test_weight_allocation_adds_allocator_rounding():
     c = models.architecture_config("Qwen2.5-0.5B")
-    extra = D.weight_allocation(c) - B.weight_bytes(c, "bf16")
+    extra = weight_allocation(c) - B.weight_bytes(c, "bf16")
     assert extra == 8_256_512 + 256  # measured on an H200: 8,256,768 B above the formula
 
 
@@ -239,30 +243,30 @@ def test_an_unknown_to_the_course_model_type_is_predicted_not_refused():
     b = B.budget(cfg, "int4", 64, 2, new_tokens=4)
     assert all(v > 0 for k, v in b.items() if k != "overhead")
     assert B.param_check(cfg)["matches"]
-    assert [c.kind for c in D.Shape.from_config(cfg).caches] == ["sliding", "sliding", "sliding", "full"]
+    assert [c.kind for c in Shape.from_config(cfg).caches] == ["sliding", "sliding", "sliding", "full"]
     # K+V · kv_heads · head_dim · batch · positions (3 sliding layers keep window − 1, the full one 64 + 4 − 1) · 2 B
     assert b["kv_cache"] == 2 * 2 * 16 * 2 * (3 * 7 + 67) * 2
 
 
 def test_typed_descriptions_of_experts_latents_and_layers():
     """The config read once: MoE and MLA as dataclasses, one LayerCache per layer."""
-    s = D.Shape.from_config(models.architecture_config("Qwen3-30B-A3B"))
-    assert s.moe == D.MoE(experts=128, per_token=8, width=768, shared_width=0, sparse_layers=frozenset(range(48)),
+    s = Shape.from_config(models.architecture_config("Qwen3-30B-A3B"))
+    assert s.moe == MoE(experts=128, per_token=8, width=768, shared_width=0, sparse_layers=frozenset(range(48)),
                           fp32_routing=False) and s.mla is None
-    ds = D.Shape.from_config(models.architecture_config("DeepSeek-V2-Lite"))
-    assert ds.mla == D.MLA(q_lora_rank=None, kv_lora_rank=512, rope_dim=64, nope_dim=128, v_dim=128)
+    ds = Shape.from_config(models.architecture_config("DeepSeek-V2-Lite"))
+    assert ds.mla == MLA(q_lora_rank=None, kv_lora_rank=512, rope_dim=64, nope_dim=128, v_dim=128)
     assert ds.moe.sparse_layers == frozenset(range(1, 27)) and ds.moe.shared_width == 2 * 1408 and ds.moe.fp32_routing
-    oss = D.Shape.from_config(models.architecture_config("gpt-oss-20b"))
-    assert oss.caches[:2] == (D.LayerCache("sliding", 128), D.LayerCache("full")) and len(oss.caches) == 24
-    gemma3 = D.Shape.from_config(models.architecture_config("Gemma-3-1B"))
+    oss = Shape.from_config(models.architecture_config("gpt-oss-20b"))
+    assert oss.caches[:2] == (LayerCache("sliding", 128), LayerCache("full")) and len(oss.caches) == 24
+    gemma3 = Shape.from_config(models.architecture_config("Gemma-3-1B"))
     assert [c.kind for c in gemma3.caches[:6]] == ["sliding"] * 5 + ["full"]
-    llama4 = D.Shape.from_config(family_config("llama4_text (chunked attention, MoE)"))
+    llama4 = Shape.from_config(family_config("llama4_text (chunked attention, MoE)"))
     assert [c.kind for c in llama4.caches] == ["chunked"] * 3 + ["full"] and llama4.caches[0].window == 8
     assert llama4.intermediate == 128 and llama4.moe.width == 96           # intermediate_size_mlp vs the experts'
-    lay = D.Layout.from_config(family_config("gpt_oss (sliding + sinks + MoE)"))
+    lay = Layout.from_config(family_config("gpt_oss (sliding + sinks + MoE)"))
     assert lay.sinks and lay.qkv_bias and lay.o_bias and lay.expert_bias and lay.router_bias
-    assert D.Layout.from_config(models.architecture_config("Phi-3-mini")).fused_qkv
-    assert D.Layout.from_config(family_config("olmo2 (post-norms, full-width q/k norms)")).qk_norm == "full"
+    assert Layout.from_config(models.architecture_config("Phi-3-mini")).fused_qkv
+    assert Layout.from_config(family_config("olmo2 (post-norms, full-width q/k norms)")).qk_norm == "full"
 
 
 @pytest.mark.parametrize("name", list(FAMILY_CASES))
@@ -273,7 +277,7 @@ def test_layer_caches_follow_transformers(name):
 
     cfg = family_config(name)
     layers = DynamicCache(config=cfg).layers
-    caches = D.Shape.from_config(cfg).caches
+    caches = Shape.from_config(cfg).caches
     assert len(layers) == len(caches)
     assert [getattr(layer, "sliding_window", None) for layer in layers] == [c.window for c in caches]
 
@@ -286,9 +290,9 @@ def test_layers_without_a_cache_hold_no_kv():
     cfg = LlamaConfig(**{**TINY, "head_dim": 16})
     full = B.kv_bytes(cfg, 10, 1)
     cfg.num_kv_shared_layers = 1
-    assert len(DynamicCache(config=cfg).layers) == 3 == D.Shape.from_config(cfg).cached_layers
+    assert len(DynamicCache(config=cfg).layers) == 3 == Shape.from_config(cfg).cached_layers
     assert B.kv_bytes(cfg, 10, 1) == full * 3 / 4
-    assert D.kv_storage_positions(cfg, 10) == [10, 10, 10, 0]
+    assert kv_storage_positions(cfg, 10) == [10, 10, 10, 0]
 
 
 def test_layer_types_without_a_kv_cache_are_refused_by_name_but_weigh_exactly():
@@ -349,7 +353,7 @@ def test_sliding_window_past_the_window_is_flat():
 
     cfg = MistralConfig()  # transformers' default: sliding_window=4096, 32 layers, 8 KV heads of 128
     assert B.kv_bytes(cfg, 8192, 2) == B.kv_bytes(cfg, 4095, 2) == 2 * 32 * 8 * 128 * 4095 * 2 * 2
-    assert D.layer_windows(cfg) == [4096] * 32
+    assert layer_windows(cfg) == [4096] * 32
 
 
 def test_generation_ops_by_hand():
@@ -359,15 +363,15 @@ def test_generation_ops_by_hand():
     from helpers.allocator_sim import simulate
     c = models.architecture_config("SmolLM2-135M")
     for attention in ("sdpa", "eager"):
-        ops = D.generation_ops(c, 256, 5, 2, attention)
-        w = len(D.weight_ops(c))
+        ops = generation_ops(c, 256, 5, 2, attention)
+        w = len(weight_ops(c))
         cats = [op for op in ops[w:] if op[0] == "alloc" and op[1].startswith(("K", "V"))]
         assert len(cats) == c.num_hidden_layers * 2 * 5            # prefill + 4 fed-back tokens
         end = simulate(ops)
         kv = B.kv_bytes(c, 256 + 4, 2)
-        assert end["allocated"] == pytest.approx(D.weight_allocation(c) + kv, rel=1e-3)
+        assert end["allocated"] == pytest.approx(weight_allocation(c) + kv, rel=1e-3)
         assert end["reserved"] >= end["allocated"]
-    sdpa, eager = (D.device_footprint(c, 2048, 8, 4, 700 * 2**20, a) for a in ("sdpa", "eager"))
+    sdpa, eager = (device_footprint(c, 2048, 8, 4, 700 * 2**20, a) for a in ("sdpa", "eager"))
     assert eager["reserved"] > sdpa["reserved"] and sdpa["total"] == sdpa["reserved"] + 700 * 2**20
 
 
@@ -375,7 +379,7 @@ def test_eager_ops_follow_the_score_copies():
     """Eager attention's score-sized blocks, in order: q·kᵀ, ×scaling (q·kᵀ freed), +mask, fp32 copy,
     fp32 softmax, weights in the model dtype — 2, 2, 2, 4, 4, 2 bytes per score (bf16)."""
     c = models.architecture_config("SmolLM2-135M")
-    ops = D.generation_ops(c, 128, 1, 1, "eager")
+    ops = generation_ops(c, 128, 1, 1, "eager")
     S = 9 * 128 * 128
     sizes = [op[2] // S for op in ops if op[0] == "alloc" and op[1].endswith("0")
              and op[1][:-1] in ("qk", "scaled", "masked", "fp32", "softmax", "weights")]
@@ -385,19 +389,19 @@ def test_eager_ops_follow_the_score_copies():
 def test_device_footprint_bad_input():
     c = models.architecture_config("SmolLM2-135M")
     with pytest.raises(ValueError, match="non_torch_bytes"):
-        D.device_footprint(c, 128, 4, 1, -1)
+        device_footprint(c, 128, 4, 1, -1)
     with pytest.raises(ValueError, match="attention"):
-        D.device_footprint(c, 128, 4, 1, 0, "flash")
+        device_footprint(c, 128, 4, 1, 0, "flash")
     with pytest.raises(ValueError, match="workspace_bytes"):
-        D.device_footprint(c, 128, 4, 1, 0, workspace_bytes=-5)
+        device_footprint(c, 128, 4, 1, 0, workspace_bytes=-5)
 
 
 def test_device_footprint_counts_the_cublas_workspace_in_reserved():
     """The workspaces the first matmuls take through the caching allocator are reserved memory (65 MiB
     in the H200 run: most of the gap on SmolLM2-size models)."""
     c = models.architecture_config("SmolLM2-135M")
-    base = D.device_footprint(c, 256, 4, 2, 500 * 2**20)
-    with_ws = D.device_footprint(c, 256, 4, 2, 500 * 2**20, workspace_bytes=65 * 2**20)
+    base = device_footprint(c, 256, 4, 2, 500 * 2**20)
+    with_ws = device_footprint(c, 256, 4, 2, 500 * 2**20, workspace_bytes=65 * 2**20)
     assert with_ws["reserved"] - base["reserved"] == 65 * 2**20
     assert with_ws["total"] == with_ws["reserved"] + 500 * 2**20
 
@@ -409,15 +413,15 @@ def test_kv_storage_after_the_prefill_is_the_whole_prompt():
     from transformers import MistralConfig
 
     cfg = MistralConfig()
-    assert D.kv_storage_positions(cfg, 8192) == [8192] * 32                  # after the prefill
-    assert D.kv_storage_positions(cfg, 8192, 1) == [4096] * 32               # cat(window − 1, new)
-    assert D.kv_storage_positions(cfg, 100, 5) == [105] * 32                 # inside the window
+    assert kv_storage_positions(cfg, 8192) == [8192] * 32                  # after the prefill
+    assert kv_storage_positions(cfg, 8192, 1) == [4096] * 32               # cat(window − 1, new)
+    assert kv_storage_positions(cfg, 100, 5) == [105] * 32                 # inside the window
     per = 2 * 8 * 128 * 2                                                    # K+V, one position, bf16
     g = B.generation_peak(cfg, 8192, 16, 1)
     assert g["kv"] == 32 * 4095 * per                                        # what the cache exposes
     assert g["prefill"] - B.activation_bytes(cfg, 8192, 1)["peak"] == 32 * 8192 * per
     with pytest.raises(ValueError, match="steps"):
-        D.kv_storage_positions(cfg, 10, -1)
+        kv_storage_positions(cfg, 10, -1)
 
 
 @pytest.mark.parametrize("name", ["mistral (sliding)", "gemma2 (4 norms, local/global)"])
@@ -428,26 +432,26 @@ def test_kv_storage_matches_the_cache_tensors_storage(name):
 
     cfg = family_config(name)
     model = AutoModelForCausalLM.from_config(cfg).eval()
-    prompt = 3 * max(w for w in D.layer_windows(cfg) if w) + 5
+    prompt = 3 * max(w for w in layer_windows(cfg) if w) + 5
     cache = DynamicCache(config=cfg)
 
     def storage_bytes():
         return sum(t.untyped_storage().nbytes() for layer in cache.layers for t in (layer.keys, layer.values))
 
-    per = D.kv_position_bytes(cfg, "fp32") * 2
+    per = kv_position_bytes(cfg, "fp32") * 2
     with torch.no_grad():
         model(torch.randint(3, 120, (2, prompt)), past_key_values=cache, use_cache=True)
-        assert storage_bytes() == sum(D.kv_storage_positions(cfg, prompt)) * per
+        assert storage_bytes() == sum(kv_storage_positions(cfg, prompt)) * per
         model(torch.randint(3, 120, (2, 1)), past_key_values=cache, use_cache=True)
-        assert storage_bytes() == sum(D.kv_storage_positions(cfg, prompt, 1)) * per
+        assert storage_bytes() == sum(kv_storage_positions(cfg, prompt, 1)) * per
 
 
 def test_moe_decode_term_only_for_moe_and_only_on_the_gpu():
     c = models.architecture_config("DeepSeek-V2-Lite")
-    assert D.moe_decode_gather_bytes(c, 16) == 16 * 6 * (3 * 1408 * 2048 + 2048 + 3 * 1408) * 2
-    assert D.moe_decode_gather_bytes(models.architecture_config("Llama-3.2-1B"), 16) == 0
+    assert moe_decode_gather_bytes(c, 16) == 16 * 6 * (3 * 1408 * 2048 + 2048 + 3 * 1408) * 2
+    assert moe_decode_gather_bytes(models.architecture_config("Llama-3.2-1B"), 16) == 0
     gpu, cpu = (B.generation_peak(c, 512, 8, 16, device=d)["decode"] for d in ("cuda", "cpu"))
-    assert gpu - cpu == D.moe_decode_gather_bytes(c, 16)
+    assert gpu - cpu == moe_decode_gather_bytes(c, 16)
 
 
 # ------------------------------------------------------------------------------ bad input, at the door
@@ -482,17 +486,17 @@ BAD_INPUT = [
     (lambda c: B.int4_residual_tokens(3, 0), "residual_length must be a positive integer"),
     (lambda c: B.meta_param_counts({"model_type": "llama"}), "config must be a transformers config"),
     (lambda c: B.weight_bytes("HuggingFaceTB/SmolLM2-135M"), "config must be a transformers config"),
-    (lambda c: D.kv_positions(c, 0), "tokens must be a positive integer"),
-    (lambda c: D.kv_positions(c, 8, cache="rolling"), "cache must be one of"),
-    (lambda c: D.kv_storage_positions(c, 8, 1.0), "steps must be an int ≥ 0"),
-    (lambda c: D.kv_position_bytes(c, "fp6"), "unknown dtype 'fp6'"),
-    (lambda c: D.eager_score_bytes("bf8"), "unknown dtype 'bf8'"),
-    (lambda c: D.moe_decode_gather_bytes(c, 0), "batch must be a positive integer"),
-    (lambda c: D.weight_ops(c, "float12"), "unknown dtype 'float12'"),
-    (lambda c: D.generation_ops(c, 16, 2, 1, "flash"), "attention must be one of"),
-    (lambda c: D.generation_ops(c, 16, 0), "new_tokens must be a positive integer"),
-    (lambda c: D.device_footprint(c, 16, 2, 1, non_torch_bytes=1.5), "non_torch_bytes must be bytes ≥ 0"),
-    (lambda c: D.device_footprint(c, 16, 2, 1, workspace_bytes=True), "workspace_bytes must be bytes ≥ 0"),
+    (lambda c: kv_positions(c, 0), "tokens must be a positive integer"),
+    (lambda c: kv_positions(c, 8, cache="rolling"), "cache must be one of"),
+    (lambda c: kv_storage_positions(c, 8, 1.0), "steps must be an int ≥ 0"),
+    (lambda c: kv_position_bytes(c, "fp6"), "unknown dtype 'fp6'"),
+    (lambda c: eager_score_bytes("bf8"), "unknown dtype 'bf8'"),
+    (lambda c: moe_decode_gather_bytes(c, 0), "batch must be a positive integer"),
+    (lambda c: weight_ops(c, "float12"), "unknown dtype 'float12'"),
+    (lambda c: generation_ops(c, 16, 2, 1, "flash"), "attention must be one of"),
+    (lambda c: generation_ops(c, 16, 0), "new_tokens must be a positive integer"),
+    (lambda c: device_footprint(c, 16, 2, 1, non_torch_bytes=1.5), "non_torch_bytes must be bytes ≥ 0"),
+    (lambda c: device_footprint(c, 16, 2, 1, workspace_bytes=True), "workspace_bytes must be bytes ≥ 0"),
 ]
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 import transformers as T
 
-from helpers import budget, budget_check, budget_detail, host_alloc
+from helpers import budget, budget_activations, budget_check, host_alloc
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="host_alloc needs glibc (Linux)")
 
@@ -99,11 +99,11 @@ def test_eager_scores_dominate_and_the_old_formula_missed_them():
 
 
 def test_score_bytes_per_element():
-    assert budget_detail.eager_score_bytes("bf16", "cuda") == budget_detail.eager_score_bytes("bf16", "cpu") == 10
-    assert budget_detail.eager_score_bytes("fp16", "cuda") == 8 and budget_detail.eager_score_bytes("fp16", "cpu") == 10
-    assert budget_detail.eager_score_bytes("fp32") == 8
+    assert budget_activations.eager_score_bytes("bf16", "cuda") == budget_activations.eager_score_bytes("bf16", "cpu") == 10
+    assert budget_activations.eager_score_bytes("fp16", "cuda") == 8 and budget_activations.eager_score_bytes("fp16", "cpu") == 10
+    assert budget_activations.eager_score_bytes("fp32") == 8
     with pytest.raises(ValueError, match="device must be"):
-        budget_detail.eager_score_bytes("bf16", "tpu")
+        budget_activations.eager_score_bytes("bf16", "tpu")
 
 
 def test_tracker_sees_a_planted_peak():
@@ -124,7 +124,7 @@ def test_tracker_refuses_a_non_callable():
 def test_decode_with_batched_mm_experts_holds_the_gathered_weights():
     """On a GPU, generate decodes MoE layers with ``batched_mm`` (it gathers each token's experts'
     weights). The same implementation on the CPU, one decode-shaped forward: the measured peak is the
-    gathered weights (:func:`helpers.budget_detail.moe_decode_gather_bytes`) plus a one-token activation."""
+    gathered weights (:func:`helpers.budget_activations.moe_decode_gather_bytes`) plus a one-token activation."""
     cfg = CONFIGS["qwen2_moe (MoE + shared)"]()
     torch.manual_seed(0)
     model = T.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
@@ -132,7 +132,7 @@ def test_decode_with_batched_mm_experts_holds_the_gathered_weights():
     batch = 8
     ids = torch.randint(3, 900, (batch, 1))
     meas = host_alloc.peak_bytes(lambda: model(ids, use_cache=False, logits_to_keep=1).logits)["peak"]
-    gather = budget_detail.moe_decode_gather_bytes(cfg, batch)
+    gather = budget_activations.moe_decode_gather_bytes(cfg, batch)
     assert gather == batch * 2 * (3 * 320 * 256 + 256 + 3 * 320) * 2                 # hand-computed
     pred = gather + budget.activation_bytes(cfg, 1, batch, device="cpu")["peak"]
     assert abs(pred - meas) <= 0.05 * meas, (pred, meas)

@@ -1,0 +1,68 @@
+"""helpers.budget_check on the CPU: the measurement points, the grid's order, and the re-prediction of a
+recorded file (the measuring itself needs a CUDA device: benchmarks/budget_accuracy.py)."""
+import json
+
+import pytest
+import torch
+
+from helpers import budget, budget_check, budget_replay, models
+from helpers.budget_check import Point, grid_points
+
+RECORDED = {"model": "SmolLM2-135M", "attention": "sdpa", "seq_len": 512, "batch": 1, "new_tokens": 32,
+            "weights_meas": 269054976, "cublas_workspace": 68157440, "kv_meas": 12510720, "peak_meas": 19015680,
+            "reserved_meas": 387973120, "non_torch": 786432000, "smi_meas": 1176502272}
+
+
+def test_point_checks_its_fields_and_reads_a_row():
+    p = Point("SmolLM2-135M", "eager", 512, 2)
+    assert p.new_tokens == budget_check.NEW_TOKENS
+    assert Point.from_row({"model": "SmolLM2-135M", "seq_len": 512, "batch": 2, "new_tokens": 32}) == \
+        Point("SmolLM2-135M", "sdpa", 512, 2, 32)          # rows recorded before the attention key: SDPA
+    assert p.key_fields() == {"model": "SmolLM2-135M", "attention": "eager", "seq_len": 512, "batch": 2}
+    with pytest.raises(ValueError, match="unknown architecture"):
+        Point("GPT-9", "sdpa", 512, 1)
+    with pytest.raises(ValueError, match="attention must be one of"):
+        Point("SmolLM2-135M", "flash", 512, 1)
+    with pytest.raises(ValueError, match="batch must be a positive integer"):
+        Point("SmolLM2-135M", "sdpa", 512, 0)
+
+
+def test_grid_points_in_measurement_order():
+    pts = grid_points(["SmolLM2-135M", "Qwen2.5-0.5B"], [(512, 1), (2048, 4)], attentions=("sdpa", "eager"))
+    assert [(p.arch, p.attention, p.seq_len, p.batch) for p in pts[:3]] == \
+        [("SmolLM2-135M", "sdpa", 512, 1), ("SmolLM2-135M", "sdpa", 2048, 4), ("SmolLM2-135M", "eager", 512, 1)]
+    assert len(pts) == 8 and len(grid_points()) == len(budget_check.ARCHS) * 2 * len(budget_check.GRID)
+    with pytest.raises(TypeError, match="budget_check.Point"):
+        budget_check.predicted_vs_measured([("SmolLM2-135M", 512, 1)])
+
+
+def test_repredict_rewrites_only_the_predictions(tmp_path):
+    path = tmp_path / "rows.json"
+    error = {"model": "SmolLM2-135M", "attention": "eager", "error": "no such attention"}
+    path.write_text(json.dumps([RECORDED, error]))
+    row, kept = budget_check.repredict(path)
+    assert kept == error and json.loads(path.read_text()) == [row, error]
+    assert {k: row[k] for k in RECORDED} == RECORDED                        # the measured fields as measured
+    cfg = models.architecture_config("SmolLM2-135M")
+    gen = budget.generation_peak(cfg, 512, 32, 1)
+    foot = budget_replay.device_footprint(cfg, 512, 32, 1, RECORDED["non_torch"], workspace_bytes=RECORDED["cublas_workspace"])
+    assert (row["peak_pred"], row["kv_pred"], row["decode_pred"]) == (int(gen["peak"]), int(gen["kv"]), int(gen["decode"]))
+    assert (row["reserved_pred"], row["smi_pred"]) == (foot["reserved"], foot["total"])
+    assert row["weights_pred"] == budget_replay.weight_allocation(cfg)
+
+
+def test_cpu_prefill_ids_are_data_random_ids():
+    """The prompt cpu_prefill_peak feeds is helpers.data.random_ids' (the same draw as the CPU generator
+    torch.randint it replaced), so the measured peaks in tests/test_budget_measured.py stay comparable."""
+    from helpers.data import random_ids
+    seen = {}
+
+    class Model(torch.nn.Module):
+        config = type("C", (), {"vocab_size": 1000})()
+
+        def forward(self, ids, **_):
+            seen["ids"] = ids
+            return type("Out", (), {"logits": torch.zeros(1)})()
+    budget_check.cpu_prefill_peak(Model(), 16, 2, seed=5)
+    assert torch.equal(seen["ids"], random_ids(1000, (2, 16), seed=5))
+    assert torch.equal(seen["ids"], torch.randint(3, 999, (2, 16), generator=torch.Generator().manual_seed(5)))
