@@ -9,9 +9,11 @@ Two ways to load the same weights:
   safetensors files are memory-mapped and each tensor is materialised once, in the target dtype.
   Peak ≈ the model in its dtype.
 
-The seed document's "slow loading" advice (safetensors instead of ``.bin``) is measured here too:
-safetensors reads tensors straight from a memory map; a pickled ``.bin`` is unpickled object by object
-(and ``torch.load`` with ``weights_only=True`` is the only safe way to open one).
+The seed document's "slow loading" advice (safetensors instead of ``.bin``, "2-3x") is measured here
+too (:func:`format_load_times`, run by ``benchmarks/load_formats.py``): the same state dict read as
+safetensors (tensors memory-mapped from the file) and as a pickled ``.bin`` (``torch.load`` with
+``weights_only=True``, the only safe way to open one; with and without ``mmap=True``), repeated, from a
+warm and from a cold page cache.
 
 CPU peaks are resident-set peaks of this process (Linux ``VmHWM``, reset through
 ``/proc/self/clear_refs``; elsewhere a 5 ms sampling thread); GPU peaks are the allocator's.
@@ -19,7 +21,9 @@ CPU peaks are resident-set peaks of this process (Linux ``VmHWM``, reset through
 from __future__ import annotations
 
 import gc
+import mmap
 import os
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -32,7 +36,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from .config import file_lock, read_json
 from .measure import PeakMeter
 from .models import parse_dtype, unreadable_safetensors
-from .validate import bad_file, json_fields, non_negative_number, positive_number, text
+from .validate import bad_file, flag, json_fields, non_negative_number, positive_int, positive_number, text
 
 _HWM = Path("/proc/self/status")
 _CLEAR = Path("/proc/self/clear_refs")
@@ -146,24 +150,189 @@ def write_pickle_copy(folder) -> Path:
     return out
 
 
-def read_seconds(folder) -> dict:
-    """Seconds to read every weight tensor into memory: safetensors vs pickled ``torch.load``
-    (``weights_only=True``, and with ``mmap=True``). Each read touches every byte (a sum)."""
+# --- safetensors vs a torch pickle: the same state dict, read both ways (benchmarks/load_formats.py) ---
+
+FORMATS = ("safetensors", "torch.load", "torch.load mmap")
+TOUCH = ("one byte of every memory page of every tensor, read by a single torch.cat(...).sum() over strided "
+         "uint8 views: it makes a memory-mapped tensor fault each of its pages in (from the page cache, or the "
+         "disk when cold) without timing arithmetic over every byte (the old .float().sum() did)")
+_PAGE = mmap.PAGESIZE
+
+
+def demo_state(mib=64, layers=16, dtype=torch.bfloat16) -> dict:
+    """A random state dict of about ``mib`` MiB shaped like a decoder's: ``layers`` blocks of four
+    attention matrices ``[h, h]``, three MLP matrices ``[3h, h]`` and two norm vectors (9 tensors a
+    block, as in Llama-type checkpoints), ``h`` (a multiple of 64) chosen to fill ``mib``."""
+    mib = positive_number(mib, "mib", "the size of the state dict in MiB, e.g. 64")
+    layers = positive_int(layers, "layers", "decoder blocks in the state dict, e.g. 16")
+    dt = _float_dtype(dtype)
+    per_h2 = layers * 13 * torch.finfo(dt).bits // 8            # bytes per h² over all blocks: (4 + 3·3) h²
+    h = int((mib * 2**20 / per_h2) ** 0.5) // 64 * 64
+    if h < 64:
+        raise ValueError(f"mib={mib} is too small for layers={layers} (a block needs h ≥ 64): give more MiB or "
+                         "fewer layers")
+    g = torch.Generator().manual_seed(0)
+    state = {}
+    for i in range(layers):
+        for name, shape in [(n, (h, h)) for n in ("q", "k", "v", "o")] + [(n, (3 * h, h)) for n in ("gate", "up")] \
+                + [("down", (h, 3 * h)), ("norm1", (h,)), ("norm2", (h,))]:
+            state[f"layers.{i}.{name}"] = (torch.randn(shape, generator=g) * 0.02).to(dt)
+    return state
+
+
+def write_both_formats(state, folder) -> Path:
+    """Save ``state`` (a dict of tensors) as ``folder/model.safetensors`` and ``folder/pytorch_model.bin``
+    (``torch.save``), both flushed to disk (so that their pages can later be dropped from the cache)."""
+    from safetensors.torch import save_file
+    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise TypeError(f"state must be a non-empty dict of tensors (e.g. loading.demo_state(64) or "
+                        f"model.state_dict()), got {type(state).__name__}")
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"folder must be a directory to write into (str or Path), got {type(folder).__name__}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous() for k, v in state.items()}
+    save_file(state, str(folder / "model.safetensors"))
+    torch.save(state, folder / "pytorch_model.bin")
+    for f in ("model.safetensors", "pytorch_model.bin"):
+        fd = os.open(folder / f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return folder
+
+
+def resident_fraction(path) -> float | None:
+    """Share of ``path``'s pages in the page cache (Linux ``mincore``), or None where it cannot be asked."""
+    import ctypes
+    size = os.path.getsize(path)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                                  ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    except (OSError, AttributeError):
+        return None
+    if size == 0:
+        return 1.0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return None
+        vec = (ctypes.c_ubyte * -(-size // _PAGE))()
+        ok = libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) == 0
+        libc.munmap(ctypes.c_void_p(addr), size)
+    finally:
+        os.close(fd)
+    return sum(b & 1 for b in vec) / len(vec) if ok else None
+
+
+def drop_page_cache(path) -> float | None:
+    """Ask the kernel to forget ``path``'s cached pages (``posix_fadvise(POSIX_FADV_DONTNEED)``, no root
+    needed; dirty pages are flushed first) and return the share still resident afterwards (None: unknown)."""
+    if not hasattr(os, "posix_fadvise"):
+        raise OSError("os.posix_fadvise is not available on this system (Linux only): no cold-cache runs here")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return resident_fraction(path)
+
+
+def _touch(state) -> int:
+    views = [t.detach().reshape(-1).view(torch.uint8) for t in state.values() if t.numel()]
+    return int(torch.cat([v[::_PAGE] for v in views] + [v[-1:] for v in views]).sum())
+
+
+def format_load_times(folder, repeats=5, cold=True) -> dict:
+    """Seconds to load ``folder``'s weights — its ``*.safetensors`` (``safetensors.torch.load_file``) and its
+    ``pytorch_model.bin`` (``torch.load(weights_only=True)``, without and with ``mmap=True``) — and touch
+    their bytes (:data:`TOUCH`). One untimed load of each first, then ``repeats`` timed loads each from
+    a warm page cache and, where ``cold`` and the system allows, with the file's pages dropped before
+    each load (:func:`drop_page_cache`); the order of the formats alternates from one round to the next.
+    Returns the files' bytes, one row per format and cache (``median_s``, ``min_s``, ``max_s``,
+    ``spread`` = (max − min) / median, ``GBps``, every ``seconds``) and ``cold`` (what happened)."""
     folder = checkpoint_dir(folder, ("safetensors", "bin"))
+    repeats = positive_int(repeats, "repeats", "timed loads per format and cache, e.g. 5")
+    cold = flag(cold, "cold")
     st, pkl = sorted(folder.glob("*.safetensors")), folder / "pytorch_model.bin"
+    files = {"safetensors": st, "torch.load": [pkl], "torch.load mmap": [pkl]}
+    read = {"safetensors": lambda: {k: v for f in st for k, v in load_file(f).items()},
+            "torch.load": lambda: _torch_load(pkl), "torch.load mmap": lambda: _torch_load(pkl, mmap=True)}
 
-    def touch(state):
-        return sum(float(t.float().sum()) for t in state.values() if t.is_floating_point())
-
-    out = {}
-    for name, read in (("safetensors", lambda: {k: v for f in st for k, v in load_file(f).items()}),
-                       ("torch.load", lambda: _torch_load(pkl)),
-                       ("torch.load mmap", lambda: _torch_load(pkl, mmap=True))):
+    def once(fmt) -> float:
+        gc.collect()
         t = time.perf_counter()
-        touch(read())
-        out[name] = time.perf_counter() - t
-    return out
+        state = read[fmt]()
+        _touch(state)
+        secs = time.perf_counter() - t
+        del state
+        return secs
 
+    nbytes = {fmt: sum(f.stat().st_size for f in fs) for fmt, fs in files.items()}
+    first = read["safetensors"]()
+    info = {"files_bytes": nbytes, "tensors": len(first), "tensor_bytes": sum(t.numel() * t.element_size()
+                                                                            for t in first.values()),
+            "touch": TOUCH, "repeats": repeats, "page_bytes": _PAGE}
+    del first
+    for fmt in FORMATS:                                      # warm-up: every file in the page cache
+        once(fmt)
+    times = {(fmt, "warm"): [] for fmt in FORMATS}
+    for i in range(repeats):
+        for fmt in FORMATS if i % 2 == 0 else FORMATS[::-1]:
+            times[fmt, "warm"].append(once(fmt))
+    info["cold"] = {"asked": cold, "ran": False, "how": "posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) on each "
+                    "file before each load; residency checked with mincore", "resident_after_drop": None}
+    if cold:
+        try:
+            left = [drop_page_cache(f) for fs in files.values() for f in fs]
+        except OSError as e:
+            info["cold"]["why_not"] = str(e)
+            left = None
+        if left is not None and any(x is not None and x > 0.05 for x in left):
+            info["cold"]["why_not"] = (f"posix_fadvise left {max(left):.0%} of a file resident (a tmpfs or "
+                                       "a file still mapped): the cold rows would be warm ones")
+        elif left is not None:
+            info["cold"]["ran"], worst = True, 0.0
+            for fmt in FORMATS:
+                times[fmt, "cold"] = []
+            for i in range(repeats):
+                for fmt in FORMATS if i % 2 == 0 else FORMATS[::-1]:
+                    for f in files[fmt]:
+                        r = drop_page_cache(f)
+                        worst = max(worst, r) if r is not None else worst
+                    times[fmt, "cold"].append(once(fmt))
+            info["cold"]["resident_after_drop"] = worst
+    rows = []
+    for (fmt, cache), secs in times.items():
+        med = float(statistics.median(secs))
+        rows.append({"format": fmt, "cache": cache, "median_s": med, "min_s": min(secs), "max_s": max(secs),
+                     "spread": (max(secs) - min(secs)) / med, "GBps": nbytes[fmt] / med / 1e9, "seconds": secs})
+    return {**info, "rows": rows}
+
+
+# what one row of format_load_times() holds, checked when load_formats.json is read back
+FORMAT_ROW = {"format": text, "cache": text, "median_s": positive_number, "min_s": positive_number,
+              "max_s": positive_number, "spread": non_negative_number, "GBps": positive_number}
+
+
+def read_load_formats(path) -> dict:
+    """``load_formats.json`` (benchmarks/load_formats.py) as written, each run's rows checked; an error
+    naming the file when it is not that."""
+    data = read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list) or not data["runs"]:
+        raise bad_file(path, "is not the {'meta': ..., 'runs': [...]} that benchmarks/load_formats.py writes")
+    for j, run in enumerate(data["runs"]):
+        if not isinstance(run, dict) or not isinstance(run.get("rows"), list) or not run["rows"]:
+            raise bad_file(path, f"has no rows in run {j}")
+        for i, row in enumerate(run["rows"]):
+            json_fields(row, path, FORMAT_ROW, f"run {j} row {i}")
+    return data
 
 def load_naive(folder, device="cpu"):
     """The tutorial load: model from config in fp32 (default dtype), state dict read whole, copied in."""

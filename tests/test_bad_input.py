@@ -622,7 +622,7 @@ def test_loading_refuses(tiny_checkpoint, tmp_path):
             call()
 
 
-@pytest.mark.parametrize("load", [loading.write_pickle_copy, loading.load_lazy, loading.read_seconds,
+@pytest.mark.parametrize("load", [loading.write_pickle_copy, loading.load_lazy, loading.format_load_times,
                                   loading.remembered_load_peaks])
 def test_truncated_safetensors_is_named_with_the_remedy(tiny_checkpoint, tmp_path, load):
     folder = broken_copy(tiny_checkpoint, tmp_path, "model.safetensors")
@@ -630,7 +630,7 @@ def test_truncated_safetensors_is_named_with_the_remedy(tiny_checkpoint, tmp_pat
         load(folder)
 
 
-@pytest.mark.parametrize("load", [loading.read_seconds, loading.load_naive])
+@pytest.mark.parametrize("load", [loading.format_load_times, loading.load_naive])
 def test_truncated_pickle_is_named_with_the_remedy(tiny_checkpoint, tmp_path, load):
     folder = broken_copy(tiny_checkpoint, tmp_path, "pytorch_model.bin", b"not a pickle")
     with pytest.raises(ValueError, match=r"pytorch_model.bin cannot be read by torch.load.*write_pickle_copy"):

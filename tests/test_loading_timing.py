@@ -25,13 +25,87 @@ def test_naive_load_peaks_well_above_lazy(checkpoint):
     assert naive["peak_bytes"] > 1.5 * lazy["peak_bytes"] > 0              # fp32 model + a whole state dict
 
 
-def test_read_seconds_and_same_tensors(checkpoint):
-    s = loading.read_seconds(checkpoint)
-    assert set(s) == {"safetensors", "torch.load", "torch.load mmap"} and all(v > 0 for v in s.values())
+def test_lazy_and_naive_load_the_same_tensors(checkpoint):
     a = loading.load_lazy(checkpoint, "cpu", torch.bfloat16)
     b = loading.load_naive(checkpoint, "cpu")
     for (na, pa), (nb, pb) in zip(a.state_dict().items(), b.state_dict().items()):
         assert na == nb and torch.equal(pa.float(), pb.float())
+
+
+@pytest.fixture(scope="module")
+def two_formats(tmp_path_factory):
+    state = loading.demo_state(1, layers=2)                       # h = 128: 18 tensors, 1 MiB
+    return loading.write_both_formats(state, tmp_path_factory.mktemp("formats")), state
+
+
+def test_demo_state_is_decoder_shaped():
+    s = loading.demo_state(4, layers=3)
+    assert len(s) == 27 and s["layers.0.q"].shape == (192, 192) and s["layers.2.down"].shape == (192, 576)
+    assert all(t.dtype == torch.bfloat16 for t in s.values())
+    assert 0.5 * 4 * 2**20 < sum(t.numel() * 2 for t in s.values()) <= 4 * 2**20
+
+
+def test_both_formats_hold_the_same_tensors(two_formats):
+    from safetensors.torch import load_file
+    folder, state = two_formats
+    st, pk = load_file(folder / "model.safetensors"), torch.load(folder / "pytorch_model.bin", weights_only=True)
+    assert st.keys() == pk.keys() == state.keys() and all(torch.equal(st[k], pk[k]) for k in st)
+
+
+def test_format_load_times_rows(two_formats):
+    r = loading.format_load_times(two_formats[0], repeats=3)
+    assert r["tensors"] == 18 and r["repeats"] == 3 and set(r["files_bytes"]) == set(loading.FORMATS)
+    caches = ("warm", "cold") if r["cold"]["ran"] else ("warm",)
+    assert r["cold"]["ran"] or r["cold"]["why_not"]                         # cold skipped only with a reason
+    assert [(x["format"], x["cache"]) for x in r["rows"]] == [(f, c) for c in caches for f in loading.FORMATS]
+    for x in r["rows"]:
+        assert len(x["seconds"]) == 3 and 0 < x["min_s"] <= x["median_s"] <= x["max_s"]
+        assert x["spread"] == pytest.approx((x["max_s"] - x["min_s"]) / x["median_s"])
+    warm = loading.format_load_times(two_formats[0], repeats=1, cold=False)
+    assert {x["cache"] for x in warm["rows"]} == {"warm"} and not warm["cold"]["ran"]
+
+
+def test_dropped_pages_come_back_only_when_touched(two_formats):
+    path = two_formats[0] / "pytorch_model.bin"
+    left = loading.drop_page_cache(path)
+    if left is None or left > 0.05:
+        pytest.skip(f"posix_fadvise/mincore cannot drop or see this file's pages here (resident: {left})")
+    state = torch.load(path, weights_only=True, mmap=True)               # mapped, not read
+    assert loading.resident_fraction(path) < 0.5
+    loading._touch(state)                                                # one byte per page: every page read
+    assert loading.resident_fraction(path) > 0.95
+
+
+def test_load_formats_bad_input(two_formats, tmp_path):
+    folder = two_formats[0]
+    for call, exc, msg in [
+        (lambda: loading.format_load_times(folder, repeats=0), ValueError, "repeats must be a positive integer"),
+        (lambda: loading.format_load_times(folder, repeats=2.0), TypeError, "repeats must be an integer"),
+        (lambda: loading.format_load_times(folder, cold="yes"), TypeError, "cold must be True or False"),
+        (lambda: loading.format_load_times(tmp_path / "nope"), FileNotFoundError, "nope is not a directory"),
+        (lambda: loading.demo_state(-1), ValueError, "mib must be"),
+        (lambda: loading.demo_state(0.01), ValueError, "mib=0.01 is too small for layers=16"),
+        (lambda: loading.demo_state(8, layers=0), ValueError, "layers must be a positive integer"),
+        (lambda: loading.demo_state(8, dtype=torch.int8), ValueError, "dtype must be a floating dtype"),
+        (lambda: loading.write_both_formats({}, tmp_path), TypeError, "state must be a non-empty dict of tensors"),
+        (lambda: loading.write_both_formats({"w": [1.0]}, tmp_path), TypeError, "state must be a non-empty dict"),
+        (lambda: loading.write_both_formats({"w": torch.zeros(2)}, 42), TypeError, "folder must be a directory"),
+    ]:
+        with pytest.raises(exc, match=msg):
+            call()
+    import json
+    bad = tmp_path / "load_formats.json"
+    for content, problem in [("[]", "is not the"), (json.dumps({"runs": [{"rows": []}]}), "no rows in run 0"),
+                             (json.dumps({"runs": [{"rows": [{"format": "x"}]}]}), "lacks 'cache' in run 0 row 0")]:
+        bad.write_text(content)
+        with pytest.raises(ValueError, match=problem):
+            loading.read_load_formats(bad)
+
+
+def test_the_recorded_benchmark_reads_back():
+    from helpers.config import results_path
+    data = loading.read_load_formats(results_path("cpu", "load_formats.json"))
+    assert {r["format"] for run in data["runs"] for r in run["rows"]} == set(loading.FORMATS)
 
 
 def test_loading_bad_input(tmp_path):
@@ -40,7 +114,7 @@ def test_loading_bad_input(tmp_path):
         loading.write_pickle_copy(tmp_path)
     save_file({"w": torch.zeros(4)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(FileNotFoundError, match="write_pickle_copy"):
-        loading.read_seconds(tmp_path)
+        loading.format_load_times(tmp_path)
 
 
 def test_peak_rss_sees_a_big_temporary():
