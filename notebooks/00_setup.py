@@ -46,10 +46,11 @@ rows = envcheck.check()
 # view through NVML (driver version, MIG mode). Notebooks 01, 02 and 07 measure memory on CUDA and
 # fall back to prediction or simulation elsewhere.
 #
-# **A big GPU, a small card's course.** Start Jupyter with `COURSE_GPU_GIB=15` (a Colab T4 shows
-# 15 GiB) and every notebook runs as on that card: `helpers.device` caps PyTorch's allocator at the
-# card minus what already sits on the device outside it (CUDA contexts, other processes), as a real
-# card would (`device.card_share`); `describe()` then shows the cap as `memory_cap_bytes`. It emulates
+# **A big GPU, a small card's course.** Start Jupyter with `COURSE_GPU_GIB=15` (a Colab T4's usable
+# memory: 16 GB on NVIDIA's T4 data sheet, less what ECC and the driver keep) and every notebook runs
+# as on that card: `helpers.device` caps PyTorch's allocator at the card minus what already sits on
+# the device outside it (CUDA contexts, other processes), as a real card would (`device.card_share`);
+# `describe()` then shows the cap as `memory_cap_bytes`. It emulates
 # the memory, not the speed. The course's reference run did this on an H200 (README, "Reference run").
 
 # %%
