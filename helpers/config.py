@@ -3,7 +3,7 @@
 One environment variable, ``COURSE_PROFILE``, selects how much work every notebook does:
 
 * ``full`` (default): the learner profile — real calibration sizes, full grids, whole evaluations.
-* ``ci``: the fast profile CI runs under nbmake — fewer tokens and smaller grids, same code paths.
+* ``ci``: the fast profile CI runs the notebooks in (``pytest notebooks``) — fewer tokens and smaller grids, same code paths.
 * ``workshop``: an instructor's half-day session (docs/workshop.md): the learner's code with a
   smaller calibration and evaluation, every quantized variant prebuilt into a shared cache
   (``scripts/prebuild.py``) so that no notebook quantizes with a library during the session.

@@ -10,7 +10,7 @@ checked on an executed notebook (nbformat v4):
   ``\\r`` redraws are one line, not one per update;
 * the cell's result comes last: no stderr text (logs, warnings) after its last table, plot or value.
 
-Used by ``notebooks/conftest.py`` on every notebook nbmake runs (CI), and from the command line on
+Used by ``notebooks/conftest.py`` on every notebook it runs (CI), and from the command line on
 saved executed notebooks: ``python scripts/check_outputs.py build/executed/*.ipynb``.
 """
 from __future__ import annotations

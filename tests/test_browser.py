@@ -1,6 +1,6 @@
 """The widgets in a real browser: JupyterLab + Chromium driven by Playwright.
 
-nbmake proves the notebooks run; it cannot see whether a widget renders (a front-end without the
+``pytest notebooks`` proves the notebooks run; it cannot see whether a widget renders (a front-end without the
 widget manager shows "Error displaying widget" or the text fallback) or whether moving a slider
 updates anything. This test starts JupyterLab on a copy of notebooks 01 and 07, runs all cells in
 the browser, checks that every widget rendered, moves the seq_len and batch sliders (typing into

@@ -1,4 +1,4 @@
-"""The readable-outputs check (scripts/check_outputs.py) that runs on every notebook nbmake executes."""
+"""The readable-outputs check (scripts/check_outputs.py) that runs on every notebook notebooks/conftest.py executes."""
 import importlib.util
 from pathlib import Path
 
