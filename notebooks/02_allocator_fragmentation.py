@@ -92,7 +92,7 @@ assert alive["alive_as_written"] == alive["n"] and alive["alive_after_fix"] == 0
 
 # %% [markdown]
 # `del big` deletes the loop variable, not the list's reference: **nothing is freed**. It is the
-# seed's own leak #2 ("列表/字典累积 tensor", a container keeps references). So the snippet as written
+# seed's own leak #2 ("列表/字典累积 tensor", a container keeps references). So the seed's snippet as written
 # holds all 25 GiB to the end, `empty_cache()` releases nothing (no segment is free), and the 2 GiB
 # request simply needs a new segment. Replayed on the simulator (and on the GPU, if there is one):
 
