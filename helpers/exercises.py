@@ -179,6 +179,23 @@ def _diagnose_snapshot(fn) -> str | None:
     return None
 
 
+def _tp_kv_bytes(fn) -> str | None:
+    from .models import architecture_config
+    from .parallel import rank_kv_bytes_per_token
+    mqa = architecture_config("Llama-2-70B")
+    mqa.num_key_value_heads = 1                       # the same model with multi-query attention
+    cases = [("Llama-2-70B", 2), ("Llama-2-70B", 8), ("TinyLlama-1.1B", 8), (mqa, 4)]
+    tokens = 32 * 4096
+    for arch, tp in cases:
+        c = architecture_config(arch)
+        want = rank_kv_bytes_per_token(c, tp, "bf16") * tokens
+        got = fn(c.num_hidden_layers, c.num_key_value_heads, c.hidden_size // c.num_attention_heads, tp, tokens, 2)
+        if not _close(got, want):
+            name = arch if isinstance(arch, str) else "Llama-2-70B with 1 KV head"
+            return (f"{name} ({c.num_key_value_heads} KV heads) at tp={tp}, 32 × 4096 tokens: expected {want:,.0f} "
+                    f"bytes per GPU (helpers.parallel.rank_kv_bytes_per_token), got {got}")
+    return None
+
 EXERCISES = {
     "param_count": (_param_count, solutions.param_count, "embeddings (×2 unless tied) + per layer: q, k, v, o "
                     "(k and v have only kv_heads heads), gate/up/down, two norms; plus the final norm"),
@@ -206,6 +223,8 @@ EXERCISES = {
     "diagnose_snapshot": (_diagnose_snapshot, solutions.diagnose_snapshot,
                           "reserved = Σ segment sizes; does a free block hold the request, or a new segment fit "
                           "under the cap? If not: do the free bytes add up to the request?"),
+    "tp_kv_bytes_per_rank": (_tp_kv_bytes, solutions.tp_kv_bytes_per_rank,
+                             "each rank keeps kv_heads / tp heads of every layer — but never less than one whole head"),
 }
 
 

@@ -104,3 +104,11 @@ def diagnose_snapshot(snapshot: list, request: int, cap: int) -> str:
     if max(free, default=0) >= request or reserved + request <= cap:
         return "fits"
     return "fragmentation" if sum(free) >= request else "too-big"
+
+
+def tp_kv_bytes_per_rank(layers: int, kv_heads: int, head_dim: int, tp: int, tokens: int,
+                         bytes_per_value: float) -> float:
+    """10: one GPU's KV cache under tensor parallelism of degree ``tp``: each rank keeps
+    ``max(1, kv_heads / tp)`` KV heads — with fewer KV heads than ranks, a head is replicated, not split
+    (vLLM's QKVParallelLinear)."""
+    return 2 * layers * max(1, kv_heads // tp) * head_dim * tokens * bytes_per_value

@@ -45,7 +45,8 @@ def test_solution_passes_and_wrong_answer_fails(name, capsys, monkeypatch):
              "awq_alpha_error": _no_unscale,                                              # forgot ÷ s
              "ppl_from_logits": _off_by_one,                                              # logits[t] vs token t
              "int4_kv_bytes_per_token": lambda L, h, d, g: 2 * L * h * d / 2,            # forgot the scales
-             "diagnose_snapshot": _gap_only}[name]                                        # reserved − allocated only
+             "diagnose_snapshot": _gap_only,
+             "tp_kv_bytes_per_rank": lambda L, h, d, tp, n, b: 2 * L * h / tp * d * n * b}[name]   # splits a head                                        # reserved − allocated only
     assert exercises.check(name, wrong) is False
     assert "✗" in capsys.readouterr().out
 

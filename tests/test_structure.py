@@ -14,8 +14,8 @@ LAYERS = {
     2: {"quant", "measure", "budget", "budget_inputs", "budget_shape", "budget_layout", "budget_kv", "budget_activations",
         "budget_replay", "calib", "leaks"},
     3: {"gptq", "awq", "kvcache", "evaluate", "llm_compressor", "course_model", "w4_format", "w4_kernel", "engine_plan",
-        "loading"},
-    4: {"generation", "variants", "gguf_run", "decode_bench", "w4_linear"},
+        "loading", "parallel"},
+    4: {"generation", "variants", "gguf_run", "decode_bench", "w4_linear", "tp_run"},
     5: {"flow", "budget_check", "widgets", "exercises", "clinic"},
 }
 
