@@ -208,7 +208,8 @@ def oneshot_quantize(model, calib: torch.Tensor, method: str = "gptq", spec: Qua
         raise ValueError(f"method must be 'rtn', 'gptq' or 'awq', got {method!r}")
     _give_path(model)
     t0 = time.perf_counter()
-    with cpu_pin_memory_workaround(), quiet_logs(f"llm-compressor {method}"):
+    # one bar counting calibrated layers; RTN calibrates none (data-free, under a second): no bar
+    with cpu_pin_memory_workaround(), quiet_logs(None if method == "rtn" else f"llm-compressor {method}"):
         if method == "rtn":  # llm-compressor's data-free pipeline: observers on the weights alone
             oneshot(model=model, recipe=recipe, pipeline="datafree")
         else:
