@@ -46,14 +46,14 @@ def test_notebooks_run_fail_by_cell_and_are_saved(folder, tmp_path_factory):
     _notebook(folder, "c_noisy.ipynb", new_code_cell("for i in range(100):\n    print(i)"))
     _notebook(folder, "d_slow.ipynb", new_code_cell("import time\ntime.sleep(120)"))
     saved = tmp_path_factory.mktemp("executed")
-    r = _pytest(folder, "-q", "-rf", "--notebook-timeout=10", COURSE_EXECUTED_DIR=str(saved))
+    r = _pytest(folder, "-q", "-rf", "--notebook-timeout=3", COURSE_EXECUTED_DIR=str(saved))
     out = r.stdout + r.stderr
     assert r.returncode == 1 and "3 failed, 1 passed" in out, out
     assert "b_raises.ipynb: cell [2] raised ZeroDivisionError: division by zero" in out
     assert "----- cell [2] -----\ny = x + 1\n1 / 0" in out and "----- traceback -----" in out
     assert "\x1b[" not in out.split("b_raises.ipynb: cell [2]")[1].split("c_noisy")[0]   # plain text
     assert "c_noisy.ipynb: outputs a learner cannot read:\nc_noisy.ipynb cell [0]: 100 lines of text" in out
-    assert "d_slow.ipynb: cell [0] ran past 10 s (--notebook-timeout)" in out
+    assert "d_slow.ipynb: cell [0] ran past 3 s (--notebook-timeout)" in out
     good = json.loads((saved / "a_good.ipynb").read_text())
     assert "".join(good["cells"][1]["outputs"][0]["text"]) == f"cwd {folder.name}\n"     # run in the notebook's folder
     assert sorted(p.name for p in saved.iterdir()) == ["a_good.ipynb", "b_raises.ipynb", "c_noisy.ipynb",
