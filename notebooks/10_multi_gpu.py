@@ -91,7 +91,7 @@ except ValueError as e:
 # %% [markdown]
 # So "3 H100s" is not a tensor-parallel size for Llama-2-70B at all: 3 does not divide its 64 query
 # heads. vLLM would stop at start-up; three GPUs can only be used as three **pipeline stages**
-# (section 4).
+# (section 3).
 
 # %% [markdown]
 # ## 2. Bytes per GPU
@@ -148,7 +148,8 @@ for card in ("A100-40GB", "A100-80GB"):
 # above): the weights fit on two of the smaller cards, but the KV cache of 32 × 4096 tokens does not; vLLM
 # would start there and serve fewer sequences at once. The throughput part of the claim needs the GPUs themselves.
 #
-# **"3 H100s → 1".** The seed's 162 GB is notebook 01's fp16 total of batch 16 × 4096. Three GPUs
+# **"3 H100s → 1".** The seed's 162 GB is its own fp16 figure for batch 16 × 4096 (notebook 01 counts
+# weights + KV of that workload at 159.4 GB and finds no breakdown of the seed's). Three GPUs
 # cannot be three tensor ranks (section 1), but they can be three pipeline stages, and INT4 on one
 # card is a `tp=1` row:
 
@@ -212,16 +213,17 @@ print(f"forward peak of a rank / of the unsplit layer: {res['peak rank / full'].
 # %% [markdown]
 # The output matches to float32 rounding (`max_abs_diff`, printed above): the sum the all-reduce
 # forms is the same matrix product in a different order. The parameter bytes are exact on every rank.
-# The forward's peak falls by less than half: the MLP's and attention's temporaries are split, the
-# residual stream and the norms' outputs are not.
+# The forward's peak on a rank falls, but not to a clean half (the range printed above, which moves
+# from run to run at these tiny sizes): the MLP's and attention's temporaries are split, the residual
+# stream and the norms' outputs are not.
 
 # %% [markdown]
 # ## 6. On two GPUs (NCCL)
 # With two CUDA GPUs, `helpers.tp_run.measure_memory` does the same over NCCL at full size: each GPU
 # builds its share of a Llama-3-70B-shaped stack (random bf16 weights, the first layers only),
 # profiles a forward, allocates its KV pool, and times the all-reduce of one decode step
-# (`python -m benchmarks.tp_memory` records it in `results/h200x2/tp_memory.json`). NVLink multicast
-# stays off (`NCCL_NVLS_ENABLE=0`).
+# (`python -m benchmarks.tp_memory` writes `results/h200x2/tp_memory.json`; not yet measured: the
+# course has not had two GPUs yet). NVLink multicast stays off (`NCCL_NVLS_ENABLE=0`).
 
 # %%
 if torch.cuda.device_count() >= 2:
