@@ -104,6 +104,14 @@ def test_gloo_two_processes_match_the_unsplit_layer():
             assert r["forward_peak_rank"] < r["forward_peak_full"]
 
 
+def test_four_ranks_share_two_kv_heads_in_pairs():
+    # tp 4 over 2 KV heads: ranks 0,1 hold head 0 and ranks 2,3 head 1 (vLLM's rank // replicas); a wrong
+    # mapping of ranks to heads would still give the right bytes but not the unsplit layer's output
+    rows = tp_run.run(tp=4, cases=({"kv_heads": 2},), seq=16)
+    assert len(rows) == 4 and all(r["allclose"] for r in rows)
+    assert all(r["kv_replicas"] == 2 and r["param_bytes_meas"] == r["param_bytes_pred"] for r in rows)
+
+
 def test_run_refuses_bad_sizes_before_spawning():
     with pytest.raises(ValueError, match="must divide num_attention_heads"):
         tp_run.run(tp=3)
