@@ -125,10 +125,14 @@ def weight_bytes(config, fmt: str = "bf16") -> float:
     """Weights in bytes: the decoder's linears (projections, experts, routers, their biases) at
     ``fmt``, the rest — embeddings, norms, ``lm_head`` — at 16 bits (32 if ``fmt='fp32'``). The
     parameters are the meta model's exact count by part (:func:`meta_param_counts`)."""
-    bits = format_bits(fmt)
-    p = meta_param_counts(config)
+    return parts_bytes(meta_param_counts(config), fmt)
+
+
+def parts_bytes(parts: dict, fmt: str = "bf16") -> float:
+    """Bytes of parameter counts by part (``linears``, ``embed``, ``norms``, ``lm_head``): the linears at
+    ``fmt``'s bits per weight (:func:`format_bits`), the rest at 16 bits (32 if ``fmt='fp32'``)."""
     rest_bits = 32 if fmt == "fp32" else 16
-    return (p["linears"] * bits + (p["embed"] + p["norms"] + p["lm_head"]) * rest_bits) / 8
+    return (parts["linears"] * format_bits(fmt) + (parts["embed"] + parts["norms"] + parts["lm_head"]) * rest_bits) / 8
 
 
 # --------------------------------------------------------------------------- 2. the KV cache

@@ -70,13 +70,15 @@ class _LibraryBars(io.TextIOBase):
     """``sys.stderr`` while :func:`quiet_logs` runs. What a tqdm bar writes — a redraw starts with a
     carriage return; a bar's closing newline and its cursor moves (``\n``, ``ESC[A``) come alone — is
     dropped; a "(k/n): Calibrating" bar (the sequential pipeline's, one per decoder layer) moves
-    ``bar`` to k of n. Any other text (warnings, errors) goes on to ``stream``."""
+    our one bar, ``desc``, to k of n — the bar is made at the first such message, so a run that
+    calibrates nothing (RTN) shows none. Any other text (warnings, errors) goes on to ``stream``."""
     _BAR_ONLY = re.compile(r"(?:\r|\n|\x1b\[A)*")
     _CALIBRATING = re.compile(r"\((\d+)/(\d+)\): Calibrating")
 
-    def __init__(self, stream, bar=None):
+    def __init__(self, stream, desc: str | None = None, bar_file=None):
         super().__init__()
-        self.stream, self.bar = stream, bar
+        self.stream, self.desc, self.bar = stream, desc, None
+        self.bar_file = stream if bar_file is None else bar_file
 
     @property
     def encoding(self):
@@ -89,14 +91,22 @@ class _LibraryBars(io.TextIOBase):
         if not s.startswith("\r") and not self._BAR_ONLY.fullmatch(s):
             return self.stream.write(s)
         layers = self._CALIBRATING.findall(s)
-        if layers and self.bar is not None:
+        if layers and self.desc:
             k, n = map(int, layers[-1])
+            if self.bar is None:
+                from tqdm import tqdm
+                self.bar = tqdm(desc=self.desc, unit="layer", total=n, file=self.bar_file)
             self.bar.total = n
             self.bar.update(k - self.bar.n)
         return len(s)
 
     def flush(self) -> None:
         self.stream.flush()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        super().close()
 
 
 @contextlib.contextmanager
@@ -124,7 +134,6 @@ def quiet_logs(desc: str | None = None):
     import datasets  # with llmcompressor (see _LAZY)
     import huggingface_hub.utils as hub_utils
     from loguru import logger
-    from tqdm import tqdm
     from transformers.utils import logging as hf_logging
 
     with contextlib.ExitStack() as restore:
@@ -162,10 +171,9 @@ def quiet_logs(desc: str | None = None):
         restore.callback(fx_log.setLevel, fx_log.level)
         fx_log.setLevel(logging.ERROR)
 
-        bar = tqdm(desc=desc, unit="layer", file=sys.stderr) if desc else None
-        if bar is not None:
-            restore.callback(bar.close)
-        restore.enter_context(contextlib.redirect_stderr(_LibraryBars(sys.stderr, bar)))
+        bars = _LibraryBars(sys.stderr, desc)
+        restore.callback(bars.close)
+        restore.enter_context(contextlib.redirect_stderr(bars))
         yield
 
 
@@ -208,8 +216,7 @@ def oneshot_quantize(model, calib: torch.Tensor, method: str = "gptq", spec: Qua
         raise ValueError(f"method must be 'rtn', 'gptq' or 'awq', got {method!r}")
     _give_path(model)
     t0 = time.perf_counter()
-    # one bar counting calibrated layers; RTN calibrates none (data-free, under a second): no bar
-    with cpu_pin_memory_workaround(), quiet_logs(None if method == "rtn" else f"llm-compressor {method}"):
+    with cpu_pin_memory_workaround(), quiet_logs(f"llm-compressor {method}"):
         if method == "rtn":  # llm-compressor's data-free pipeline: observers on the weights alone
             oneshot(model=model, recipe=recipe, pipeline="datafree")
         else:

@@ -41,7 +41,7 @@ import copy
 import math
 from dataclasses import dataclass, replace
 
-from .budget import GPUS_GB, activation_bytes, format_bits
+from .budget import GPUS_GB, activation_bytes, format_bits, parts_bytes
 from .budget_inputs import dtype_bytes
 from .budget_kv import position_bytes
 from .budget_shape import Shape
@@ -180,9 +180,7 @@ def _stage(stage, pp) -> int:
 def rank_weight_bytes(config, tp: int = 1, fmt: str = "bf16", pp: int = 1, stage: int = 0) -> float:
     """Weight bytes on one GPU: the rank's linears at ``fmt`` (:func:`helpers.budget.format_bits`), the rest
     at 16 bits (32 for fp32), as :func:`helpers.budget.weight_bytes` counts a whole model."""
-    p = rank_param_counts(config, tp, pp, stage)
-    rest = 32 if fmt == "fp32" else 16
-    return (p["linears"] * format_bits(fmt) + (p["embed"] + p["norms"] + p["lm_head"]) * rest) / 8
+    return parts_bytes(rank_param_counts(config, tp, pp, stage), fmt)
 
 
 def rank_kv_bytes_per_token(config, tp: int = 1, kv_dtype="bf16", pp: int = 1, stage: int = 0) -> float:

@@ -50,7 +50,7 @@ import pandas as pd
 import torch
 from helpers import budget, budget_activations, budget_check, budget_kv, budget_shape, device, key_numbers, measure, models, widgets
 from helpers.device import has_cuda
-GiB, GB = 2**30, 1e9
+from helpers.units import GB, GiB
 pd.options.display.float_format = "{:,.3f}".format
 
 # %% [markdown]

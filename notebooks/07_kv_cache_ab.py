@@ -50,7 +50,7 @@ from helpers.qspec import QuantSpec
 from helpers.config import pick, results_path
 from helpers.device import has_cuda, get_device
 cuda, dev = has_cuda(), get_device()
-GiB, MiB = 2**30, 2**20
+from helpers.units import GiB, MiB
 
 # %% [markdown]
 # ## 1. A stage profiler

@@ -57,7 +57,7 @@ from helpers.config import cache_dir, pick, results_path
 from helpers.device import has_cuda, get_device
 from helpers.qspec import QuantSpec
 cuda, dev = has_cuda(), get_device()
-GiB, MiB = 2**30, 2**20
+from helpers.units import GiB, MiB
 REF = results_path("h200")   # the course's reference run
 print("device:", torch.cuda.get_device_name() if cuda else "CPU only — GPU cells skip and say so")
 

@@ -51,8 +51,7 @@ import pandas as pd
 import torch
 from helpers import models, parallel, tp_run
 from helpers.config import pick
-GB = 1e9
-pd.options.display.float_format = "{:,.1f}".format
+from helpers.units import GB
 c70 = models.architecture_config("Llama-2-70B")
 
 # %% [markdown]
@@ -110,7 +109,7 @@ for fmt in ("bf16", "int4"):
         p = parallel.per_gpu(c70, tp, 1, fmt, SEQ, BATCH)
         rows.append({"format": fmt, "tp": tp, **{f"{k}_GB": p[k] / GB for k in ("weights", "kv", "activations", "overhead", "total")}})
 per = pd.DataFrame(rows)
-display(per)
+display(per.round(1))
 
 # %%
 fig, ax = plt.subplots(figsize=(8, 3.2))
@@ -174,8 +173,7 @@ for tp, pp in [(8, 1), (4, 2), (2, 4), (1, 8)]:
     p = parallel.per_gpu(tiny, tp, pp, "bf16", 2048, 64)
     rows.append({"tp × pp": f"{tp} × {pp}", "weights_GB": p["weights"] / GB, "kv_GB": p["kv"] / GB,
                  "KV heads / GPU": parallel.rank_shape(tiny, tp).kv_heads})
-pd.options.display.float_format = "{:,.3f}".format
-display(pd.DataFrame(rows))
+display(pd.DataFrame(rows).round(3))
 
 # %% [markdown]
 # At `8 × 1` each GPU holds one KV head of all 22 layers, and every head sits on two GPUs: twice the
@@ -200,8 +198,7 @@ res = pd.DataFrame(tp_run.run(tp=2, seq=SEQ_CPU))
 res["peak rank / full"] = res.forward_peak_rank / res.forward_peak_full
 cols = ["kv_heads", "rank", "kv_replicas", "param_bytes_pred", "param_bytes_meas", "full_param_bytes", "allclose",
         "max_abs_diff", "peak rank / full"]
-pd.options.display.float_format = "{:,.3g}".format
-display(res[cols])
+display(res[cols].round({"max_abs_diff": 9, "peak rank / full": 2}))
 print(f"every rank matches the unsplit layer: {bool(res.allclose.all())}; "
       f"parameter bytes as predicted on every rank: {bool((res.param_bytes_meas == res.param_bytes_pred).all())}")
 rep = res[res.kv_replicas > 1].iloc[0]
@@ -229,7 +226,6 @@ print(f"forward peak of a rank / of the unsplit layer: {res['peak rank / full'].
 if torch.cuda.device_count() >= 2:
     gpu = pd.DataFrame(tp_run.measure_memory(layers=pick(full=4, ci=2), batch=pick(full=32, ci=4),
                                              seq=pick(full=4096, ci=1024), decode_batches=(1, 32)))
-    pd.options.display.float_format = "{:,.3f}".format
     for part in ("weights", "kv", "activations"):
         gpu[f"{part} GiB meas / pred"] = [f"{m / 2**30:.3f} / {p / 2**30:.3f}" for m, p in zip(gpu[f"{part}_meas"], gpu[f"{part}_pred"])]
     display(gpu[["rank", "weights GiB meas / pred", "kv GiB meas / pred", "activations GiB meas / pred", "nvml_process"]])

@@ -97,13 +97,14 @@ def test_library_bars_are_dropped_and_counted_other_text_passes():
     a warning's text goes through."""
     import io
 
-    from tqdm import tqdm
-
-    shown, ours = io.StringIO(), tqdm(desc="ours", file=io.StringIO())
-    err = llmc._LibraryBars(shown, ours)
+    shown = io.StringIO()
+    err = llmc._LibraryBars(shown, "ours", bar_file=io.StringIO())
+    err.write("\rPropagating: 100%|##########| 2/2")
+    assert err.bar is None                       # no bar until a layer is calibrated (RTN shows none)
     for s in ["\r(3/9): Calibrating:   0%|          | 0/2 [00:00<?, ?it/s]", "\n", "\x1b[A\x1b[A", "\r",
               "\rPropagating: 100%|##########| 2/2", "UserWarning: something the learner should see\n"]:
         assert err.write(s) == len(s)
+    ours = err.bar
     assert shown.getvalue() == "UserWarning: something the learner should see\n"
     assert (ours.n, ours.total) == (3, 9)
     err.write("\r(4/9): Calibrating:  50%|#####     | 1/2")
@@ -125,6 +126,7 @@ def test_quiet_logs_uses_the_libraries_switches_and_restores_them(capsys, monkey
         assert not hf_logging.is_progress_bar_enabled() and datasets.are_progress_bars_disabled()
         assert os.environ["LLM_COMPRESSOR_LOG_DISABLED"] == "true" and sys.stderr is not err
         print("UserWarning: a warning still shows", file=sys.stderr)   # as warnings.showwarning writes it
+        sys.stderr.write("\r(1/2): Calibrating:   0%|          | 0/2")    # a layer calibrated: our bar appears
     assert sys.stderr is err and "LLM_COMPRESSOR_LOG_DISABLED" not in os.environ
     assert hf_logging.is_progress_bar_enabled() and not datasets.are_progress_bars_disabled()
     shown = capsys.readouterr().err
