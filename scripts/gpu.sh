@@ -32,7 +32,7 @@ run_part() {
   local t0=$(date +%s)
   echo "=== $part ($(date -u +%H:%M:%S))"
   case "$part" in
-    suite) timeout "$T" python3 -m pytest tests -q -p no:cacheprovider -rs 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -30 ;;
+    suite) timeout "$T" python3 -m pytest tests -q -p no:cacheprovider -rs --durations=40 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -30 ;;
     clinic) timeout "$T" python3 -m benchmarks.clinic --out "$OUT/clinic.json" --mps 2>&1 | tee "$OUT/clinic.log" | tail -20 ;;
     kernels) timeout "$T" python3 -m benchmarks.kernels --out "$OUT/kernels.json" --budget-s "${KERNEL_BUDGET:-300}" 2>&1 \
                | tee "$OUT/kernels.log" | grep -E "phase|best|failed|wrote|copy bandwidth" | tail -30 ;;
