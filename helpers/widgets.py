@@ -158,7 +158,7 @@ def kv_formats(arch, seq_len: int, batch: int) -> dict:
     return out
 
 
-def kv_point(model, seq_len: int, batch: int, new_tokens: int = 16, extra: int = 256, max_new: int | None = None,
+def kv_point(model, seq_len: int, batch: int, new_tokens: int = 16, extra: int = 64, max_new: int | None = None,
              kinds=("baseline", "fp8-e4m3", "int4")) -> dict:
     """Measured on the GPU, per KV format: the peak of a ``generate`` at ``seq_len × batch`` (over the
     weights), and how many tokens it decodes before running out of memory under one cap for all
@@ -184,13 +184,14 @@ def kv_point(model, seq_len: int, batch: int, new_tokens: int = 16, extra: int =
 
 def kv_widget(archs=tuple(models.ARCHITECTURES), model=None):
     """Sliders for context and batch: the KV cache's bytes per format (predicted, as a bar chart) and,
-    with ``model`` on a CUDA device, per format the measured peak and the tokens decoded before an
-    OOM under one cap (:func:`kv_point`)."""
+    with ``model`` on a CUDA device and **measure** ticked, per format the measured peak and the tokens
+    decoded before an OOM under one cap (:func:`kv_point`; it starts unticked: a measurement is one
+    decode step per token, minutes at long contexts)."""
     import ipywidgets as W  # optional (the course extra): only the interactive views need it
 
     measuring = model is not None and has_cuda()
 
-    def draw(arch, seq_len, batch):
+    def draw(arch, seq_len, batch, measure=False):
         cfg = model.config if measuring else models.architecture_config(arch)
         vals = kv_formats(cfg, seq_len, batch)
         plt.bar(list(vals), [v / GiB for v in vals.values()])
@@ -204,6 +205,10 @@ def kv_widget(archs=tuple(models.ARCHITECTURES), model=None):
             print("Predicted only: " + ("no CUDA device here, nothing runs." if model is None or not has_cuda()
                                         else "pass the notebook's model to measure."))
             return
+        if not measure:
+            print(f"Tick 'measure' to run it on this GPU: three generates and three OOM hunts of up to {seq_len + 64}"
+                  " tokens, one decode step each.")
+            return
         m = kv_point(model, seq_len, batch)
         print(f"measured on this GPU (cap {m['cap_gib']:.2f} GiB for the OOM point):")
         for r in m["rows"]:
@@ -215,7 +220,8 @@ def kv_widget(archs=tuple(models.ARCHITECTURES), model=None):
     return W.interactive(draw, arch=arch,
                          seq_len=W.IntSlider(value=4096 if not measuring else 1024, min=256, max=131072, step=256,
                                              continuous_update=False),
-                         batch=W.IntSlider(value=8, min=1, max=128, continuous_update=False))
+                         batch=W.IntSlider(value=8, min=1, max=128, continuous_update=False),
+                         measure=W.Checkbox(value=False, description="measure") if measuring else W.fixed(False))
 
 
 def allocator_run(ops_text: str, cap_mib: float | None = None, expandable: bool = False,

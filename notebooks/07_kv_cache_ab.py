@@ -159,7 +159,8 @@ ckpt
 # (the ratios printed below the table).
 
 # %%
-BATCH, PROMPT, EXTRA, MAX_NEW = pick(full=(16, 1024, 256, 2048), ci=(8, 256, 128, 1024))
+# one decode step per token: the full profile's hunt is ~2,000 steps (under a minute on an H200)
+BATCH, PROMPT, EXTRA, MAX_NEW = pick(full=(16, 512, 128, 1024), ci=(8, 256, 128, 1024))
 if cuda:
     oom = generation.oom_points(model, BATCH, PROMPT, EXTRA, MAX_NEW)
     cap_gib, rows = oom["cap_gib"], oom["rows"]
@@ -266,8 +267,9 @@ if q.exists():
 # KV bytes for each format, predicted from the formula — and on a CUDA GPU, measured with this
 # notebook's model for the context and batch you pick: each format's peak, and how many tokens it
 # decodes before running out under one cap (the §3 rule: the baseline prefill's reserved peak plus
-# the bf16 KV of 256 tokens). Each release of a slider runs three generates and three OOM hunts, a
-# few seconds. Without CUDA the widget says it predicts only.
+# the bf16 KV of 64 tokens). The measurement is one decode step per token — three generates and three
+# OOM hunts of up to `seq_len + 64` tokens each, from seconds at short contexts to minutes at long
+# ones — so it runs only while **measure** is ticked. Without CUDA the widget says it predicts only.
 
 # %%
 widgets.kv_widget(("SmolLM2-135M",), model=model)

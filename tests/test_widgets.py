@@ -54,6 +54,20 @@ def test_kv_widget_without_cuda_predicts_and_says_so(capsys):
     assert widgets.kv_formats(c, 512, 2) == widgets.kv_formats("SmolLM2-135M", 512, 2)
 
 
+def test_kv_widget_on_a_gpu_measures_only_when_ticked(monkeypatch, capsys):
+    pytest.importorskip("ipywidgets")
+    calls = []
+    monkeypatch.setattr(widgets, "has_cuda", lambda: True)
+    monkeypatch.setattr(widgets, "kv_point", lambda *a, **k: calls.append(a) or {"cap_gib": 1.0, "rows": []})
+    model = torch.nn.Linear(2, 2)
+    model.config = models.architecture_config("SmolLM2-135M")
+    w = widgets.kv_widget(("SmolLM2-135M",), model=model)
+    w.update()
+    assert not calls and "Tick 'measure'" in capsys.readouterr().out      # the first render measures nothing
+    w.children[2].value = True                        # ticking "measure" re-runs the view, now measuring
+    assert len(calls) == 1 and "measured on this GPU" in capsys.readouterr().out
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the H200)")
 def test_kv_point_measures_peaks_and_oom_points_per_format():
     model = models.model_from_config("SmolLM2-135M", device="cuda", dtype=torch.bfloat16)
