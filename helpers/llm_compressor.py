@@ -24,8 +24,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from . import calib as C
+from .awq import AWQOptions
 from .config import cache_dir, file_lock
 from .data import random_ids
+from .gptq import GPTQOptions
 from .models import model_from_config, unreadable_safetensors
 from .qspec import QuantSpec
 
@@ -188,32 +190,78 @@ def _dataset(calib: torch.Tensor):
     return Dataset.from_dict({"input_ids": calib.tolist(), "attention_mask": torch.ones_like(calib).tolist()})
 
 
+METHODS = ("rtn", "gptq", "awq")
+OPTIONS_TYPES = {"gptq": GPTQOptions, "awq": AWQOptions}
+# llm-compressor's own defaults in the course's options: GPTQModifier(actorder="static") — columns by
+# decreasing diag H, every group's grid from the original weights — blocks of 128, dampening 1 %;
+# AWQModifier(n_grid=20, duo_scaling=True), which has no clipping search.
+DEFAULT_OPTIONS = {"gptq": GPTQOptions(actorder=True, static_groups=True),
+                   "awq": AWQOptions(duo_scaling=True, clip=False)}
+
+
+def library_options(method: str, options: GPTQOptions | AWQOptions | None = None) -> GPTQOptions | AWQOptions | None:
+    """``options`` checked against what llm-compressor's modifier for ``method`` can do; None gives
+    :data:`DEFAULT_OPTIONS` (RTN takes none).
+
+    * GPTQ (:class:`helpers.gptq.GPTQOptions`): ``blocksize`` → ``block_size``, ``percdamp`` →
+      ``dampening_frac``, ``actorder`` → ``actorder="static"`` (or None). The library's observer
+      computes every group's grid from the original weights before the column loop, which is
+      ``static_groups=True``; ``static_groups=False`` is refused.
+    * AWQ (:class:`helpers.awq.AWQOptions`): ``n_grid`` and ``duo_scaling`` go to ``AWQModifier``; it
+      has no clipping search (``clip`` must be False) and runs its search in the model's dtype
+      (``search_dtype`` must be None)."""
+    if not (isinstance(method, str) and method in METHODS):
+        raise ValueError(f"method must be 'rtn', 'gptq' or 'awq', got {method!r}")
+    if method == "rtn":
+        if options is not None:
+            raise TypeError(f"options: RTN (llm-compressor's data-free pipeline) takes none, got "
+                            f"{type(options).__name__}; pass options=None")
+        return None
+    want = OPTIONS_TYPES[method]
+    if options is None:
+        return DEFAULT_OPTIONS[method]
+    if type(options) is not want:
+        raise TypeError(f"options for method={method!r} must be a {want.__module__}.{want.__name__} "
+                        f"(e.g. options={DEFAULT_OPTIONS[method]!r}), got {type(options).__name__}")
+    if method == "gptq" and not options.static_groups:
+        raise ValueError("options.static_groups=False: llm-compressor's GPTQ computes every group's grid from "
+                         "the original weights, which is static_groups=True; use GPTQOptions(static_groups=True, "
+                         "actorder=...)")
+    if method == "awq" and options.clip:
+        raise ValueError("options.clip=True: llm-compressor's AWQModifier has no clipping search; use "
+                         "AWQOptions(clip=False, ...)")
+    if method == "awq" and options.search_dtype is not None:
+        raise ValueError(f"options.search_dtype={options.search_dtype}: llm-compressor's AWQ searches in the "
+                         "model's own dtype; leave search_dtype=None")
+    return options
+
+
 def oneshot_quantize(model, calib: torch.Tensor, method: str = "gptq", spec: QuantSpec | None = None,
-                     n_grid: int = 20, duo_scaling: bool = True, percdamp: float = 0.01,
-                     blocksize: int = 128, tokenizer=None, **spec_kw) -> dict:
+                     options: GPTQOptions | AWQOptions | None = None, tokenizer=None, **spec_kw) -> dict:
     """Quantize ``model`` in place with llm-compressor's ``oneshot`` (sequential pipeline), same
-    calibration tokens as ours. ``method``: ``"gptq"`` or ``"awq"`` (AWQ scaling + RTN, as the
-    library does it). Returns ``{"seconds", "calib_tokens"}``. The calibration set is already
-    tokenized, so no tokenizer is needed; ``oneshot`` insists on a processor object, and without
-    one it tries to load one from the model's path, so a placeholder stands in."""
+    calibration tokens as ours. ``method``: ``"rtn"`` (data-free), ``"gptq"`` or ``"awq"`` (AWQ
+    scaling + RTN, as the library does it); ``options`` its settings in the course's options
+    dataclass, mapped by :func:`library_options` (None: the library's defaults). Returns
+    ``{"seconds", "calib_tokens"}``. The calibration set is already tokenized, so no tokenizer is
+    needed; ``oneshot`` insists on a processor object, and without one it tries to load one from the
+    model's path, so a placeholder stands in."""
+    options = library_options(method, options)
+    spec = QuantSpec.of(spec, **spec_kw)
+    C.check_calib(model, calib)
     with quiet_logs():  # importing the modifiers logs "No accelerator available!" three times on a CPU
         from llmcompressor import oneshot  # optional heavy dependency (see _LAZY)
         from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
         from llmcompressor.modifiers.transform import AWQModifier
 
-    spec = QuantSpec.of(spec, **spec_kw)
-    C.check_calib(model, calib)
     groups = {"group_0": spec.to_llmcompressor()}
     if method == "rtn":  # round-to-nearest on the scheme's grid: weights only, no calibration needed
         recipe = [QuantizationModifier(config_groups=groups, ignore=["lm_head"])]
     elif method == "gptq":
-        recipe = [GPTQModifier(config_groups=groups, ignore=["lm_head"], block_size=blocksize,
-                               dampening_frac=percdamp)]
-    elif method == "awq":
-        recipe = [AWQModifier(n_grid=n_grid, duo_scaling=duo_scaling),
-                  QuantizationModifier(config_groups=groups, ignore=["lm_head"])]
+        recipe = [GPTQModifier(config_groups=groups, ignore=["lm_head"], block_size=options.blocksize,
+                               dampening_frac=options.percdamp, actorder="static" if options.actorder else None)]
     else:
-        raise ValueError(f"method must be 'rtn', 'gptq' or 'awq', got {method!r}")
+        recipe = [AWQModifier(n_grid=options.n_grid, duo_scaling=options.duo_scaling),
+                  QuantizationModifier(config_groups=groups, ignore=["lm_head"])]
     _give_path(model)
     t0 = time.perf_counter()
     with cpu_pin_memory_workaround(), quiet_logs(f"llm-compressor {method}"):

@@ -138,11 +138,12 @@ ckpt
 
 # %% [markdown]
 # With transformers 5 and compressed-tensors installed, the loaded W4 model **keeps its linears
-# packed** (the `param_dtypes` column: int32 words of eight 4-bit codes, plus their scales and zero points)
+# packed** (the `param_dtypes` column: int32 words of eight 4-bit codes, plus their scales and zero points; the int64 is each linear's
+# `weight_shape`, two numbers)
 # and dequantizes each layer's weight when it runs: the resident bytes follow the checkpoint, not the
 # dense model (the ratios printed above; the embeddings stay 16-bit, which is why the ratio is well
 # above 4/16). On a GPU, `peak_bytes` is the allocator's peak during the load. Dequantizing in every
-# forward costs time, not memory — whether it is *faster* than bf16 takes low-bit kernels
+# forward costs work (and a transient dense copy of one layer's weight) — whether it is *faster* than bf16 takes low-bit kernels
 # (notebook 08 measures real int4 kernels, ours in Triton among them).
 
 # %% [markdown]
@@ -155,11 +156,13 @@ ckpt
 # its peak (measured, uncapped) plus the bf16 KV of `EXTRA` more tokens. Decode until OOM and compare
 # how far each format gets on the same budget. The room left after the prefill (its freed activations
 # plus `EXTRA` tokens of bf16 KV) is shared by the prompt's cache and the new tokens, and a compressed
-# format stores both in fewer bytes — so it decodes more tokens than its byte ratio alone suggests
-# (the ratios printed below the table).
+# format stores both in fewer bytes — so it can decode more tokens than its byte ratio alone suggests
+# (FP8 stores half the bytes; compare its ratio printed below the table with 2×). A format that
+# reaches `MAX_NEW` without running out is printed "at least": its own OOM point lies further
+# (raise `MAX_NEW` to find it — each token is one more decode step).
 
 # %%
-# one decode step per token: the full profile's hunt is ~2,000 steps (under a minute on an H200)
+# one decode step per token: the full profile's hunt is ~2,400 steps (178 s on an H200 under the cap)
 BATCH, PROMPT, EXTRA, MAX_NEW = pick(full=(16, 512, 128, 1024), ci=(8, 256, 128, 1024))
 if cuda:
     oom = generation.oom_points(model, BATCH, PROMPT, EXTRA, MAX_NEW)
@@ -236,15 +239,19 @@ plt.tight_layout(); plt.show()
 #   unit tests), plus the full-precision residual tokens, which matter at short contexts.
 # * **peak** falls by less than the storage: each layer's attention still receives a
 #   full-precision copy of its K and V (dequantized on the fly), one layer at a time.
-# * **speed**: quantize + dequantize is extra work on every step; at short context a quantized cache
-#   is slower, and it pays in memory, not time (fused kernels like vLLM's avoid the copy).
+# * **speed**: quantize + dequantize is extra work on every step, so a quantized cache pays in memory,
+#   not time (fused kernels like vLLM's avoid the copy). In the H200 reference run below every
+#   quantized cache is slower than the baseline at every context; a 135M model's live tokens/s is
+#   bound by kernel launches and noisy (the baseline at 1024 tokens: 180 and 106 tokens/s in two runs
+#   of this notebook on one H200, `results/h200/notebooks_07_08_full_2026-12-02.json`), so one live row
+#   can invert that.
 # * **E4M3 vs E5M2**: same bytes; E4M3 has one more mantissa bit, so lower error — E5M2's range is not
 #   needed once a scale is applied.
 #
 # The H200 reference run over longer contexts is in `results/h200/kv_ab.json`. It ran the SmolLM2
 # architecture with **random weights** (the offline model cannot travel to that machine): its bytes,
-# peaks and speeds are real, its agreement and KL are noise (nearly flat logits: even a bit-identical
-# bf16 cache loses a few % of top-1 agreement there), so they are not shown. Quality comes from the
+# peaks and speeds are real, its agreement and KL are noise (nearly flat logits: a
+# tiny error flips the top-1 token), so they are not shown. Quality comes from the
 # real offline model on a CPU (`benchmarks/kv_quality.py` → `results/cpu/kv_quality.json`:
 # teacher-forced on WikiText continuations, perplexity of the true continuation per format).
 
@@ -279,7 +286,7 @@ widgets.kv_widget(("SmolLM2-135M",), model=model)
 # vLLM pre-allocates the KV cache: after loading weights it reserves
 # `gpu_memory_utilization × total − weights − activation peak` for KV blocks. FP8 halves bytes per
 # token, so the same reservation holds twice the tokens (vLLM's layout, `engine_plan.kv_bytes_per_token`).
-# The course's FP8 cache (§4) stores the same byte per value plus one fp32 scale per layer and KV head:
+# The course's FP8 cache (§4) stores the same byte per value plus two fp32 scales (one for K, one for V) per layer and KV head:
 # a constant, not a cost per token — both printed:
 
 # %%
