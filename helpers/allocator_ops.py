@@ -91,20 +91,27 @@ def random_sequence(seed: int, n_ops: int = 48) -> tuple[list, int]:
 
 
 # ------------------------------------------------------------------ the notebooks' sequences (02, 09)
-def seed_snippet(n: int = 20, big: int = 1 * GiB, small: int = 256 * MiB, request: int = 2 * GiB,
-                 as_written: bool = True) -> list:
+SEED_VERSIONS = ("as_written", "corrected")
+
+
+def seed_snippet(version: str = "as_written", n: int = 20, big: int = 1 * GiB, small: int = 256 * MiB,
+                 request: int = 2 * GiB) -> list:
     """The source document's fragmentation snippet (``../shared/seeds/002…``, "模拟碎片化"):
     n × (big + small) kept in a list, then ``for big, small in tensors: del big``, ``empty_cache()``,
-    and a ``request``.
+    and a ``request``, in one of :data:`SEED_VERSIONS`:
 
-    ``as_written=True`` replays what that code does: ``del big`` deletes only the loop variable, the
-    list still holds every tensor, so **nothing is freed** (:func:`seed_loop_keeps_tensors_alive`
-    shows it on the CPU). ``as_written=False`` is what the text meant: the big tensors really freed
-    (``tensors = [(None, s) for _, s in tensors]``)."""
+    * ``"as_written"`` — what that code does: ``del big`` deletes only the loop variable, the list
+      still holds every tensor, so **nothing is freed** (:func:`seed_loop_keeps_tensors_alive`
+      shows it on the CPU);
+    * ``"corrected"`` — what the text meant: the big tensors really freed
+      (``tensors = [(None, s) for _, s in tensors]``) before ``empty_cache()``."""
+    if version not in SEED_VERSIONS:
+        raise ValueError(f"version must be one of {list(SEED_VERSIONS)} (the seed's loop as written, or with the "
+                         f"big tensors really freed), got {version!r}")
     ops = []
     for i in range(n):
         ops += [["alloc", f"big{i}", big], ["alloc", f"small{i}", small]]
-    if not as_written:
+    if version == "corrected":
         ops += [["free", f"big{i}"] for i in range(n)]
     ops += [["empty_cache"], ["alloc", "request", request]]
     return ops

@@ -37,7 +37,7 @@ import torch
 
 from .budget_activations import block_transients, decode_gather
 from .budget_inputs import ATTENTIONS, CACHES, DEVICES, byte_count, choice, dtype_bytes, non_negative_int, positive_int
-from .budget_kv import exposed_positions, kv_widths, position_bytes, storage_positions
+from .budget_kv import KVLayout, exposed_positions, kv_widths, position_bytes, storage_positions
 from .budget_layout import Layout, attention_params, meta_model, mlp_params, norm_params, parameter_parts
 from .budget_shape import Shape
 from .quant import bits_per_weight
@@ -136,10 +136,10 @@ def parts_bytes(parts: dict, fmt: str = "bf16") -> float:
 
 
 # --------------------------------------------------------------------------- 2. the KV cache
-def kv_bytes(config, seq_len: int, batch: int = 1, kv_dtype="bf16", group_size: int = 64,
-             residual_tokens: int = 0, residual_dtype="bf16", cache: str = "dynamic") -> float:
+def kv_bytes(config, seq_len: int, batch: int = 1, kv_dtype="bf16", layout: KVLayout | None = None,
+             decode_steps: int = 0, cache: str = "dynamic") -> float:
     """KV cache bytes, as the caches really store them (transformers' for the plain formats, the
-    course's :mod:`helpers.kvcache` for fp8/int4).
+    course's :mod:`helpers.kvcache` for fp8/int4), holding ``seq_len`` tokens.
 
     * plain formats: ``Σ_layers positions_l · 2 · kv_heads · head_dim · batch · b`` — the lesson's
       ``2 · layers · kv_heads · head_dim · seq_len · batch · b`` when every layer is full attention;
@@ -149,13 +149,23 @@ def kv_bytes(config, seq_len: int, batch: int = 1, kv_dtype="bf16", group_size: 
       ``2 · kv_heads · head_dim`` (arXiv:2405.04434, §2.1.2);
     * ``"fp8"``: 1-byte codes plus one fp32 scale per layer, KV head and K/V
       (``+ 2 · layers · kv_heads · 4``);
-    * ``"int4"``: two codes per byte plus an fp16 scale and an fp16 minimum per ``group_size`` values
-      of each token's head (``head_dim/2 + 4·head_dim/g`` bytes per token and head), except the
-      ``residual_tokens`` most recent tokens, kept in ``residual_dtype`` (the KIVI-style residual of
-      transformers' ``QuantizedLayer``; :func:`int4_residual_tokens` says how many).
-    The course's fp8 and int4 layers keep every position (they do not evict outside a window)."""
+    * ``"int4"``, laid out as ``layout`` says (:class:`~helpers.budget_kv.KVLayout`; None: the
+      cache's defaults): two codes per byte plus an fp16 scale and an fp16 minimum per
+      ``layout.group_size`` values of each token's head (``head_dim/2 + 4·head_dim/g`` bytes per
+      token and head), except the ``r`` newest tokens, unquantized in ``layout.residual_dtype``
+      (KIVI's residual in transformers' ``QuantizedLayer``): ``r = layout.residual_tokens(decode_steps)``
+      after ``decode_steps`` of the ``seq_len`` tokens were decoded one at a time.
+    ``layout`` and ``decode_steps`` change only the int4 bytes. The course's fp8 and int4 layers
+    keep every position (they do not evict outside a window)."""
     seq_len, batch = positive_int(seq_len, "seq_len"), positive_int(batch, "batch")
-    group_size = positive_int(group_size, "group_size")
+    layout = KVLayout() if layout is None else layout
+    if not isinstance(layout, KVLayout):
+        raise TypeError(f"layout must be a KVLayout (e.g. KVLayout(group_size=64), the int4 cache's layout) or None, "
+                        f"got {type(layout).__name__} {layout!r}")
+    decode_steps = non_negative_int(decode_steps, "decode_steps")
+    if decode_steps >= seq_len:
+        raise ValueError(f"decode_steps must be below seq_len={seq_len} (the tokens decoded one at a time after a "
+                         f"prompt of at least one token), got {decode_steps}")
     choice(cache, "cache", CACHES)
     b = dtype_bytes(kv_dtype)
     s = Shape.from_config(config)
@@ -166,27 +176,17 @@ def kv_bytes(config, seq_len: int, batch: int = 1, kv_dtype="bf16", group_size: 
                          "of one shape, and multi-head latent attention caches latents of two widths "
                          f"(kv_lora_rank {k_dim}, qk_rope_head_dim {v_dim}); use a plain format (bf16, fp16, fp32)")
     if kv_dtype == "int4":
-        if isinstance(residual_tokens, bool) or not isinstance(residual_tokens, int) or \
-                not 0 <= residual_tokens <= seq_len:
-            raise ValueError(f"residual_tokens must be an int in [0, seq_len={seq_len}], got {residual_tokens!r}")
-        r = dtype_bytes(residual_dtype)
+        residual, r = layout.residual_tokens(decode_steps), dtype_bytes(layout.residual_dtype)
 
         def per_token(dim):                                # codes + fp16 scale and minimum per group
-            g = group_size if dim % group_size == 0 else dim
+            g = layout.group_size if dim % layout.group_size == 0 else dim
             return dim / 2 + (dim // g) * 4
-        quantized = seq_len - residual_tokens
+        quantized = seq_len - residual
         return tensors * batch * (quantized * (per_token(k_dim) + per_token(v_dim))
-                                  + residual_tokens * (k_dim + v_dim) * r)
+                                  + residual * (k_dim + v_dim) * r)
     if kv_dtype == "fp8":
         return tensors * (k_dim + v_dim) * seq_len * batch * b + 2 * tensors * 4
     return sum(exposed_positions(s, seq_len, cache)) * position_bytes(s, b) * batch
-
-
-def int4_residual_tokens(decode_steps: int, residual_length: int = 16) -> int:
-    """Tokens in full precision in transformers' ``QuantizedLayer`` after a prefill and
-    ``decode_steps`` single-token steps: the residual is re-quantized whenever it would reach
-    ``residual_length`` tokens, so it holds ``decode_steps mod residual_length``."""
-    return non_negative_int(decode_steps, "decode_steps") % positive_int(residual_length, "residual_length")
 
 
 # --------------------------------------------------------------------------- 3. activations

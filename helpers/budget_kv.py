@@ -3,14 +3,54 @@
 What the cache *exposes* (:func:`kv_positions`: a sliding or chunked layer holds at most its
 window) and what its storage *occupies* (:func:`kv_storage_positions`: a sliding layer's view keeps
 the whole prompt until the first decode step), and the bytes of one position's K and V
-(:func:`kv_position_bytes`; latents for MLA). Sources: transformers 5.17 ``cache_utils``
-(``DynamicCache``, ``DynamicSlidingWindowLayer.update``, ``StaticCache``); DeepSeek-V2
-(arXiv:2405.04434 §2.1.2) for the latent cache.
+(:func:`kv_position_bytes`; latents for MLA), and the layout of the course's int4 cache
+(:class:`KVLayout`). Sources: transformers 5.17 ``cache_utils`` (``DynamicCache``,
+``DynamicSlidingWindowLayer.update``, ``StaticCache``, ``QuantizedLayer.update``); DeepSeek-V2
+(arXiv:2405.04434 §2.1.2) for the latent cache; KIVI (Liu et al. 2024) for the residual.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
+
 from .budget_inputs import CACHES, choice, dtype_bytes, non_negative_int, positive_int
 from .budget_shape import Shape
+
+PLAIN_FORMATS = ("fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How the course's int4 KV cache (:class:`helpers.kvcache.Int4Layer`, transformers'
+    ``QuantizedLayer``) stores one layer's K and V, validated once; the defaults are the cache's own
+    (``make_cache("int4", config)``):
+
+    * ``group_size`` — values of one token's head along ``head_dim`` that share an fp16 scale and an
+      fp16 minimum (a group at least as wide as the head: one per row);
+    * ``residual_length`` — the newest tokens wait unquantized in a residual, and the whole cache is
+      re-quantized at the step that would fill it (:meth:`residual_tokens`);
+    * ``residual_dtype`` — the residual's format: the model's dtype (a plain format or a floating
+      torch dtype)."""
+    group_size: int = 64
+    residual_length: int = 16
+    residual_dtype: str | torch.dtype = "bf16"
+
+    def __post_init__(self):
+        object.__setattr__(self, "group_size", positive_int(self.group_size, "group_size"))
+        object.__setattr__(self, "residual_length", non_negative_int(self.residual_length, "residual_length"))
+        d = self.residual_dtype
+        if not (isinstance(d, torch.dtype) and d.is_floating_point or isinstance(d, str) and d in PLAIN_FORMATS):
+            raise ValueError(f"residual_dtype must be one of {list(PLAIN_FORMATS)} or a floating torch.dtype (the "
+                             f"model's dtype: the residual holds its K and V unquantized), got {d!r}")
+
+    def residual_tokens(self, decode_steps: int) -> int:
+        """Tokens in the unquantized residual after a prefill and ``decode_steps`` one-token steps:
+        ``decode_steps mod max(residual_length, 2)``. ``QuantizedLayer.update`` quantizes the whole
+        prompt at the prefill, appends each new token to the residual, and re-quantizes everything
+        (emptying the residual) at a step that finds ``residual_length − 1`` or more tokens there;
+        the step after an emptying always appends, hence the period of at least 2."""
+        return non_negative_int(decode_steps, "decode_steps") % max(self.residual_length, 2)
 
 
 def layer_windows(config) -> list[int | None]:

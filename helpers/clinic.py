@@ -23,6 +23,7 @@ from .generation import greedy_tokens, prefill
 from .kvcache import make_cache
 from .models import architecture_config as models_config
 from .models import check_token_ids, model_from_config
+from .qspec import QuantSpec
 from .units import GiB, KiB, MiB
 
 
@@ -112,7 +113,6 @@ def rtn_part(model, spec, part: str) -> int:
     """Round-to-nearest only the attention projections (``part="attn"``) or only the MLP (``"mlp"``)
     of every decoder layer, in place; returns how many linears changed. Two variants with different
     damage: the task section compares their perplexity with a copy task."""
-    from .qspec import QuantSpec
     from .quant import quantizable_linears, rtn
     if not isinstance(spec, QuantSpec):
         raise TypeError(f"spec must be a QuantSpec (e.g. QuantSpec(3, 64)), got {type(spec).__name__}")
@@ -383,7 +383,6 @@ def group_sweep(model, ids: torch.Tensor, bits: int = 3, groups=(32, 64, 192, No
     import copy
 
     from .evaluate import perplexity
-    from .qspec import QuantSpec
     from .quant import bits_per_weight, rtn_model
     max_tokens, seq_len = v.positive_int(max_tokens, "max_tokens"), v.positive_int(seq_len, "seq_len")
     rows = []
@@ -396,20 +395,25 @@ def group_sweep(model, ids: torch.Tensor, bits: int = 3, groups=(32, 64, 192, No
     return rows
 
 
-def task_drops(model, ids: torch.Tensor, bits: int = 3, group: int = 64, n: int = 32, span: int = 48,
+def task_drops(model, ids: torch.Tensor, spec: QuantSpec | None = None, n: int = 32, span: int = 48,
                max_tokens: int = 8192, seq_len: int = 256) -> list[dict]:
-    """Perplexity against a copy task (:func:`copy_task`) for the model and two ``bits``-bit variants
+    """Perplexity (``seq_len`` windows over the first ``max_tokens`` of ``ids``) against a copy task
+    (:func:`copy_task`, ``n`` passages of ``span`` tokens) for the model and two round-to-nearest
+    variants on the grid ``spec`` (a :class:`~helpers.qspec.QuantSpec`; None: ``QuantSpec(3, 64)``)
     that damage different parts: only the attention projections, only the MLPs (:func:`rtn_part`)."""
     import copy
 
     from .evaluate import perplexity
-    from .qspec import QuantSpec
+    spec = QuantSpec(3, 64) if spec is None else spec
+    if not isinstance(spec, QuantSpec):
+        raise TypeError(f"spec must be a QuantSpec (e.g. QuantSpec(3, 64): 3 bits, groups of 64), got "
+                        f"{type(spec).__name__} {spec!r}")
+    grid = f"W{spec.bits} {'per channel' if spec.group_size is None else f'g{spec.group_size}'}"
     rows = []
-    for label, part in (("reference", None), (f"W{bits} g{group}, attention only", "attn"),
-                        (f"W{bits} g{group}, MLP only", "mlp")):
+    for label, part in (("reference", None), (f"{grid}, attention only", "attn"), (f"{grid}, MLP only", "mlp")):
         m = copy.deepcopy(model)
         if part:
-            rtn_part(m, QuantSpec(bits, group), part)
+            rtn_part(m, spec, part)
         ppl = perplexity(m, ids, seq_len=seq_len, max_tokens=max_tokens, progress=False)["ppl"]
         rows.append({"model": label, "ppl": ppl, **copy_task(m, ids, n=n, span=span)})
         del m

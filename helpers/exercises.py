@@ -146,10 +146,10 @@ def _ppl_from_logits(fn) -> str | None:
 
 
 def _int4_kv(fn) -> str | None:
-    from .budget import kv_bytes
+    from .budget import KVLayout, kv_bytes
     from .models import architecture_config
     c = architecture_config("SmolLM2-135M")
-    want = kv_bytes(c, 1, 1, "int4", group_size=64, residual_tokens=0)
+    want = kv_bytes(c, 1, 1, "int4", KVLayout(group_size=64))          # one prompt token: no residual
     got = fn(c.num_hidden_layers, c.num_key_value_heads, c.hidden_size // c.num_attention_heads, 64)
     return None if _close(got, want) else f"expected {want:,.0f} bytes per token (helpers.budget.kv_bytes), got {got}"
 

@@ -19,6 +19,7 @@ import importlib.util
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, QuantizedCache, QuantizedLayer, StaticCache
 
+from .budget_kv import KVLayout
 from .quant import FP8_FORMATS, pack_nibbles, unpack_nibbles
 from .validate import flag, model_config, non_negative_int, one_of, positive_int, positive_number, tensor
 
@@ -28,6 +29,7 @@ CACHE_KEYWORDS = {"baseline": (), "static": (), "fp8-e4m3": ("margin",), "fp8-e5
                   "fp8-e4m3-unit": (), "fp8-e5m2-unit": (), "int4": ("q_group_size", "residual_length"),
                   "int4-hqq": ("q_group_size", "residual_length")}
 HQQ_INSTALL = "pip install hqq==0.2.8.post1"
+INT4_LAYOUT = KVLayout()   # the int4 caches' defaults: group size, residual length (helpers.budget_kv.KVLayout)
 
 
 def available_kinds() -> tuple[str, ...]:
@@ -112,10 +114,11 @@ def int4_group(head_dim: int, q_group_size: int) -> int:
 
 class Int4Layer(QuantizedLayer):
     """transformers' QuantizedLayer with our own 4-bit backend (see module docstring): groups of
-    ``q_group_size`` along ``head_dim`` (:func:`int4_group`); the last ``residual_length`` tokens
-    stay in full precision."""
+    ``q_group_size`` along ``head_dim`` (:func:`int4_group`); the tokens decoded since the cache was
+    last re-quantized stay in full precision
+    (:meth:`helpers.budget_kv.KVLayout.residual_tokens` says how many)."""
 
-    def __init__(self, q_group_size: int = 64, residual_length: int = 16):
+    def __init__(self, q_group_size: int = INT4_LAYOUT.group_size, residual_length: int = INT4_LAYOUT.residual_length):
         super().__init__(nbits=4, axis_key=-1, axis_value=-1,
                          q_group_size=positive_int(q_group_size, "q_group_size", "columns of head_dim per scale"),
                          residual_length=non_negative_int(residual_length, "residual_length",
@@ -154,7 +157,8 @@ class Int4Layer(QuantizedLayer):
 def make_cache(kind: str, config, max_cache_len: int | None = None, **kw) -> Cache:
     """A fresh cache of one of :data:`KV_KINDS` for a model ``config`` (``"static"`` allocates
     ``max_cache_len`` up front; the others grow and need none). ``kw`` goes to the layers:
-    ``margin`` for ``fp8-*``, ``q_group_size`` and ``residual_length`` for ``int4*`` (:data:`CACHE_KEYWORDS`);
+    ``margin`` for ``fp8-*``, ``q_group_size`` and ``residual_length`` for ``int4*`` (:data:`CACHE_KEYWORDS`;
+    defaults :data:`INT4_LAYOUT`);
     ``-unit`` after an FP8 kind fixes the scale at 1.0 instead of the calibrated per-head scale."""
     one_of(kind, "kind", CACHE_KEYWORDS, what="KV cache kind")
     n = positive_int(model_config(config).num_hidden_layers, "config.num_hidden_layers")
@@ -181,8 +185,8 @@ def make_cache(kind: str, config, max_cache_len: int | None = None, **kw) -> Cac
     if importlib.util.find_spec("hqq") is None:
         raise ImportError(f"the int4-hqq cache needs the hqq package: {HQQ_INSTALL} (available_kinds() lists "
                           "the kinds installed here)")
-    kw = {"q_group_size": positive_int(kw.get("q_group_size", 64), "q_group_size"),
-          "residual_length": non_negative_int(kw.get("residual_length", 16), "residual_length")}
+    kw = {"q_group_size": positive_int(kw.get("q_group_size", INT4_LAYOUT.group_size), "q_group_size"),
+          "residual_length": non_negative_int(kw.get("residual_length", INT4_LAYOUT.residual_length), "residual_length")}
     return QuantizedCache("hqq", config, nbits=4, axis_key=1, axis_value=1, **kw)
 
 

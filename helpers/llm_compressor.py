@@ -3,7 +3,9 @@
 llm-compressor is the successor of AutoGPTQ/AutoAWQ; its checkpoints (compressed-tensors format)
 load in vLLM and in transformers. Docs: https://docs.vllm.ai/projects/llm-compressor/.
 Everything the course needs from it is in this module: the scheme (from :class:`QuantSpec`), one
-``oneshot`` call (:func:`oneshot_quantize`), saving a compressed checkpoint and reading it back.
+``oneshot`` call (:func:`oneshot_quantize`, its settings in the course's :class:`~helpers.gptq.GPTQOptions`
+and :class:`~helpers.awq.AWQOptions`, :func:`library_options`), saving a compressed checkpoint and
+reading it back.
 
 Upstream bug isolated here: llm-compressor 0.14's AWQ pins its cached activations
 (``IntermediatesCache.pin_memory``) for faster host→GPU copies; pinning needs an accelerator, so on a
@@ -220,7 +222,7 @@ def library_options(method: str, options: GPTQOptions | AWQOptions | None = None
     want = OPTIONS_TYPES[method]
     if options is None:
         return DEFAULT_OPTIONS[method]
-    if type(options) is not want:
+    if not isinstance(options, want):
         raise TypeError(f"options for method={method!r} must be a {want.__module__}.{want.__name__} "
                         f"(e.g. options={DEFAULT_OPTIONS[method]!r}), got {type(options).__name__}")
     if method == "gptq" and not options.static_groups:

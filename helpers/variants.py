@@ -15,8 +15,8 @@ parses but is not a table of scores (:func:`read_scores`), is set aside and rebu
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
-import inspect
 import json
 import os
 import time
@@ -59,22 +59,28 @@ def quantizer_settings(method: str, impl: str = "ours", spec: QuantSpec | None =
     """``(spec, settings)`` of a quantizer call, checked at the door: ``bits=``, ``group_size=``,
     ``symmetric=`` build the spec (:meth:`QuantSpec.of`: with ``spec=`` too is an error); every other
     keyword must be a setting of the quantizer that runs — a field of our options dataclass or of
-    :class:`helpers.calib.CalibSpec`, a parameter of llm-compressor's bridge; RTN has none — so none
-    is silently ignored."""
+    :class:`helpers.calib.CalibSpec`, a field of the options llm-compressor's bridge takes
+    (:func:`helpers.llm_compressor.library_options`); RTN has none — so none is silently ignored."""
     _check_method(method, impl)
     spec = QuantSpec.of(spec, **{k: kw.pop(k) for k in SPEC_KEYWORDS if k in kw})
     if method != "rtn" and impl == "ours":
         options_type, defaults = OURS[method]
         options_and_calibration(options_type, {**defaults, **kw})        # builds both: checks every value
         return spec, kw
-    allowed = set() if method == "rtn" else {
-        n for n, p in inspect.signature(llm_compressor.oneshot_quantize).parameters.items()
-        if n not in ("model", "calib", "spec", "method") and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    allowed = set() if method == "rtn" else {f.name for f in dataclasses.fields(llm_compressor.OPTIONS_TYPES[method])}
     unknown = sorted(set(kw) - allowed)
     if unknown:
         takes = sorted(allowed) if allowed else "none besides bits=, group_size=, symmetric="
         raise TypeError(f"{method} ({impl}) has no setting {unknown}; its settings: {takes}")
+    if method != "rtn":
+        _library_options(method, kw)                                     # checks every value
     return spec, kw
+
+
+def _library_options(method: str, settings: dict):
+    """llm-compressor's defaults for ``method`` (:data:`helpers.llm_compressor.DEFAULT_OPTIONS`) with
+    ``settings`` replaced, checked by :func:`helpers.llm_compressor.library_options`."""
+    return llm_compressor.library_options(method, dataclasses.replace(llm_compressor.DEFAULT_OPTIONS[method], **settings))
 
 
 def apply_quantizer(model, calib, method: str, impl: str = "ours", spec: QuantSpec | None = None,
@@ -82,7 +88,8 @@ def apply_quantizer(model, calib, method: str, impl: str = "ours", spec: QuantSp
     """Quantize ``model`` in place: ``method`` ∈ rtn | gptq | awq, ``impl`` ∈ ours | llmcompressor.
     ``spec`` (or ``bits=``, ``group_size=``, ``symmetric=``) is the grid; other keywords are the
     quantizer's settings (:func:`quantizer_settings`; ours split into their options and
-    :class:`helpers.calib.CalibSpec`). GPTQ defaults to act-order with static groups (:data:`OURS`),
+    :class:`helpers.calib.CalibSpec`, llm-compressor's replace fields of its
+    :data:`~helpers.llm_compressor.DEFAULT_OPTIONS`). GPTQ defaults to act-order with static groups (:data:`OURS`),
     like llm-compressor's default, so both do the same work. RTN uses no calibration.
     Returns ``{"seconds", "calib_tokens", …}``."""
     spec, kw = quantizer_settings(method, impl, spec, **kw)
@@ -91,7 +98,7 @@ def apply_quantizer(model, calib, method: str, impl: str = "ours", spec: QuantSp
         rtn_model(model, spec)
         info, calib = {}, None
     elif impl == "llmcompressor":
-        info = llm_compressor.oneshot_quantize(model, calib, method, spec, **kw)
+        info = llm_compressor.oneshot_quantize(model, calib, method, spec, _library_options(method, kw))
     else:
         options_type, defaults = OURS[method]
         options, calibration = options_and_calibration(options_type, {**defaults, **kw})

@@ -97,7 +97,7 @@ assert alive["alive_as_written"] == alive["n"] and alive["alive_after_fix"] == 0
 # request simply needs a new segment. Replayed on the simulator (and on the GPU, if there is one):
 
 # %%
-seed_ops = allocator_ops.seed_snippet(as_written=True)
+seed_ops = allocator_ops.seed_snippet("as_written")
 sim = A.simulate(seed_ops)
 print(f"as written, simulator: OOM={sim['oom']}  reserved at the end {sim['reserved'] / GiB:.2f} GiB")
 seed_real = None
@@ -117,7 +117,7 @@ print(f"as written, simulator under a 15 GiB cap (a T4): OOM={t4['oom']} at op {
 # (`tensors = [(None, s) for _, s in tensors]`):
 
 # %%
-meant_ops = allocator_ops.seed_snippet(as_written=False)
+meant_ops = allocator_ops.seed_snippet("corrected")
 meant = A.simulate(meant_ops)
 print(f"corrected, simulator: OOM={meant['oom']}  reserved at the end {meant['reserved'] / GiB:.2f} GiB")
 assert not meant["oom"] and meant["reserved"] == 20 * 256 * MiB + 2 * GiB   # the prose below, checked

@@ -238,7 +238,8 @@ speed.round(2)
 # %%
 import tempfile
 small = copy.deepcopy(model)
-llm_compressor.oneshot_quantize(small, bench.calib(pick(full=4, ci=2), 128), "awq", QuantSpec(4, G), n_grid=S["n_grid"])
+llm_compressor.oneshot_quantize(small, bench.calib(pick(full=4, ci=2), 128), "awq", QuantSpec(4, G),
+                                awq.AWQOptions(n_grid=S["n_grid"], duo_scaling=True, clip=False))   # the library's AWQ
 info = llm_compressor.roundtrip(small, bench.tokenizer, pathlib.Path(tempfile.mkdtemp()) / "awq-w4g64", bench.eval_ids[:64][None])
 agree = info["agreement"]
 print(f"AWQ W4 g64 checkpoint: {info['safetensors_bytes'] / 2**20:.1f} MiB; reloaded model agrees on {100 * agree:.1f} % of next tokens")

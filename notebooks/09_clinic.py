@@ -507,7 +507,7 @@ if not REAL:
 # the MLPs. Their perplexity and their copy accuracy:
 
 # %%
-task_rows = clinic.task_drops(model, ids, bits=3, group=64, n=pick(full=32, ci=12), span=48,
+task_rows = clinic.task_drops(model, ids, QuantSpec(3, 64), n=pick(full=32, ci=12), span=48,
                              max_tokens=pick(full=8192, ci=512))
 task = pd.DataFrame(task_rows)
 key_numbers.record("09_clinic", copy_task=task)

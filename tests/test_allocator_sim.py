@@ -52,9 +52,9 @@ def test_fragmentation_oom_and_expandable_fix():
 def test_seed_snippet_no_oom():
     """As written the seed's loop frees nothing (27 GiB stay reserved); as meant, empty_cache returns
     the twenty 1 GiB segments (5 GiB of small tensors + the 2 GiB request). Neither runs out."""
-    r = A.simulate(allocator_ops.seed_snippet(as_written=True))
+    r = A.simulate(allocator_ops.seed_snippet("as_written"))
     assert not r["oom"] and r["reserved"] == 20 * (GiB + 256 * MiB) + 2 * GiB
-    r = A.simulate(allocator_ops.seed_snippet(as_written=False))
+    r = A.simulate(allocator_ops.seed_snippet("corrected"))
     assert not r["oom"] and r["reserved"] == 5 * GiB + 2 * GiB
 
 

@@ -11,6 +11,7 @@ import torch
 from transformers import LlamaConfig
 
 from helpers import (
+    allocator_ops,
     allocator_sim,
     awq,
     budget,
@@ -271,7 +272,7 @@ BUDGET_ERRORS = [
     (lambda: budget.kv_bytes(CFG, -1, 1), ValueError, "seq_len must be a positive"),
     (lambda: budget.kv_bytes(CFG, 1024, 0), ValueError, "batch must be a positive"),
     (lambda: budget.kv_bytes(CFG, 1024, 1.5), ValueError, "batch must be a positive"),
-    (lambda: budget.kv_bytes(CFG, 16, 1, "int4", residual_tokens=20), ValueError, "residual_tokens"),
+    (lambda: budget.kv_bytes(CFG, 16, 1, "int4", decode_steps=20), ValueError, "decode_steps must be below seq_len=16"),
     (lambda: budget.activation_bytes(CFG, 128, 1, attention="flash"), ValueError, "attention must be"),
     (lambda: budget.generation_peak(CFG, 128, 8, cache="paged"), ValueError, "cache must be"),
     (lambda: budget.format_bits("int4-g48"), ValueError, "unknown weight format"),
@@ -295,6 +296,8 @@ SIM_ERRORS = [
     (lambda: allocator_sim.simulate([["alloc", "a", 0]]), ValueError, "size"),
     (lambda: allocator_sim.simulate([["free", "nope"]]), (KeyError, ValueError), "nope"),
     (lambda: allocator_sim.simulate([["resize", "a", 10]]), ValueError, "resize"),
+    (lambda: allocator_ops.seed_snippet("meant"), ValueError, r"version must be one of \['as_written', 'corrected'\]"),
+    (lambda: allocator_ops.seed_snippet(False), ValueError, r"version must be one of .*got False"),
 ]
 
 
@@ -769,6 +772,12 @@ VARIANT_ERRORS = [
      r"n_grid must be a positive integer"),
     (lambda m: variants.apply_quantizer(m, None, "gptq", "llmcompressor", blocksiz=64), TypeError,
      r"gptq \(llmcompressor\) has no setting \['blocksiz'\]; its settings: \[.*'blocksize'"),
+    (lambda m: variants.apply_quantizer(m, None, "awq", "llmcompressor", clip=True), ValueError,
+     r"options.clip=True: llm-compressor's AWQModifier has no clipping search; use AWQOptions\(clip=False"),
+    (lambda m: variants.apply_quantizer(m, None, "gptq", "llmcompressor", static_groups=False), ValueError,
+     r"options.static_groups=False: .*use GPTQOptions\(static_groups=True"),
+    (lambda m: variants.apply_quantizer(m, None, "awq", "llmcompressor", n_grid=0), ValueError,
+     r"n_grid must be a positive integer"),
     (lambda m: variants.variant_key("m", "rtn", "ours", "w4g64"), TypeError, r"spec must be a QuantSpec or None"),
     (lambda m: variants.variant_key("m", "rtn", "ours", QuantSpec(), -5), ValueError,
      r"calib_tokens must be a non-negative integer.*calib.numel\(\)"),
@@ -786,6 +795,43 @@ VARIANT_ERRORS = [
     (lambda m: variants.save(m, "../evil", {}), ValueError, r"key must be a file name without folders.*variant_key"),
     (lambda m: variants.save(m, "k", None), TypeError, r"meta must be a dict"),
 ]
+
+
+def _llmc():
+    from helpers import llm_compressor
+    return llm_compressor
+
+
+LLMC_OPTIONS_ERRORS = [   # checked before llm-compressor is imported: no model, no calibration needed
+    (lambda: _llmc().oneshot_quantize(None, None, "awq", options=gptq.GPTQOptions()), TypeError,
+     r"options for method='awq' must be a helpers.awq.AWQOptions \(e.g. options=AWQOptions\(.*\)\), got GPTQOptions"),
+    (lambda: _llmc().oneshot_quantize(None, None, "gptq", options={"blocksize": 64}), TypeError,
+     r"options for method='gptq' must be a helpers.gptq.GPTQOptions .*got dict"),
+    (lambda: _llmc().oneshot_quantize(None, None, "rtn", options=gptq.GPTQOptions()), TypeError,
+     r"options: RTN \(llm-compressor's data-free pipeline\) takes none, got GPTQOptions; pass options=None"),
+    (lambda: _llmc().oneshot_quantize(None, None, "gptq", options=gptq.GPTQOptions(actorder=True)), ValueError,
+     r"options.static_groups=False: llm-compressor's GPTQ computes every group's grid from the original weights"),
+    (lambda: _llmc().oneshot_quantize(None, None, "awq", options=awq.AWQOptions()), ValueError,
+     r"options.clip=True: llm-compressor's AWQModifier has no clipping search"),
+    (lambda: _llmc().oneshot_quantize(None, None, "awq", options=awq.AWQOptions(clip=False, search_dtype=torch.float32)),
+     ValueError, r"options.search_dtype=torch.float32: llm-compressor's AWQ searches in the model's own dtype"),
+    (lambda: _llmc().oneshot_quantize(None, None, "squeezellm"), ValueError, r"method must be 'rtn', 'gptq' or 'awq'"),
+    (lambda: _llmc().oneshot_quantize(None, None, "gptq", n_grid=10), TypeError, r"unknown keyword\(s\) \['n_grid'\]"),
+]
+
+
+@pytest.mark.parametrize("call,exc,msg", LLMC_OPTIONS_ERRORS)
+def test_llm_compressor_options_refuse(call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call()
+
+
+def test_llm_compressor_options_default_to_the_librarys():   # accepted: None means llm-compressor's defaults
+    llmc = _llmc()
+    assert llmc.library_options("gptq") == gptq.GPTQOptions(actorder=True, static_groups=True)
+    assert llmc.library_options("awq") == awq.AWQOptions(duo_scaling=True, clip=False)
+    assert llmc.library_options("rtn") is None
+    assert llmc.library_options("gptq", gptq.GPTQOptions(static_groups=True)).actorder is False
 
 
 @pytest.mark.parametrize("call,exc,msg", VARIANT_ERRORS)
@@ -987,6 +1033,8 @@ CLINIC_ERRORS = [
     (lambda c: c.caught_oom(42), TypeError, r"fn must be a zero-argument callable"),
     (lambda c: c.caught_oom(lambda: None, need=-1), ValueError, r"need must be a non-negative"),
     (lambda c: c.rankings([{"ppl": 1}]), ValueError, r"rows must be task_drops' three rows"),
+    (lambda c: c.task_drops(torch.nn.Linear(2, 2), torch.arange(100), 3), TypeError,
+     r"spec must be a QuantSpec \(e.g. QuantSpec\(3, 64\): 3 bits, groups of 64\), got int 3"),
     (lambda c: c.device_full_scenario(4, 2), ValueError, r"request_gib \(2\) must exceed leave_gib \(4\)"),
     (lambda c: c.fragment_on_gpu(0), ValueError, r"block must be a positive integer"),
     (lambda c: c.decode_until_oom(torch.nn.Linear(2, 2), -1, 4), ValueError, r"batch must be a positive integer"),
@@ -1047,7 +1095,7 @@ def test_widgets_accept_numpy_integers():
 BUDGET_NEWER_ERRORS = [
     (lambda: budget.kv_bytes(CFG, float("nan"), 1), ValueError, r"seq_len must be a positive integer"),
     (lambda: budget.kv_bytes(CFG, 512, 1, "fp7"), ValueError, r"unknown dtype 'fp7'"),
-    (lambda: budget.kv_bytes(CFG, 512, 1, "int4", group_size=0), ValueError, r"group_size must be a positive"),
+    (lambda: budget.kv_bytes(CFG, 512, 1, "int4", budget.KVLayout(group_size=0)), ValueError, r"group_size must be a positive"),
     (lambda: budget.activation_bytes(CFG, 512, 1, attention="flashy"), ValueError, r"attention must be 'sdpa' or 'eager'"),
     (lambda: budget.generation_peak(CFG, 512, -1, 1), ValueError, r"new_tokens must be a positive integer"),
     (lambda: budget.budget(CFG, "bf16", 512, 1, kv_dtype="fp9"), ValueError, r"unknown dtype 'fp9'"),

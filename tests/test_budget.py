@@ -133,8 +133,27 @@ def test_kv_bytes_equal_the_real_caches(kind, fmt, decode_steps):
         for _ in range(decode_steps):
             nxt = model(nxt, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
     tokens = 24 + decode_steps
-    kw = {"residual_tokens": B.int4_residual_tokens(decode_steps), "residual_dtype": "fp32"} if fmt == "int4" else {}
-    assert B.kv_bytes(cfg, tokens, 2, fmt, **kw) == kvcache.stored_bytes(cache)
+    layout = B.KVLayout(residual_dtype=torch.float32)       # the cache's defaults; the model's dtype
+    assert B.kv_bytes(cfg, tokens, 2, fmt, layout, decode_steps) == kvcache.stored_bytes(cache)
+
+
+@pytest.mark.parametrize("residual_length", [0, 1, 2, 5])
+def test_int4_residual_follows_the_cache_for_any_residual_length(residual_length):
+    """KVLayout.residual_tokens is the residual transformers' QuantizedLayer holds step by step, short
+    residual lengths included (0 and 1 still alternate: the step after a re-quantization appends)."""
+    from helpers import kvcache
+    from helpers.models import model_from_config
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    model = model_from_config(cfg, dtype=torch.float32)
+    layout = B.KVLayout(group_size=16, residual_length=residual_length, residual_dtype="fp32")
+    cache = kvcache.make_cache("int4", model.config, q_group_size=16, residual_length=residual_length)
+    nxt = torch.randint(3, 60, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for step in range(8):
+            nxt = model(nxt, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            assert B.kv_bytes(cfg, 8 + step, 1, "int4", layout, step) == kvcache.stored_bytes(cache), step
 
 
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
@@ -459,9 +478,14 @@ SMOL = "SmolLM2-135M"
 BAD_INPUT = [
     (lambda c: B.kv_bytes(c, 10, True), "batch must be a positive integer"),
     (lambda c: B.kv_bytes(c, 10.0, 1), "seq_len must be a positive integer"),
-    (lambda c: B.kv_bytes(c, 10, 1, "int4", group_size=0), "group_size must be a positive integer"),
-    (lambda c: B.kv_bytes(c, 10, 1, "int4", residual_tokens=-1), "residual_tokens must be an int in"),
-    (lambda c: B.kv_bytes(c, 10, 1, "int4", residual_dtype="fp7"), "unknown dtype 'fp7'"),
+    (lambda c: B.kv_bytes(c, 10, 1, "int4", B.KVLayout(group_size=0)), "group_size must be a positive integer"),
+    (lambda c: B.kv_bytes(c, 10, 1, "int4", decode_steps=-1), "decode_steps must be an integer ≥ 0"),
+    (lambda c: B.kv_bytes(c, 10, 1, "int4", decode_steps=10), r"decode_steps must be below seq_len=10"),
+    (lambda c: B.KVLayout(residual_dtype="fp7"), r"residual_dtype must be one of \['fp32', 'bf16', 'fp16'\] or a floating"),
+    (lambda c: B.KVLayout(residual_dtype="int4"), r"residual_dtype must be one of .*the residual holds its K and V"),
+    (lambda c: B.KVLayout(residual_dtype=torch.int8), r"residual_dtype must be one of .*floating torch.dtype"),
+    (lambda c: B.KVLayout(residual_length=-1), "residual_length must be an integer ≥ 0"),
+    (lambda c: B.KVLayout(group_size=True), "group_size must be a positive integer"),
     (lambda c: B.kv_bytes(c, 10, 1, cache="paged"), "cache must be one of"),
     (lambda c: B.kv_bytes(c, 10, 1, kv_dtype=None), "unknown dtype None"),
     (lambda c: B.weight_bytes(c, None), "unknown weight format None"),
@@ -482,8 +506,7 @@ BAD_INPUT = [
     (lambda c: B.fits_table(c, 128, 1, gpus={"T4": -16}), r"gpus\['T4'\] must be a finite number"),
     (lambda c: B.fits_table(c, 128, 1, gpus={}), "gpus must be a non-empty dict"),
     (lambda c: B.fits_table(c, 128, 1, overhead_gb=float("nan")), "overhead_gb must be a finite number"),
-    (lambda c: B.int4_residual_tokens(-1), "decode_steps must be an integer ≥ 0"),
-    (lambda c: B.int4_residual_tokens(3, 0), "residual_length must be a positive integer"),
+    (lambda c: B.KVLayout().residual_tokens(-1), "decode_steps must be an integer ≥ 0"),
     (lambda c: B.meta_param_counts({"model_type": "llama"}), "config must be a transformers config"),
     (lambda c: B.weight_bytes("HuggingFaceTB/SmolLM2-135M"), "config must be a transformers config"),
     (lambda c: kv_positions(c, 0), "tokens must be a positive integer"),
@@ -504,6 +527,18 @@ BAD_INPUT = [
 def test_bad_input_is_refused_at_the_door_naming_the_argument(call, message):
     with pytest.raises(ValueError, match=message):
         call(models.architecture_config(SMOL))
+
+
+def test_kv_layout_is_a_kvlayout_and_the_caches_defaults():
+    from helpers import kvcache
+
+    c = models.architecture_config(SMOL)
+    with pytest.raises(TypeError, match=r"layout must be a KVLayout \(e.g. KVLayout\(group_size=64\).*got int 64"):
+        B.kv_bytes(c, 10, 1, "int4", 64)
+    assert B.kv_bytes(c, 10, 1, "int4") == B.kv_bytes(c, 10, 1, "int4", B.KVLayout())
+    layer = kvcache.Int4Layer()
+    assert (layer.q_group_size, layer.residual_length) == (B.KVLayout().group_size, B.KVLayout().residual_length)
+    assert B.KVLayout(residual_length=16).residual_tokens(21) == 5
 
 
 def test_integers_of_any_library_are_integers():

@@ -141,7 +141,7 @@ def test_group_sweep_and_task_drops_on_a_tiny_model():
     assert [r["group"] for r in rows] == [32, "per channel"] and all(r["ppl"] > 1 for r in rows)
     assert rows[0]["bits_per_weight"] > rows[1]["bits_per_weight"]
     before = m.model.layers[0].mlp.up_proj.weight.clone()
-    drops = clinic.task_drops(m, ids, bits=3, group=32, n=4, span=16, max_tokens=512, seq_len=128)
+    drops = clinic.task_drops(m, ids, QuantSpec(3, 32), n=4, span=16, max_tokens=512, seq_len=128)
     assert [r["model"] for r in drops] == ["reference", "W3 g32, attention only", "W3 g32, MLP only"]
     assert torch.equal(before, m.model.layers[0].mlp.up_proj.weight)      # the variants are copies
     text = clinic.rankings(drops)

@@ -77,3 +77,21 @@ def test_stored_meta_reads_the_facts_without_the_weights(tiny_llama, tmp_path, m
     _, meta, _ = variants.variant(bench, "rtn", spec=QuantSpec(4, 32))
     stored = variants.stored_meta(bench, "rtn", spec=QuantSpec(4, 32))
     assert stored["seconds"] == meta["seconds"] and variants.stored_meta(bench, "rtn", spec=QuantSpec(3, 32)) is None
+
+
+def test_library_settings_become_its_options(tiny_llama, monkeypatch):
+    """Settings for llm-compressor's bridge replace fields of its defaults (the library's GPTQ and AWQ),
+    and the bridge receives them as the options dataclass."""
+    from helpers import awq, gptq, llm_compressor
+
+    seen = {}
+
+    def bridge(model, calib, method, spec, options):
+        seen[method] = options
+        return {}
+    monkeypatch.setattr(llm_compressor, "oneshot_quantize", bridge)
+    calib = torch.zeros(2, 8, dtype=torch.long)
+    variants.apply_quantizer(tiny_llama, calib, "awq", "llmcompressor", QuantSpec(4, 32), n_grid=4)
+    variants.apply_quantizer(tiny_llama, calib, "gptq", "llmcompressor", QuantSpec(4, 32), percdamp=0.1)
+    assert seen["awq"] == awq.AWQOptions(n_grid=4, duo_scaling=True, clip=False)
+    assert seen["gptq"] == gptq.GPTQOptions(percdamp=0.1, actorder=True, static_groups=True)
