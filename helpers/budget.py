@@ -36,7 +36,17 @@ from __future__ import annotations
 import torch
 
 from .budget_activations import block_transients, decode_gather
-from .budget_inputs import ATTENTIONS, CACHES, DEVICES, byte_count, choice, dtype_bytes, non_negative_int, positive_int
+from .budget_inputs import (
+    ATTENTIONS,
+    CACHES,
+    DEVICES,
+    PLAIN_FORMATS,
+    byte_count,
+    choice,
+    dtype_bytes,
+    non_negative_int,
+    positive_int,
+)
 from .budget_kv import KVLayout, exposed_positions, kv_widths, position_bytes, storage_positions
 from .budget_layout import Layout, attention_params, meta_model, mlp_params, norm_params, parameter_parts
 from .budget_shape import Shape
@@ -258,7 +268,7 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     if cache == "static":
         prefill, decode = kv_full + act["peak"], kv_full + step
     else:
-        if kv_dtype in ("bf16", "fp16", "fp32") or isinstance(kv_dtype, torch.dtype):
+        if kv_dtype in PLAIN_FORMATS or isinstance(kv_dtype, torch.dtype):
             # the bytes of the storage, which a sliding layer's view keeps whole after the prefill
             per = position_bytes(s, dtype_bytes(kv_dtype)) * batch
             held = lambda steps: sum(storage_positions(s, prompt_len, steps)) * per  # noqa: E731

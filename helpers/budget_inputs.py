@@ -12,6 +12,7 @@ import torch
 from . import validate
 
 KV_FORMATS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
+PLAIN_FORMATS = ("fp32", "bf16", "fp16")   # floating formats stored as they are (no codes, no scales)
 ATTENTIONS = ("sdpa", "eager")
 CACHES = ("dynamic", "static")
 DEVICES = ("cuda", "cpu")

@@ -14,10 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .budget_inputs import CACHES, choice, dtype_bytes, non_negative_int, positive_int
+from .budget_inputs import CACHES, PLAIN_FORMATS, choice, dtype_bytes, non_negative_int, positive_int
 from .budget_shape import Shape
-
-PLAIN_FORMATS = ("fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)

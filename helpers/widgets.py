@@ -158,7 +158,10 @@ def kv_formats(arch, seq_len: int, batch: int) -> dict:
     return out
 
 
-def kv_point(model, seq_len: int, batch: int, new_tokens: int = 16, extra: int = 64, max_new: int | None = None,
+KV_POINT_ROOM = 64   # kv_point's default room under the cap: bf16 KV tokens beyond the baseline prefill's peak
+
+
+def kv_point(model, seq_len: int, batch: int, new_tokens: int = 16, extra: int = KV_POINT_ROOM, max_new: int | None = None,
              kinds=("baseline", "fp8-e4m3", "int4")) -> dict:
     """Measured on the GPU, per KV format: the peak of a ``generate`` at ``seq_len × batch`` (over the
     weights), and how many tokens it decodes before running out of memory under one cap for all
@@ -206,7 +209,7 @@ def kv_widget(archs=tuple(models.ARCHITECTURES), model=None):
                                         else "pass the notebook's model to measure."))
             return
         if not measure:
-            print(f"Tick 'measure' to run it on this GPU: three generates and three OOM hunts of up to {seq_len + 64}"
+            print(f"Tick 'measure' to run it on this GPU: three generates and three OOM hunts of up to {seq_len + KV_POINT_ROOM}"
                   " tokens, one decode step each.")
             return
         m = kv_point(model, seq_len, batch)

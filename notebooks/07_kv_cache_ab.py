@@ -162,7 +162,7 @@ ckpt
 # (raise `MAX_NEW` to find it — each token is one more decode step).
 
 # %%
-# one decode step per token: the full profile's hunt is ~2,400 steps (178 s on an H200 under the cap)
+# one decode step per token: the full profile's hunt is ~2,400 steps, minutes on a GPU
 BATCH, PROMPT, EXTRA, MAX_NEW = pick(full=(16, 512, 128, 1024), ci=(8, 256, 128, 1024))
 if cuda:
     oom = generation.oom_points(model, BATCH, PROMPT, EXTRA, MAX_NEW)

@@ -431,7 +431,8 @@ else:
 # %% [markdown]
 # On a GPU, read the live rows as the reference run's lesson at a smaller size: without graphs both
 # formats are bound by kernel launches (the `False` rows), and with graphs compare the printed ratio with
-# the reference run's above — on the course's H200 our 4-bit kernel was slower than bf16 in both:
+# the reference run's above — on the course's H200 our 4-bit kernel was slower than bf16 in both
+# (the live rows of that run: `results/h200/notebooks_07_08_full_2026-12-02.json`, `08_live_decode`):
 # the weights it saves are not what limits a batch-1 step yet. (A random-weight model decodes the same number of tokens whatever its values: the speeds are
 # real.)
 
