@@ -26,6 +26,7 @@ from pathlib import Path
 
 from helpers import tp_run
 from helpers.parallel import rank_shape
+from helpers.units import GiB
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -78,12 +79,11 @@ def main(argv=None) -> int:
            "env": tp_run.MULTICAST_OFF, "ranks": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
-    gib = 2**30
     for r in rows:
-        nvml = "unavailable" if r["nvml_process"] is None else f"{r['nvml_process'] / gib:.3f} GiB"
-        print(f"rank {r['rank']}: weights {r['weights_meas'] / gib:.3f} GiB (pred {r['weights_pred'] / gib:.3f}), "
-              f"KV {r['kv_meas'] / gib:.3f} (pred {r['kv_pred'] / gib:.3f}), activations "
-              f"{r['activations_meas'] / gib:.3f} (pred {r['activations_pred'] / gib:.3f}), NVML {nvml}")
+        nvml = "unavailable" if r["nvml_process"] is None else f"{r['nvml_process'] / GiB:.3f} GiB"
+        print(f"rank {r['rank']}: weights {r['weights_meas'] / GiB:.3f} GiB (pred {r['weights_pred'] / GiB:.3f}), "
+              f"KV {r['kv_meas'] / GiB:.3f} (pred {r['kv_pred'] / GiB:.3f}), activations "
+              f"{r['activations_meas'] / GiB:.3f} (pred {r['activations_pred'] / GiB:.3f}), NVML {nvml}")
     print(f"wrote {args.out}")
     return 0
 

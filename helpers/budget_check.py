@@ -15,7 +15,7 @@ from itertools import groupby
 from pathlib import Path
 
 from . import budget, budget_replay, generation, host_alloc, measure, models
-from .budget_inputs import ATTENTIONS, positive_int
+from .budget_inputs import ATTENTIONS, choice, positive_int
 from .config import read_json
 from .data import random_ids
 
@@ -42,8 +42,7 @@ class Point:
 
     def __post_init__(self):
         models.architecture_config(self.arch)            # an unknown name raises with the known ones
-        if self.attention not in ATTENTIONS:
-            raise ValueError(f"attention must be one of {list(ATTENTIONS)}, got {self.attention!r}")
+        choice(self.attention, "attention", ATTENTIONS)
         for name in ("seq_len", "batch", "new_tokens"):
             object.__setattr__(self, name, positive_int(getattr(self, name), name))
 

@@ -36,6 +36,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from .config import file_lock, read_json
 from .measure import PeakMeter
 from .models import parse_dtype, unreadable_safetensors
+from .units import GB, MiB
 from .validate import bad_file, flag, json_fields, non_negative_number, positive_int, positive_number, text
 
 _HWM = Path("/proc/self/status")
@@ -167,7 +168,7 @@ def demo_state(mib=64, layers=16, dtype=torch.bfloat16) -> dict:
     layers = positive_int(layers, "layers", "decoder blocks in the state dict, e.g. 16")
     dt = _float_dtype(dtype)
     per_h2 = layers * 13 * torch.finfo(dt).bits // 8            # bytes per h² over all blocks: (4 + 3·3) h²
-    h = int((mib * 2**20 / per_h2) ** 0.5) // 64 * 64
+    h = int((mib * MiB / per_h2) ** 0.5) // 64 * 64
     if h < 64:
         raise ValueError(f"mib={mib} is too small for layers={layers} (a block needs h ≥ 64): give more MiB or "
                          "fewer layers")
@@ -312,7 +313,7 @@ def format_load_times(folder, repeats=5, cold=True) -> dict:
     for (fmt, cache), secs in times.items():
         med = float(statistics.median(secs))
         rows.append({"format": fmt, "cache": cache, "median_s": med, "min_s": min(secs), "max_s": max(secs),
-                     "spread": (max(secs) - min(secs)) / med, "GBps": nbytes[fmt] / med / 1e9, "seconds": secs})
+                     "spread": (max(secs) - min(secs)) / med, "GBps": nbytes[fmt] / med / GB, "seconds": secs})
     return {**info, "rows": rows}
 
 

@@ -237,17 +237,13 @@ def stack_config(arch: str = "Llama-3-70B", layers: int = 4):
 
 def predicted_memory(arch: str = "Llama-3-70B", tp: int = 2, layers: int = 4, batch: int = 32, seq: int = 4096,
                      activation_tokens: int = 2048) -> dict:
-    """What every rank of the stack should hold, in bytes (bf16 weights and KV): ``weights``
-    (:func:`helpers.parallel.rank_weight_bytes`), ``kv`` (``batch × seq`` tokens,
-    :func:`helpers.parallel.rank_kv_bytes_per_token`), ``activations`` (one forward over
-    ``activation_tokens`` tokens, :func:`helpers.budget.activation_bytes` of the rank's model)."""
-    from .budget import activation_bytes
-    from .parallel import rank_kv_bytes_per_token, rank_weight_bytes
-    c = stack_config(arch, layers)
+    """What every rank of the stack should hold, in bytes (bf16 weights and KV): the ``weights``,
+    ``kv`` (``batch × seq`` tokens) and ``activations`` (one forward over ``activation_tokens``
+    tokens) of :func:`helpers.parallel.per_gpu` at pipeline degree 1."""
+    from .parallel import per_gpu
     batch, seq = positive_int(batch, "batch"), positive_int(seq, "seq")
-    activation_tokens = positive_int(activation_tokens, "activation_tokens")
-    return {"weights": rank_weight_bytes(c, tp, "bf16"), "kv": rank_kv_bytes_per_token(c, tp, "bf16") * batch * seq,
-            "activations": activation_bytes(shard_config(c, tp, layers=1), activation_tokens, 1, "bf16")["peak"]}
+    p = per_gpu(stack_config(arch, layers), tp, 1, "bf16", seq, batch, "bf16", activation_tokens, overhead_gb=0)
+    return {k: p[k] for k in ("weights", "kv", "activations")}
 
 
 def _memory_rank(rank: int, tp: int, port: int, spec: dict, out_dir: str):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .qspec import QuantSpec
-from .quant import check_finite, pack_nibbles, quantize_tensor
+from .quant import check_finite, pack_nibbles, quantize_tensor, unpack_nibbles
 
 
 @dataclass
@@ -87,8 +87,7 @@ def pack_w4(w: torch.Tensor, group_size: int = 128) -> W4Weight:
 
 def unpack_w4(p: W4Weight) -> torch.Tensor:
     """The integer codes ``[N, K]`` back from the words (the kernel's unpacking, in PyTorch)."""
-    shifts = torch.arange(0, 32, 4, device=p.words.device, dtype=torch.int32)
-    return ((p.words[:, :, None] >> shifts) & 0xF).reshape(p.shape)
+    return unpack_nibbles(p.words.view(torch.uint8)).reshape(p.shape).to(torch.int32)
 
 
 def dequantize_w4(p: W4Weight, dtype=torch.float16) -> torch.Tensor:

@@ -76,11 +76,10 @@ n_params = sum(p.numel() for p in model.parameters())
 print(f"parameters: {n_params:,}  ({n_params * model.dtype.itemsize / 2**20:.0f} MiB in {model.dtype})")
 
 # %%
-import torch
 if tok is not None:
     ids = tok("The capital of France is", return_tensors="pt").to(dev)
 else:  # random weights and no tokenizer: still exercise generate() on this device
-    ids = {"input_ids": torch.randint(3, model.config.vocab_size, (1, 8), device=dev)}
+    ids = {"input_ids": data.random_ids(model.config.vocab_size, (1, 8), device=dev)}
 with prof.stage("generate"):
     out = model.generate(**ids, max_new_tokens=20, do_sample=False, pad_token_id=tok.pad_token_id if tok else 0)
 print(tok.decode(out[0], skip_special_tokens=True) if tok else f"(random weights) new ids: {out[0, -20:].tolist()}")

@@ -50,7 +50,7 @@ import pandas as pd
 import torch
 from helpers import budget, budget_activations, budget_check, budget_kv, budget_shape, device, key_numbers, measure, models, widgets
 from helpers.device import has_cuda
-from helpers.units import GB, GiB
+from helpers.units import GB, GiB, MiB
 pd.options.display.float_format = "{:,.3f}".format
 
 # %% [markdown]
@@ -218,7 +218,7 @@ if sys.platform.startswith("linux"):
         m = transformers.AutoModelForCausalLM.from_config(small, dtype=torch.bfloat16, attn_implementation=attn).eval()
         meas = budget_check.cpu_prefill_peak(m, 384, 2)
         pred = budget.activation_bytes(small, 384, 2, attention=attn, device="cpu")["peak"]
-        print(f"{attn:>5}: predicted {pred / 2**20:6.2f} MiB, measured {meas / 2**20:6.2f} MiB ({100 * (pred / meas - 1):+.1f} %)")
+        print(f"{attn:>5}: predicted {pred / MiB:6.2f} MiB, measured {meas / MiB:6.2f} MiB ({100 * (pred / meas - 1):+.1f} %)")
 
 # %% [markdown]
 # ## 5. Predicted vs measured on your device
@@ -288,33 +288,32 @@ if ref_path.exists():
         cols[6:6] = ["prefill err %", "decode err %"]
     display(ref[cols].round(2))
     # the numbers the prose below quotes, read from the same file
-    MiBf = 2**20
     for m, g in ref.groupby("model"):
         r0 = g.iloc[0]
         print(f"{m}: raw formula short by {(r0.weights_meas - r0.weights_formula) / 1e6:.3f} MB "
               f"({100 * (r0.weights_meas / r0.weights_formula - 1):.2f} %); simulator off by "
               f"{int(r0.weights_pred - r0.weights_meas)} B")
-    print(f"cuBLAS workspace in that run: {ref.cublas_workspace.iloc[0] / MiBf:.0f} MiB")
+    print(f"cuBLAS workspace in that run: {ref.cublas_workspace.iloc[0] / MiB:.0f} MiB")
     q16 = models.architecture_config("Qwen2.5-0.5B")
-    print(f"carried fp32 logits, Qwen2.5 at batch 16: {16 * q16.vocab_size * 4 / MiBf:.1f} MiB")
+    print(f"carried fp32 logits, Qwen2.5 at batch 16: {16 * q16.vocab_size * 4 / MiB:.1f} MiB")
     # TinyLlama 2048 × 1 was measured in the first H200 run (2026-11-30, archived; predictions recomputed)
     arch = pd.DataFrame(json.loads(results_path("h200", "archive", "budget_accuracy_2026-11-30.json").read_text()))
     arch["decode err %"] = 100 * (arch.decode_pred / arch.decode_meas - 1)
     arch["peak err %"] = 100 * (arch.peak_pred / arch.peak_meas - 1)
     t = arch[(arch.model == "TinyLlama-1.1B") & (arch.seq_len == 2048) & (arch.batch == 1)].iloc[0]
     print(f"TinyLlama 2048 × 1 (archived run): decode error {t['decode err %']:.1f} % "
-          f"({(t.decode_pred - t.decode_meas) / MiBf:.1f} MiB of a {t.decode_meas / MiBf:.0f} MiB decode peak); "
+          f"({(t.decode_pred - t.decode_meas) / MiB:.1f} MiB of a {t.decode_meas / MiB:.0f} MiB decode peak); "
           f"whole peak error {t['peak err %']:.2f} %")
     ms = ref[(ref.model == "Mistral-7B") & (ref.seq_len == 8192) & (ref.attention == "sdpa")]
     if len(ms):
         cfg_m = models.architecture_config("Mistral-7B")
-        print(f"Mistral-7B 8192 × 1: KV the cache exposes {budget.kv_bytes(cfg_m, 8192, 1) / 2**30:.2f} GiB, "
-              f"storage right after the prefill {budget_kv.kv_storage_positions(cfg_m, 8192)[0] * 32 * budget_kv.kv_position_bytes(cfg_m) / 2**30:.2f} GiB; "
+        print(f"Mistral-7B 8192 × 1: KV the cache exposes {budget.kv_bytes(cfg_m, 8192, 1) / GiB:.2f} GiB, "
+              f"storage right after the prefill {budget_kv.kv_storage_positions(cfg_m, 8192)[0] * 32 * budget_kv.kv_position_bytes(cfg_m) / GiB:.2f} GiB; "
               f"peak error {ms['peak err %'].iloc[0]:.1f} %")
     ds = models.architecture_config("DeepSeek-V2-Lite")
     print(f"DeepSeek-V2-Lite: gathered expert weights per decoding sequence "
-          f"{budget_activations.moe_decode_gather_bytes(ds, 1) / 2**20:.0f} MiB; KV of a 512-token sequence "
-          f"{budget.kv_bytes(ds, 512, 1) / 2**20:.0f} MiB")
+          f"{budget_activations.moe_decode_gather_bytes(ds, 1) / MiB:.0f} MiB; KV of a 512-token sequence "
+          f"{budget.kv_bytes(ds, 512, 1) / MiB:.0f} MiB")
     far = ref[ref["peak err %"].abs() > 5].groupby(["model", "attention"])["peak err %"]
     print("rows whose peak is off by more than 5 %:", {f"{m} ({a})": f"{v.min():.0f} … {v.max():.0f} %"
                                                        for (m, a), v in far})
@@ -410,7 +409,7 @@ print("measured peak:", measure.fmt_bytes(p["measured_peak"]) if p["measured_pea
 # %%
 if has_cuda():
     widgets.budget_point("SmolLM2-135M", 256, 1)           # loads the model outside the cap
-    cap_gib = (torch.cuda.memory_reserved() + 64 * 2**20) / 2**30
+    cap_gib = (torch.cuda.memory_reserved() + 64 * MiB) / GiB
     with device.memory_limit(cap_gib):
         p = widgets.budget_point("SmolLM2-135M", 8192, 16, run_anyway=True)
     print("cap:", f"{cap_gib:.2f} GiB", "oom:", p["oom"], "allocated back to start:", p.get("allocated_back_to_start"))

@@ -62,7 +62,7 @@ from helpers.units import GiB, MiB
 prof = measure.StageProfiler()
 with prof.stage("load"):
     model, tok, real_weights = models.load_for_memory(device=dev)
-prompt = torch.randint(3, model.config.vocab_size - 1, (4, pick(full=1024, ci=128)), device=dev)
+prompt = data.random_ids(model.config.vocab_size, (4, pick(full=1024, ci=128)), device=dev)
 run = generation.prefill_decode(model, prompt, pick(full=64, ci=8), profiler=prof)
 prof.report()
 t = prof.table()
@@ -213,8 +213,7 @@ for ctx in CTXS:
     if stream is not None:
         prompts = torch.stack([stream[i * ctx:(i + 1) * ctx] for i in range(BATCH_AB)]).to(dev)
     else:
-        prompts = torch.randint(3, model.config.vocab_size - 1, (BATCH_AB, ctx),
-                                generator=torch.Generator().manual_seed(0)).to(dev)
+        prompts = data.random_ids(model.config.vocab_size, (BATCH_AB, ctx), seed=0, device=dev)
     rows += generation.kv_ab(model, prompts, NEW)
 ab = pd.DataFrame(rows)
 ab["kv % of baseline"] = 100 * ab.kv_bytes / ab.baseline_kv_bytes

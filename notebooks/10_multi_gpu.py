@@ -51,7 +51,7 @@ import pandas as pd
 import torch
 from helpers import models, parallel, tp_run
 from helpers.config import pick
-from helpers.units import GB
+from helpers.units import GB, GiB
 c70 = models.architecture_config("Llama-2-70B")
 
 # %% [markdown]
@@ -227,7 +227,7 @@ if torch.cuda.device_count() >= 2:
     gpu = pd.DataFrame(tp_run.measure_memory(layers=pick(full=4, ci=2), batch=pick(full=32, ci=4),
                                              seq=pick(full=4096, ci=1024), decode_batches=(1, 32)))
     for part in ("weights", "kv", "activations"):
-        gpu[f"{part} GiB meas / pred"] = [f"{m / 2**30:.3f} / {p / 2**30:.3f}" for m, p in zip(gpu[f"{part}_meas"], gpu[f"{part}_pred"])]
+        gpu[f"{part} GiB meas / pred"] = [f"{m / GiB:.3f} / {p / GiB:.3f}" for m, p in zip(gpu[f"{part}_meas"], gpu[f"{part}_pred"])]
     display(gpu[["rank", "weights GiB meas / pred", "kv GiB meas / pred", "activations GiB meas / pred", "nvml_process"]])
     print({f"batch {t['batch']}": f"{t['all_reduce_us']:.1f} µs per all-reduce" for t in gpu.all_reduce[0]})
 else:
