@@ -9,7 +9,8 @@
 #   budget [ARCH ...]     python -m benchmarks.budget_accuracy               -> $OUT/budget_accuracy.json
 #   allocator             python -m benchmarks.allocator_agreement --random 40 (SEED_START=40 for held-out seeds)
 #   quantizers            python -m benchmarks.quantizers (GPTQ/AWQ peak and time, ours vs llm-compressor)
-#   trace                 python -m benchmarks.alloc_trace (one generate's real allocator events)
+#   trace                 python -m benchmarks.alloc_trace (one generate's real allocator events; TRACE_ARGS="--points ARCH:ATTN:SEQ:BATCH ..."
+#                         for the blocks alive at whole models' prefill and decode peaks)
 # Set-up on the lent machine: the wheels its image lacks travel in .whl/ (run ../shared/tools/gpu-wheels here,
 # plus torchao 0.18.0, jupytext 1.19.6 and mdit-py-plugins 0.7.0 — README, "Running the GPU parts"), carry [".whl"].
 # Each part writes under $OUT as it goes; PART_TIMEOUT (seconds, default 540) bounds each part.
@@ -45,7 +46,7 @@ run_part() {
                  --out "$OUT/allocator_agreement${SEED_START:+_from_$SEED_START}.json" 2>&1 | tee "$OUT/allocator.log" | tail -8 ;;
     quantizers) timeout "$T" python3 -m benchmarks.quantizers --out "$OUT/quantizers.json" --arch Llama-3.2-1B,Qwen2.5-1.5B \
                   --bits 4 --group 128 --calib-samples 128 --methods "${METHODS:-gptq,awq}" 2>&1 | tee "$OUT/quantizers.log" | tail -12 ;;
-    trace) timeout "$T" python3 -m benchmarks.alloc_trace --out "$OUT/alloc_trace.json" 2>&1 | tee "$OUT/alloc_trace.log" | tail -6 ;;
+    trace) timeout "$T" python3 -m benchmarks.alloc_trace --out "$OUT/alloc_trace.json" ${TRACE_ARGS:-} 2>&1 | tee "$OUT/alloc_trace.log" | tail -6 ;;
     *) echo "unknown part $part (see the header of scripts/gpu.sh)"; return 2 ;;
   esac
   echo "=== $part done in $(( $(date +%s) - t0 )) s"
