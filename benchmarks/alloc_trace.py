@@ -70,10 +70,10 @@ def alive_at_peaks(events: list[dict], mark_bytes: int = MARK_BYTES, top: int = 
     return out
 
 
-def trace(model, seq: int, batch: int, new_tokens: int) -> dict:
+def trace(model, seq: int, batch: int, new_tokens: int, max_entries: int = 200_000) -> dict:
     measure.free_memory()
     base_reserved = torch.cuda.memory_reserved()
-    torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
+    torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
     try:
         m = generation.measure_generate(model, seq, batch, new_tokens)
         snap = torch.cuda.memory._snapshot()
@@ -91,7 +91,7 @@ def trace(model, seq: int, batch: int, new_tokens: int) -> dict:
             ops.append(["free", live.pop(e["addr"])])
         out.append({"action": e["action"], "addr": e["addr"], "size": e["size"], "frame": frame(e)})
     return {"events": out, "segments": segments, "reserved_meas_over_start": m["reserved"] - base_reserved,
-            "prefill_meas": m["prefill_meas"], "decode_meas": m["decode_meas"],
+            "prefill_meas": m["prefill_meas"], "decode_meas": m["decode_meas"], "forward_peaks": m["forward_peaks"],
             "reserved_sim_from_events": simulate(ops)["reserved"], "peak_meas": m["peak_meas"]}
 
 
@@ -107,13 +107,17 @@ def point_peaks(spec: str, new_tokens: int = 32) -> dict:
 
     hook = model.register_forward_pre_hook(mark)
     try:
-        r = trace(model, int(seq), int(batch), new_tokens)
+        r = trace(model, int(seq), int(batch), new_tokens, max_entries=4_000_000)
     finally:
         hook.remove()
     del model
     measure.free_memory()
     events = r.pop("events")
-    return {"point": spec, "new_tokens": new_tokens, **r, **alive_at_peaks(events)}
+    frames = sorted({e["frame"] for e in events})
+    where = {f: i for i, f in enumerate(frames)}
+    compact = [[e["action"][0], e["addr"], e["size"], where[e["frame"]]] for e in events]  # a(lloc) / f(ree)
+    return {"point": spec, "new_tokens": new_tokens, **r, **alive_at_peaks(events),
+            "n_events": len(events), "frames": frames, "events": compact}
 
 
 def main():
@@ -132,9 +136,9 @@ def main():
     if args.points:
         for spec in args.points:
             rows.append(point_peaks(spec))
-            print({k: v for k, v in rows[-1].items() if k != "segments"}, flush=True)
+            print({k: v for k, v in rows[-1].items() if k not in ("segments", "events", "frames")}, flush=True)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(rows, indent=1))
+            Path(args.out).write_text(json.dumps(rows))
         return
     for attention in ("sdpa", "eager"):
         model = models.model_from_config(args.arch, device="cuda", dtype=torch.bfloat16, attn_implementation=attention)

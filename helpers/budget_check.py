@@ -176,7 +176,7 @@ def _point(model, p: Point, base: Baseline) -> dict:
 
 
 def _echo(row: dict) -> None:
-    head = f"{row['model']:<18}{row['attention']:>6}{row['seq_len']:>6}{row['batch']:>4}"
+    head = f"{row['model']:<18}{row['attention']:>6}{row.get('seq_len', ''):>6}{row.get('batch', ''):>4}"
     if row.get("error"):
         print(f"{head}  ERROR {row['error']}", flush=True)
         return

@@ -70,7 +70,8 @@ def measure_generate(model, seq_len: int, batch: int, new_tokens: int = 16, cach
 
     Returns kv_meas (bytes the cache object stores), peak_meas (max_memory_allocated during the call
     minus allocated before it, prompt included), prefill_meas / decode_meas (the same peak restricted
-    to the first forward call and to the later ones, read by hooks on the model), reserved, seconds
+    to the first forward call and to the later ones, read by hooks on the model; forward_peaks: every
+    call's), reserved, seconds
     and tokens/s. ``cache`` is a :data:`helpers.kvcache.KV_KINDS` name or ``"static"``.
     """
     dev = next(model.parameters()).device
@@ -105,7 +106,7 @@ def measure_generate(model, seq_len: int, batch: int, new_tokens: int = 16, cach
            "new_tokens": out.shape[1] - seq_len}
     if meter.cuda:
         between[0] = max(between[0], meter.peak)
-        res.update(prefill_meas=calls[0], decode_meas=max(calls[1:], default=0),
+        res.update(prefill_meas=calls[0], decode_meas=max(calls[1:], default=0), forward_peaks=calls,
                    peak_meas=max(calls + between), reserved=torch.cuda.memory_reserved(),
                    process_gpu_bytes=process_gpu_bytes(dev.index or 0))   # nvidia-smi's number, cache still held
     del out, kv

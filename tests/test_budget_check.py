@@ -66,3 +66,10 @@ def test_cpu_prefill_ids_are_data_random_ids():
     budget_check.cpu_prefill_peak(Model(), 16, 2, seed=5)
     assert torch.equal(seen["ids"], random_ids(1000, (2, 16), seed=5))
     assert torch.equal(seen["ids"], torch.randint(3, 999, (2, 16), generator=torch.Generator().manual_seed(5)))
+
+
+def test_an_architecture_level_error_row_is_echoed_not_raised(capsys):
+    # an attention implementation the model lacks is one row without seq_len/batch (GPT-OSS has no SDPA)
+    from helpers.budget_check import _echo
+    _echo({"model": "gpt-oss-20b", "attention": "sdpa", "error": "ValueError: no SDPA"})
+    assert "ERROR ValueError: no SDPA" in capsys.readouterr().out
