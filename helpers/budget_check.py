@@ -165,6 +165,7 @@ def _point(model, p: Point, base: Baseline) -> dict:
     row.update(kv_pred=pred["kv_pred"], kv_meas=int(m["kv_meas"]), peak_pred=pred["peak_pred"],
                peak_meas=int(m["peak_meas"]), prefill_pred=pred["prefill_pred"], decode_pred=pred["decode_pred"],
                prefill_meas=int(m["prefill_meas"]), decode_meas=int(m["decode_meas"]),
+               prefill_requested=int(m["prefill_requested"]), decode_requested=int(m["decode_requested"]),
                reserved_meas=int(m["reserved"]), reserved_pred=foot["reserved_pred"], non_torch=base.non_torch,
                smi_pred=foot["smi_pred"], smi_meas=m.get("process_gpu_bytes"),
                new_tokens_generated=int(m["new_tokens"]))
@@ -186,7 +187,7 @@ def _echo(row: dict) -> None:
     pct = lambda a, b: f"{100 * (row[a] / row[b] - 1):+.1f}%" if row.get(a) is not None and row.get(b) else "n/a"
     print(f"{head}  w {pct('weights_pred', 'weights_meas')}  kv {row['kv_pred'] - row['kv_meas']:+d} B  "
           f"peak {pct('peak_pred', 'peak_meas')}  prefill {pct('prefill_pred', 'prefill_meas')}  "
-          f"decode {pct('decode_pred', 'decode_meas')}  reserved {pct('reserved_pred', 'reserved_meas')}  "
+          f"decode {pct('decode_pred', 'decode_meas')} (tensors {pct('decode_pred', 'decode_requested')})  reserved {pct('reserved_pred', 'reserved_meas')}  "
           f"smi {pct('smi_pred', 'smi_meas')}", flush=True)
 
 

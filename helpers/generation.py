@@ -71,7 +71,8 @@ def measure_generate(model, seq_len: int, batch: int, new_tokens: int = 16, cach
     Returns kv_meas (bytes the cache object stores), peak_meas (max_memory_allocated during the call
     minus allocated before it, prompt included), prefill_meas / decode_meas (the same peak restricted
     to the first forward call and to the later ones, read by hooks on the model; forward_peaks: every
-    call's), reserved, seconds
+    call's; prefill_requested / decode_requested: the same peaks in the bytes the tensors asked for,
+    :meth:`~helpers.measure.PeakMeter.read_requested`), reserved, seconds
     and tokens/s. ``cache`` is a :data:`helpers.kvcache.KV_KINDS` name or ``"static"``.
     """
     dev = next(model.parameters()).device
@@ -80,7 +81,7 @@ def measure_generate(model, seq_len: int, batch: int, new_tokens: int = 16, cach
     kv = make_cache(cache, model.config, max_cache_len=seq_len + new_tokens)
     free_memory()
     meter = PeakMeter(dev)
-    calls, between = [], [0]  # per-forward peaks; the peak outside forward calls (logits processing)
+    calls, requested, between = [], [], [0]  # per-forward peaks (blocks, tensors); the peak outside forward calls
 
     def pre(*_):
         if meter.cuda:
@@ -90,6 +91,7 @@ def measure_generate(model, seq_len: int, batch: int, new_tokens: int = 16, cach
     def post(*_):
         if meter.cuda:
             calls.append(meter.read())
+            requested.append(meter.read_requested())
             meter.restart()
 
     hooks = [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
@@ -107,6 +109,7 @@ def measure_generate(model, seq_len: int, batch: int, new_tokens: int = 16, cach
     if meter.cuda:
         between[0] = max(between[0], meter.peak)
         res.update(prefill_meas=calls[0], decode_meas=max(calls[1:], default=0), forward_peaks=calls,
+                   prefill_requested=requested[0], decode_requested=max(requested[1:], default=0),
                    peak_meas=max(calls + between), reserved=torch.cuda.memory_reserved(),
                    process_gpu_bytes=process_gpu_bytes(dev.index or 0))   # nvidia-smi's number, cache still held
     del out, kv

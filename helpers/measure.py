@@ -114,24 +114,34 @@ class PeakMeter:
         m.peak          # bytes; None without CUDA
 
     ``read()`` gives the peak so far, ``restart()`` opens a new window over the same base (per-call
-    peaks inside one measurement). Without CUDA every reading is None."""
+    peaks inside one measurement). ``read_requested()`` is the same peak in the bytes the tensors
+    asked for (``requested_bytes.all.peak``): ``memory_allocated`` counts whole blocks, and a large-pool
+    block is not split when less than 1 MiB would remain (:func:`requested_bytes`), so the allocated
+    peak can exceed the tensors' bytes by up to 1 MiB per tensor. Without CUDA every reading is None."""
 
     def __init__(self, device=None):
         self.device = device
         self.cuda = torch.cuda.is_available() and torch.device(device or "cuda").type == "cuda"
         self.base = None
+        self.base_requested = None
         self.peak = None
 
     def __enter__(self) -> PeakMeter:
         if self.cuda:
             reset_peak(self.device)
             self.base = torch.cuda.memory_allocated(self.device)
+            self.base_requested = torch.cuda.memory_stats(self.device).get("requested_bytes.all.current", 0)
         return self
 
     def read(self) -> int | None:
         if not self.cuda:
             return None
         return torch.cuda.max_memory_allocated(self.device) - self.base   # allocator statistics: host-side, no sync needed
+
+    def read_requested(self) -> int | None:
+        if not self.cuda:
+            return None
+        return torch.cuda.memory_stats(self.device).get("requested_bytes.all.peak", 0) - self.base_requested
 
     def restart(self) -> None:
         if self.cuda:
