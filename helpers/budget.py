@@ -250,7 +250,10 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     the cache exposes (:func:`kv_bytes`).
     ``attention`` (``"sdpa"`` or ``"eager"``) is the model's ``attn_implementation``: eager's scores
     dominate the prefill (:func:`activation_bytes`); a decode step's ``batch·heads·positions`` scores
-    are small next to the KV cache and are not counted.
+    are small next to the KV cache and are not counted, but eager's ``repeat_kv`` copies the layer's
+    whole K and V to every query head at each step, ``2·batch·heads·positions·head_dim·b`` when
+    ``kv_heads < heads`` (positions: what the layer attends to at the last step fed), which outgrows
+    one layer's ``torch.cat``.
     """
     prompt_len = positive_int(prompt_len, "prompt_len")
     new_tokens, batch = positive_int(new_tokens, "new_tokens"), positive_int(batch, "batch")
@@ -262,25 +265,46 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     kv_full = kv_bytes(config, total, batch, kv_dtype, cache=cache)
     act = _activations(s, lay, prompt_len, batch, act_dtype, attention, device=device)
     carried = batch * s.vocab * 4  # the previous step's fp32 next-token logits, alive in generate's loop
-    step = carried + _activations(s, lay, 1, batch, act_dtype, "sdpa", device=device)["peak"]
-    if device == "cuda":      # generate decodes MoE layers with batched_mm on a GPU: gathered expert weights
-        step += decode_gather(s, lay, batch, dtype_bytes(act_dtype))
+    one = _activations(s, lay, 1, batch, act_dtype, "sdpa", device=device)
+    # generate decodes MoE layers with batched_mm on a GPU: gathered expert weights, alive in the MLP
+    gather = decode_gather(s, lay, batch, dtype_bytes(act_dtype)) if device == "cuda" else 0
+
+    def step(cat, repeated):
+        """One decode step over the cache: the attention (with a layer's torch.cat or eager's
+        repeated K and V, one after the other), the MLP (with the gathered experts) or the logits."""
+        return carried + one["residual"] + max(one["attention"] + max(cat, repeated), one["mlp"] + gather, one["logits"])
+
+    b = dtype_bytes(act_dtype)
+    eager = attention == "eager" and new_tokens > 1        # a step fed back to the model, whose attention repeats K, V
+    # the last step fed: a static layer returns all its allocated positions; a dynamic one what it stores
+    seen = prompt_len + new_tokens if cache == "static" else max(storage_positions(s, prompt_len, new_tokens - 1))
+    last = _repeated_kv(s, seen, batch, b) if eager else 0
+    first_layer = next(i for i, c in enumerate(s.caches) if c.kind != "none")
     if cache == "static":
-        prefill, decode = kv_full + act["peak"], kv_full + step
+        prefill, decode = kv_full + act["peak"], kv_full + step(0, last)
     else:
         if kv_dtype in PLAIN_FORMATS or isinstance(kv_dtype, torch.dtype):
             # the bytes of the storage, which a sliding layer's view keeps whole after the prefill
             per = position_bytes(s, dtype_bytes(kv_dtype)) * batch
             held = lambda steps: sum(storage_positions(s, prompt_len, steps)) * per  # noqa: E731
-            first_layer = next(i for i, c in enumerate(s.caches) if c.kind != "none")
             first_cat = storage_positions(s, prompt_len, 1)[first_layer] * per / 2   # its new K
-            kv_prompt, first = held(0), held(0) + first_cat
+            kv_prompt = held(0)
         else:
-            kv_prompt = first = kv_bytes(config, prompt_len, batch, kv_dtype)
+            kv_prompt, first_cat = kv_bytes(config, prompt_len, batch, kv_dtype), 0
         layer_kv = kv_full / s.layers / 2
         prefill = kv_prompt + act["peak"]
-        decode = max(first, kv_full + layer_kv) + step
+        first_repeated = _repeated_kv(s, storage_positions(s, prompt_len, 1)[first_layer], batch, b) if eager else 0
+        decode = max(kv_prompt + step(first_cat, first_repeated), kv_full + step(layer_kv, last))
     return {"prefill": prefill, "decode": decode, "peak": max(prefill, decode), "kv": kv_full}
+
+
+def _repeated_kv(s: Shape, positions: int, batch: int, b: float) -> float:
+    """Eager attention's ``repeat_kv`` in a decode step: K and V of a layer attending to ``positions``,
+    repeated to all ``heads``, ``2·batch·heads·positions·head_dim·b`` (none when ``kv_heads = heads``
+    or with MLA). transformers 5.17 ``eager_attention_forward``."""
+    if s.mla or s.kv_heads >= s.heads:
+        return 0
+    return 2 * batch * s.heads * positions * s.head_dim * b
 
 
 def budget(config, dtype: str = "bf16", seq_len: int = 2048, batch: int = 1, kv_dtype: str | None = None,

@@ -115,7 +115,9 @@ def block_transients(s: Shape, lay: Layout, positions: int, batch: int, act_dtyp
 
     * residual: hidden-size tensors ``3·n·hidden·b`` alive across the block (the embeddings, still
       referenced by the model's forward; the block's input, held by the caller's loop; the residual
-      sum) and the rotary ``cos``/``sin`` ``2·n·rope_dim·b`` shared by all layers;
+      sum) and the rotary ``cos``/``sin`` ``2·n·rope_dim·b`` shared by all layers (one pair per
+      :attr:`~helpers.budget_shape.Shape.rope_tables`), and with SDPA the boolean masks
+      ``batch·positions²`` of the windowed layer kinds whose window is shorter than the positions;
     * MLP: ``n·(3·I + h)·b`` (gate, up, their product, the normed input — none in a post-norm layer,
       OLMo-2, whose MLP reads the residual sum itself; ``4·I`` where gate and up come out of one fused
       projection, Phi-3; ``2·I`` ungated), or the experts' stage
@@ -133,7 +135,7 @@ def block_transients(s: Shape, lay: Layout, positions: int, batch: int, act_dtyp
     b = dtype_bytes(act_dtype)
     n = batch * positions
     rope_dim = s.mla.rope_dim if s.mla else s.head_dim
-    residual = 3 * n * s.hidden * b + 2 * n * rope_dim * b
+    residual = 3 * n * s.hidden * b + 2 * n * rope_dim * b * s.rope_tables
     width = (4 if lay.fused_gate_up else 3 if lay.gated_mlp else 2) * s.intermediate
     mlp = max(n * (width + (s.hidden if lay.pre_norm else 0)) * b if s.has_dense_mlp else 0,
               moe_transients(s, lay, n, b))
@@ -155,6 +157,9 @@ def block_transients(s: Shape, lay: Layout, positions: int, batch: int, act_dtyp
         rotation = n * ((s.heads + s.kv_heads) + 3 * s.heads) * s.head_dim * 4 if s.model_type in ROTARY_IN_FP32 else 0
     if attention == "sdpa":
         attn = qkv + qk + max(out, rotation)
+        # a window SDPA's is_causal cannot express: one boolean mask per windowed kind of layer
+        windowed = {c.kind for c in s.check_caches() if c.window is not None and positions > c.window}
+        residual += len(windowed) * batch * positions**2
     else:
         kinds = {c.kind for c in s.check_caches() if c.kind != "none"} or {"full"}
         residual += len(kinds) * batch * positions**2 * b

@@ -90,7 +90,9 @@ class MoE:
 class Shape:
     """The numbers of a decoder config memory depends on, read once from its fields: sizes, one
     :class:`LayerCache` per layer (``caches``), and :class:`MoE` / :class:`MLA` where the config has
-    them. ``intermediate`` is the dense MLP's width (Llama-4: ``intermediate_size_mlp``)."""
+    them. ``intermediate`` is the dense MLP's width (Llama-4: ``intermediate_size_mlp``);
+    ``rope_tables`` the rotary ``cos``/``sin`` pairs a forward computes, one per layer type when the
+    config's ``rope_parameters`` are keyed by layer type (Gemma-3's local and global bases)."""
     layers: int
     hidden: int
     intermediate: int
@@ -103,6 +105,7 @@ class Shape:
     moe: MoE | None = None
     mla: MLA | None = None
     model_type: str = ""
+    rope_tables: int = 1
 
     @classmethod
     def from_config(cls, config) -> Shape:
@@ -123,8 +126,11 @@ class Shape:
             raise ValueError(f"model_type {getattr(config, 'model_type', None)!r}: its sizes are not one number per "
                              f"model ({type(e).__name__}: {str(e)[:120]}); the budget's formulas need them to be "
                              "(its exact parameter count: budget.meta_param_counts)") from None
+        rope = getattr(config, "rope_parameters", None)
+        per_type = isinstance(rope, dict) and set(rope) <= set(LAYER_TYPES) and all(isinstance(v, dict) for v in rope.values())
         return cls(layers, *sizes, bool(getattr(config, "tie_word_embeddings", False)), layer_caches(config),
-                   MoE.from_config(config, layers), MLA.from_config(config), getattr(config, "model_type", "") or "")
+                   MoE.from_config(config, layers), MLA.from_config(config), getattr(config, "model_type", "") or "",
+                   len(rope) if per_type and rope else 1)
 
     def sparse(self, layer: int) -> bool:
         """Whether ``layer``'s MLP is a mixture of experts."""

@@ -110,8 +110,30 @@ def test_decode_counts_generates_carried_fp32_logits():
     g = B.generation_peak(cfg, 512, 32, 16)
     s = B.Shape.from_config(cfg)
     kv_full = B.kv_bytes(cfg, 512 + 32 - 1, 16)
-    rest = g["decode"] - kv_full - kv_full / s.layers / 2 - B.activation_bytes(cfg, 1, 16)["peak"]
-    assert rest == 16 * cfg.vocab_size * 4
+    one = B.activation_bytes(cfg, 1, 16)
+    # the step's widest phase: the attention beside one layer's torch.cat, the MLP, or the logits
+    phase = one["residual"] + max(one["attention"] + kv_full / s.layers / 2, one["mlp"], one["logits"])
+    assert g["decode"] - kv_full - phase == 16 * cfg.vocab_size * 4
+
+
+def test_eager_decode_counts_repeat_kv_of_the_whole_cache():
+    # transformers' eager attention repeats K and V to every query head at each decode step: on a GQA
+    # model (Qwen2.5-0.5B: 14 heads, 2 KV heads) at a long context that outgrows the rest of the step
+    from helpers import budget as B
+    from helpers.models import architecture_config
+
+    cfg = architecture_config("Qwen2.5-0.5B")
+    s = B.Shape.from_config(cfg)
+    sdpa, eager = (B.generation_peak(cfg, 8192, 32, 1, attention=a)["decode"] for a in ("sdpa", "eager"))
+    repeated = 2 * s.heads * (8192 + 31) * s.head_dim * 2
+    one = B.activation_bytes(cfg, 1, 1)
+    kv_full = B.kv_bytes(cfg, 8192 + 31, 1)
+    assert eager == kv_full + 1 * cfg.vocab_size * 4 + one["residual"] + one["attention"] + repeated
+    assert eager > sdpa
+    # no repeat without grouped heads (MHA: TinyLlama has 32/4 — use a config with kv_heads == heads)
+    mha = architecture_config("Qwen2.5-0.5B")
+    mha.num_key_value_heads = mha.num_attention_heads
+    assert B.generation_peak(mha, 8192, 32, 1, attention="eager")["decode"] == B.generation_peak(mha, 8192, 32, 1)["decode"]
 
 
 @pytest.mark.parametrize("kind,fmt", [("baseline", "fp32"), ("fp8-e4m3", "fp8"), ("int4", "int4")])
@@ -470,7 +492,10 @@ def test_moe_decode_term_only_for_moe_and_only_on_the_gpu():
     assert moe_decode_gather_bytes(c, 16) == 16 * 6 * (3 * 1408 * 2048 + 2048 + 3 * 1408) * 2
     assert moe_decode_gather_bytes(models.architecture_config("Llama-3.2-1B"), 16) == 0
     gpu, cpu = (B.generation_peak(c, 512, 8, 16, device=d)["decode"] for d in ("cuda", "cpu"))
-    assert gpu - cpu == moe_decode_gather_bytes(c, 16)
+    one, kv_full = B.activation_bytes(c, 1, 16), B.kv_bytes(c, 512 + 8 - 1, 16)
+    # on the GPU the gathered experts make the MLP the decode step's widest phase
+    assert gpu == kv_full + 16 * c.vocab_size * 4 + one["residual"] + one["mlp"] + moe_decode_gather_bytes(c, 16)
+    assert cpu < gpu
 
 
 # ------------------------------------------------------------------------------ bad input, at the door

@@ -16,6 +16,7 @@ import torch
 import transformers as T
 
 from helpers import budget, budget_activations, budget_check, host_alloc
+from helpers.budget_shape import Shape
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="host_alloc needs glibc (Linux)")
 
@@ -147,3 +148,20 @@ def test_generate_switches_moe_decoding_to_batched_mm_off_the_cpu():
     with model._optimize_model_for_decode():
         assert set(model.get_experts_implementation().values()) == {"batched_mm"}
     assert set(model.get_experts_implementation().values()) == {"grouped_mm"}
+
+
+def test_sdpa_window_mask_and_per_type_rotary_are_in_the_peak():
+    """Past its window a sliding layer's SDPA takes an explicit boolean mask (``batch·positions²``
+    bytes, built once per forward), and Gemma-3 computes one rotary table per layer type: at 1024
+    positions they are more than the 5 % tolerance of the measured peak, and the prediction holds."""
+    cfg = CONFIGS["gemma3 (5:1 local/global)"]()
+    assert Shape.from_config(cfg).rope_tables == 2
+    assert Shape.from_config(CONFIGS["llama"]()).rope_tables == 1
+    model = T.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+    pred = budget.activation_bytes(cfg, 1024, 1, attention="sdpa", device="cpu")["peak"]
+    meas = measured(model, 1024, 1)
+    mask, rope = 1024**2, 2 * 1024 * 32 * 2
+    assert mask + rope > 0.05 * meas
+    assert abs(pred - meas) <= 0.05 * meas, f"predicted {pred:,.0f} B, measured {meas:,.0f} B"
+    within = budget.activation_bytes(cfg, 128, 1, attention="sdpa", device="cpu")     # no mask inside the window
+    assert within["residual"] == 3 * 128 * 256 * 2 + 2 * 128 * 32 * 2 * 2
