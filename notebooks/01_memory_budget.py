@@ -358,7 +358,9 @@ else:
 #   through the caching allocator (its size, printed above, depends on the GPU and the cuBLAS
 #   version) — it looked like a large error at the smallest point until the
 #   benchmark warmed cuBLAS up first. It is overhead, not activations. What remains is allocator
-#   rounding (≤ 1 MiB per live block between 1 and 10 MiB: a few % at the smallest points).
+#   rounding: a large-pool block is handed out whole when splitting it would leave less than 1 MiB
+#   (PyTorch's `CUDACachingAllocator.cpp`; the docs' "CUDA semantics" page), a few % of the whole
+#   peak at the smallest points.
 # * *Prefill vs decode*: hooks on the model split the peak into the first forward (prefill: the
 #   prompt's activations dominate) and the later ones (decode: the KV cache dominates). The decode
 #   formula must count the **previous step's fp32 logits** (`batch × vocab × 4`), which `generate`'s

@@ -42,7 +42,7 @@ if importlib.util.find_spec("helpers") is None or os.environ.get("COURSE_FORCE_S
 import json
 import matplotlib.pyplot as plt
 import torch
-from helpers import allocator_ops, allocator_replay, allocator_sim as A, leaks, measure, plots, key_numbers
+from helpers import allocator_ops, allocator_replay, allocator_sim as A, data, leaks, measure, plots, key_numbers
 from helpers.config import results_path
 from helpers.device import has_cuda, get_device
 from helpers.units import GiB, MiB
@@ -297,7 +297,7 @@ if cuda:
 if cuda:
     from helpers.models import model_from_config
     m = model_from_config("SmolLM2-135M", device="cuda", dtype=torch.bfloat16).train()
-    ids = torch.randint(0, 49152, (4, 512), device="cuda")
+    ids = data.random_ids(m.config.vocab_size, (4, 512), device="cuda")
     torch.cuda.memory._record_memory_history(max_entries=100_000)
     m(ids, labels=ids).loss.backward()
     snap = torch.cuda.memory._snapshot()

@@ -37,26 +37,25 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-UNIT = r"(?:GB/s|TB/s|GiB|GB|MiB|MB|KiB|KB|%|×|x\b|tok/s|tokens/s|ms|µs|s\b)"
+_UNITS = r"GB/s|TB/s|GiB|GB|MiB|MB|KiB|KB|tok/s|tokens/s|ms|µs|s\b"    # bytes, rates and times
+UNIT = r"(?:" + _UNITS + r"|%|×|x\b)"
 # measured-looking: a decimal (15.6 GB, 1.86×) or an approximation (≈ 22 GB); whole numbers with a unit
 # are nearly always inputs the cell sets itself (64 MiB blocks, a 24 GB card) and are not flagged
 NUMBER = re.compile(r"(?<![\w.])(?:≈\s*\d[\d,]*(?:\.\d+)?|\d[\d,]*\.\d+)\s?" + UNIT)
-SOURCED = re.compile(r"arXiv|Table|§|#\d|docs|README|paper|config\.json|tokenizer_config|source document|"
-                     r"seed|reports?|reported|README|above|below|the table|printed|measured|prints|"
-                     r"column|plot|reference run|results/|\.json|log|issue|thread|Kwon|Frantar|Lin et al|"
-                     r"gpt-fast|datasheet|data sheet|spec", re.I)
+# check 2's sources: names of places, whole words
+SOURCE = re.compile(r"arXiv|\bTable \d|§|#\d|\bdocs?\b|documentation|README|\bpapers?\b|config\.json|"
+                    r"tokenizer_config|source document|\bseed\b|\breport(?:s|ed)?\b|reference run|results/|"
+                    r"\.json\b|\blogs?\b|\bissues?\b|\bthread\b|Kwon|Frantar|Lin et al|gpt-fast|datasheet|"
+                    r"data sheet|\bspec(?:s|ification)?\b|\bnotebooks? \d\d", re.I)
+# check 1 also takes the words' other forms inside longer words, and the "computed here" words
+SOURCED = re.compile(SOURCE.pattern + r"|Table|docs|paper|seed|report|log|issue|spec|above|below|the table|"
+                     r"printed|measured|prints|column|plot", re.I)
 ALLOWED = {"2 bytes", "1 byte", "0.5 byte"}
 
 # check 2: any number (or range of numbers) with a unit; "×" and "x" only right after the number
 _NUM = r"\d[\d,]*(?:\.\d+)?"
 ANY_NUMBER = re.compile(r"(?<![\w.,/^])(?P<approx>(?:≈|~|about |around )\s*)?(?P<a>" + _NUM + r")"
-                        r"(?:\s?(?:–|-|to)\s?(?P<b>" + _NUM + r"))?(?P<unit>\s?(?:GB/s|TB/s|GiB|GB|MiB|MB|KiB|KB|"
-                        r"tok/s|tokens/s|ms|µs|s\b)|\s?%|×|x\b)")
-# quoted with a source: SOURCED's names of places, whole words, without the "computed here" words
-SOURCE = re.compile(r"arXiv|\bTable \d|§|#\d|\bdocs?\b|documentation|README|\bpapers?\b|config\.json|"
-                    r"tokenizer_config|source document|\bseed\b|\breport(?:s|ed)?\b|reference run|results/|"
-                    r"\.json\b|\blogs?\b|\bissues?\b|\bthread\b|Kwon|Frantar|Lin et al|gpt-fast|datasheet|"
-                    r"data sheet|\bspec(?:s|ification)?\b|\bnotebooks? \d\d", re.I)
+                        r"(?:\s?(?:–|-|to)\s?(?P<b>" + _NUM + r"))?(?P<unit>\s?(?:" + _UNITS + r")|\s?%|×|x\b)")
 OUTPUT_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
