@@ -2,6 +2,7 @@
 
     python -m benchmarks.budget_accuracy [--out results/h200/budget_accuracy.json]
     python -m benchmarks.budget_accuracy --repredict      # after a formula change: predictions only
+    python -m benchmarks.budget_accuracy --merge NEW.json [NEW.json ...]   # later runs replace their points in --out
 
 Rows: model, attention (sdpa | eager), seq_len, batch, weights_pred/meas, kv_pred/meas,
 peak_pred/meas (bytes; peaks are over the weights, during ``generate`` with a dynamic bf16 cache),
@@ -19,12 +20,14 @@ prefill and decode peaks ≤ 5 %, device-level footprint ≤ 5 %.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 import torch
 
-from helpers.budget_check import grid_points, predicted_vs_measured, repredict
+from helpers.budget_check import grid_points, merge_rows, predicted_vs_measured, repredict
+from helpers.config import read_json
 from helpers.models import ARCHITECTURES
 
 
@@ -32,11 +35,20 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results/h200/budget_accuracy.json")
     ap.add_argument("--repredict", action="store_true", help="only recompute the predictions in --out")
+    ap.add_argument("--merge", nargs="+", default=None, help="recorded files whose rows replace their points in --out")
     ap.add_argument("--archs", nargs="*", default=None, help="architecture names (default: all of helpers.budget_check.ARCHS)")
     args = ap.parse_args()
     unknown = sorted(set(args.archs or []) - set(ARCHITECTURES))
     if unknown:
         ap.error(f"unknown architectures {unknown}; known: {sorted(ARCHITECTURES)}")
+    if args.merge:
+        out = Path(args.out)
+        rows = read_json(out) if out.exists() else []
+        for f in args.merge:
+            rows = merge_rows(rows, read_json(f))
+        out.write_text(json.dumps(rows, indent=1))
+        print(f"{len(rows)} rows in {out}; run --repredict to recompute their predictions")
+        return
     if args.repredict:
         for r in repredict(Path(args.out)):
             if not r.get("peak_meas"):       # an error or OOM row: nothing measured to compare with

@@ -9,6 +9,7 @@ measures them on the CUDA device beside the predictions of :mod:`helpers.budget`
 """
 from __future__ import annotations
 
+import datetime
 import json
 from dataclasses import dataclass
 from itertools import groupby
@@ -102,8 +103,10 @@ def predicted_vs_measured(points=None, out: Path | None = None, echo: bool = Tru
             raise TypeError(f"points must be budget_check.Point objects (budget_check.grid_points(...)), got {p!r}")
     rows = []
 
+    today = datetime.date.today().isoformat()
+
     def record(row):
-        rows.append(row)
+        rows.append({**row, "measured": today})
         if out:
             out.write_text(json.dumps(rows, indent=1))
         if echo:
@@ -197,6 +200,18 @@ def cpu_prefill_peak(model, positions: int, batch: int, seed: int = 0) -> int:
     does — what :func:`helpers.budget.activation_bytes` predicts (``device="cpu"``)."""
     ids = random_ids(model.config.vocab_size, (batch, positions), seed=seed)
     return host_alloc.peak_bytes(lambda: model(ids, use_cache=False, logits_to_keep=1).logits)["peak"]
+
+
+def merge_rows(rows: list[dict], newer: list[dict]) -> list[dict]:
+    """``rows`` with every row of ``newer`` put in place of the row of the same point (``model``,
+    ``attention``, ``seq_len``, ``batch``; an architecture-level ``error`` row has no shape and keys on
+    its model and attention), new points appended in their order: later measurements replace earlier
+    ones, nothing else is lost."""
+    def key(r):
+        return r.get("model"), r.get("attention", "sdpa"), r.get("seq_len"), r.get("batch")
+    merged = {key(r): r for r in rows}
+    merged.update((key(r), r) for r in newer)
+    return list(merged.values())
 
 
 def repredict(path: Path) -> list[dict]:

@@ -51,6 +51,6 @@ run_part() {
   esac
   echo "=== $part done in $(( $(date +%s) - t0 )) s"
 }
-[ $# -gt 0 ] || { sed -n '2,15p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,16p' "$0"; exit 2; }
 if [ "$1" = budget ]; then run_part "$@"; exit; fi
 for part in "$@"; do run_part "$part"; done

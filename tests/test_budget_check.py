@@ -73,3 +73,16 @@ def test_an_architecture_level_error_row_is_echoed_not_raised(capsys):
     from helpers.budget_check import _echo
     _echo({"model": "gpt-oss-20b", "attention": "sdpa", "error": "ValueError: no SDPA"})
     assert "ERROR ValueError: no SDPA" in capsys.readouterr().out
+
+
+def test_merge_rows_replaces_points_and_keeps_the_rest():
+    from helpers.budget_check import merge_rows
+    old = [{"model": "a", "attention": "sdpa", "seq_len": 512, "batch": 1, "peak_meas": 1},
+           {"model": "a", "attention": "eager", "seq_len": 512, "batch": 1, "peak_meas": 2},
+           {"model": "g", "attention": "sdpa", "error": "no SDPA"}]
+    new = [{"model": "a", "attention": "eager", "seq_len": 512, "batch": 1, "peak_meas": 3},
+           {"model": "g", "attention": "sdpa", "error": "still no SDPA"},
+           {"model": "b", "attention": "sdpa", "seq_len": 2048, "batch": 8, "peak_meas": 4}]
+    rows = merge_rows(old, new)
+    assert [r.get("peak_meas") for r in rows] == [1, 3, None, 4]
+    assert rows[2]["error"] == "still no SDPA"
