@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from .budget_activations import block_transients, decode_gather
+from .budget_activations import block_transients, decode_gather, repeat_kv_bytes
 from .budget_inputs import (
     ATTENTIONS,
     CACHES,
@@ -278,7 +278,7 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     eager = attention == "eager" and new_tokens > 1        # a step fed back to the model, whose attention repeats K, V
     # the last step fed: a static layer returns all its allocated positions; a dynamic one what it stores
     seen = prompt_len + new_tokens if cache == "static" else max(storage_positions(s, prompt_len, new_tokens - 1))
-    last = _repeated_kv(s, seen, batch, b) if eager else 0
+    last = repeat_kv_bytes(s, batch * seen, b) if eager else 0
     first_layer = next(i for i, c in enumerate(s.caches) if c.kind != "none")
     if cache == "static":
         prefill, decode = kv_full + act["peak"], kv_full + step(0, last)
@@ -293,18 +293,9 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
             kv_prompt, first_cat = kv_bytes(config, prompt_len, batch, kv_dtype), 0
         layer_kv = kv_full / s.layers / 2
         prefill = kv_prompt + act["peak"]
-        first_repeated = _repeated_kv(s, storage_positions(s, prompt_len, 1)[first_layer], batch, b) if eager else 0
+        first_repeated = repeat_kv_bytes(s, batch * storage_positions(s, prompt_len, 1)[first_layer], b) if eager else 0
         decode = max(kv_prompt + step(first_cat, first_repeated), kv_full + step(layer_kv, last))
     return {"prefill": prefill, "decode": decode, "peak": max(prefill, decode), "kv": kv_full}
-
-
-def _repeated_kv(s: Shape, positions: int, batch: int, b: float) -> float:
-    """Eager attention's ``repeat_kv`` in a decode step: K and V of a layer attending to ``positions``,
-    repeated to all ``heads``, ``2·batch·heads·positions·head_dim·b`` (none when ``kv_heads = heads``
-    or with MLA). transformers 5.17 ``eager_attention_forward``."""
-    if s.mla or s.kv_heads >= s.heads:
-        return 0
-    return 2 * batch * s.heads * positions * s.head_dim * b
 
 
 def budget(config, dtype: str = "bf16", seq_len: int = 2048, batch: int = 1, kv_dtype: str | None = None,

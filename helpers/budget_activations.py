@@ -108,6 +108,15 @@ def moe_decode_gather_bytes(config, batch: int = 1, act_dtype="bf16") -> float:
     return decode_gather(s, Layout.from_config(config), batch, dtype_bytes(act_dtype))
 
 
+def repeat_kv_bytes(s: Shape, n: int, b: float) -> float:
+    """Eager attention's ``repeat_kv``: K and V over ``n = batch · positions`` token positions copied to
+    every query head, ``2·n·heads·head_dim·b`` (none when ``kv_heads = heads``, or with MLA, whose
+    heads are not grouped). transformers 5.17 ``eager_attention_forward``."""
+    if s.mla or s.kv_heads >= s.heads:
+        return 0
+    return 2 * n * s.heads * s.head_dim * b
+
+
 def block_transients(s: Shape, lay: Layout, positions: int, batch: int, act_dtype, attention: str,
                      device: str) -> dict:
     """The transient bytes of one decoder block over ``positions`` tokens (``n = batch · positions``,
@@ -117,7 +126,7 @@ def block_transients(s: Shape, lay: Layout, positions: int, batch: int, act_dtyp
       referenced by the model's forward; the block's input, held by the caller's loop; the residual
       sum) and the rotary ``cos``/``sin`` ``2·n·rope_dim·b`` shared by all layers (one pair per
       :attr:`~helpers.budget_shape.Shape.rope_tables`), and with SDPA the boolean masks
-      ``batch·positions²`` of the windowed layer kinds whose window is shorter than the positions;
+      ``batch·positions²`` of the windowed layer kinds whose window the positions reach;
     * MLP: ``n·(3·I + h)·b`` (gate, up, their product, the normed input — none in a post-norm layer,
       OLMo-2, whose MLP reads the residual sum itself; ``4·I`` where gate and up come out of one fused
       projection, Phi-3; ``2·I`` ungated), or the experts' stage
@@ -152,13 +161,14 @@ def block_transients(s: Shape, lay: Layout, positions: int, batch: int, act_dtyp
         qkv = n * (s.heads + 2 * s.kv_heads) * s.head_dim * b
         qk = qkv - n * s.kv_heads * s.head_dim * b if lay.fused_qkv else 0
         out = n * s.heads * s.head_dim * b
-        repeated = 2 * n * s.heads * s.head_dim * b if s.kv_heads < s.heads else 0
+        repeated = repeat_kv_bytes(s, n, b)
         # q.float(), k.float(), then q·cos, rotate_half(q), rotate_half(q)·sin: before the attention itself
         rotation = n * ((s.heads + s.kv_heads) + 3 * s.heads) * s.head_dim * 4 if s.model_type in ROTARY_IN_FP32 else 0
     if attention == "sdpa":
         attn = qkv + qk + max(out, rotation)
-        # a window SDPA's is_causal cannot express: one boolean mask per windowed kind of layer
-        windowed = {c.kind for c in s.check_caches() if c.window is not None and positions > c.window}
+        # a window SDPA's is_causal cannot express (masking_utils._ignore_causal_mask_sdpa keeps the
+        # mask once kv_length >= the window): one boolean mask per windowed kind of layer
+        windowed = {c.kind for c in s.check_caches() if c.window is not None and positions >= c.window}
         residual += len(windowed) * batch * positions**2
     else:
         kinds = {c.kind for c in s.check_caches() if c.kind != "none"} or {"full"}

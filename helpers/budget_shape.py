@@ -128,9 +128,11 @@ class Shape:
                              "(its exact parameter count: budget.meta_param_counts)") from None
         rope = getattr(config, "rope_parameters", None)
         per_type = isinstance(rope, dict) and set(rope) <= set(LAYER_TYPES) and all(isinstance(v, dict) for v in rope.values())
+        # one table per layer type present (Gemma-3: ``for layer_type in set(config.layer_types)``)
+        tables = len(set(getattr(config, "layer_types", None) or rope)) if per_type and rope else 1
         return cls(layers, *sizes, bool(getattr(config, "tie_word_embeddings", False)), layer_caches(config),
                    MoE.from_config(config, layers), MLA.from_config(config), getattr(config, "model_type", "") or "",
-                   len(rope) if per_type and rope else 1)
+                   tables)
 
     def sparse(self, layer: int) -> bool:
         """Whether ``layer``'s MLP is a mixture of experts."""

@@ -130,7 +130,7 @@ class PeakMeter:
         if self.cuda:
             reset_peak(self.device)
             self.base = torch.cuda.memory_allocated(self.device)
-            self.base_requested = torch.cuda.memory_stats(self.device).get("requested_bytes.all.current", 0)
+            self.base_requested = requested_bytes(self.device)
         return self
 
     def read(self) -> int | None:
@@ -153,14 +153,14 @@ class PeakMeter:
         self.peak = self.read()
 
 
-def requested_bytes() -> int:
+def requested_bytes(device=None) -> int:
     """Bytes the live CUDA tensors asked for (``requested_bytes.all.current`` of
     ``torch.cuda.memory_stats``). ``memory_allocated`` counts the allocator's *blocks* instead, and a
     block from the large pool (> 1 MiB) is not split when less than 1 MiB would remain (PyTorch
     ``CUDACachingAllocator``), so it can exceed the request by up to 1 MiB per tensor."""
     if not torch.cuda.is_available():
         return 0
-    return int(torch.cuda.memory_stats().get("requested_bytes.all.current", 0))
+    return int(torch.cuda.memory_stats(device).get("requested_bytes.all.current", 0))
 
 
 def free_memory() -> None:

@@ -341,7 +341,7 @@ if ref_path.exists():
     q = models.architecture_config("Qwen2.5-0.5B")
     qs = budget.Shape.from_config(q)
     print(f"eager's repeated K and V, Qwen2.5-0.5B at 8192 + 31 positions: "
-          f"{2 * qs.heads * (8192 + 31) * qs.head_dim * 2 / MiB:.1f} MiB, against one layer's torch.cat of "
+          f"{budget_activations.repeat_kv_bytes(qs, 8192 + 31, 2) / MiB:.1f} MiB, against one layer's torch.cat of "
           f"{budget.kv_bytes(q, 8192 + 31, 1) / qs.layers / 2 / MiB:.1f} MiB")
 else:
     print("reference file not found (run from the notebooks/ folder)")

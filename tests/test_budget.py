@@ -583,3 +583,19 @@ def test_a_config_that_transformers_cannot_build_is_named():
     cfg = AutoConfig.for_model("t5", d_model=64, num_layers=2, num_heads=4, d_ff=96, d_kv=16)  # an encoder-decoder
     with pytest.raises(ValueError, match="cannot build model_type 't5' as a causal LM"):
         B.meta_param_count(cfg)
+
+
+def test_sdpa_window_mask_from_the_window_on_and_rope_tables_per_present_type():
+    # transformers keeps SDPA's mask once kv_length >= the window (masking_utils._ignore_causal_mask_sdpa)
+    from helpers.budget_activations import block_transients
+    from helpers.budget_layout import Layout
+    cfg = models.architecture_config("Gemma-3-1B")
+    s, lay = B.Shape.from_config(cfg), Layout.from_config(cfg)
+    w = next(c.window for c in s.caches if c.window)
+    below, at = (block_transients(s, lay, n, 1, "bf16", "sdpa", "cuda")["residual"] for n in (w - 1, w))
+    no_mask = lambda n: 3 * n * s.hidden * 2 + 2 * n * s.head_dim * 2 * s.rope_tables  # noqa: E731
+    assert below == no_mask(w - 1) and at == no_mask(w) + w * w
+    assert s.rope_tables == 2
+    one_type = models.architecture_config("Gemma-3-1B")
+    one_type.layer_types = ["full_attention"] * one_type.num_hidden_layers
+    assert B.Shape.from_config(one_type).rope_tables == 1
