@@ -40,6 +40,12 @@ def main():
     copy = timing.copy_bandwidth_gbps()
     config = models.architecture_config(args.arch)
     rows = []
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_GBps": copy}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save():   # after every row: a run stopped by a time limit keeps what it measured
+        out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
     family = json.loads(Path(args.family_from).read_text())["meta"].get("family") if args.family_from else None
     for fmt in args.formats.split(","):
         try:
@@ -73,12 +79,11 @@ def main():
                     row["share_of_roofline"] = r["decode_tok_s"] / roof
                 rows.append(row)
                 print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+                save()
         del model
         torch.cuda.empty_cache()
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_GBps": copy,
-            "kernel_family": family}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    meta["kernel_family"] = family
+    save()
     print("wrote", args.out)
 
 

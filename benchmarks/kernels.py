@@ -13,7 +13,10 @@ step sees: no launch gaps, weights from HBM); ``do_bench`` — :func:`triton.tes
 call at a time with the L2 flushed (launch overhead included). ``GBps`` = the weight bytes the
 kernel must read / time; ``copy_GBps`` = the measured device-to-device copy bandwidth.
 
-Our kernel is chosen in three phases, each row saying which (``phase``): A1 picks the dequantizer
+One row (``M = 1``, phase G): the CUDA-core GEMV on every shape and group — every candidate block
+width, warp count and split of K, the optimisation steps of :data:`STEPS`, and the shape-only rule
+:func:`helpers.w4_kernel.auto_config` beside them. The tensor-core kernel (every ``M``) is chosen in
+three phases, each row saying which (``phase``): A1 picks the dequantizer
 and the MMA orientation, A2 the block width, groups per step, split-K reduction and warps, on three
 shapes; B times the chosen family on every shape, group and M with every split of K, and the
 shape-only rule :func:`helpers.w4_kernel.auto_config` beside it. Every timed shape, group and M is
@@ -41,14 +44,21 @@ SHAPES = {  # label: (K, N) — in_features, out_features
 }
 PHASE_A_SHAPES = ("8B gate/up 4096x14336", "70B gate/up 8192x28672")
 SPLITS = (1, 2, 4, 8, 16)
-STEPS = {  # the CUDA-core GEMV, one optimisation at a time (helpers/w4_kernel.py docstring); M = 1 only
-    "gemv step 1: one group per step": dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=128, SPLIT_K=1, MAGIC=False, num_warps=4),
-    "gemv step 2: + 4 groups per step (wide loads)": dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=512, SPLIT_K=1, MAGIC=False,
-                                                          num_warps=4),
-    "gemv step 3: + split-K": dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=512, SPLIT_K=4, MAGIC=False, num_warps=4),
-    "gemv step 4: + fp32 magic-number nibble→float (0x4B000000)": dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=512,
-                                                                        SPLIT_K=4, MAGIC=True, num_warps=4),
-}
+STEPS = (  # the CUDA-core GEMV, one optimisation at a time (helpers/w4_kernel.py docstring); M = 1 only.
+    # (label, config; SPLIT_K None = helpers.w4_kernel.gemv_split's choice for the shape)
+    ("gemv step 1: 32 rows per program, int→float per code", dict(BLOCK_N=32, SPLIT_K=1, MAGIC=False)),
+    ("gemv step 2: + split-K (every SM streams)", dict(BLOCK_N=32, SPLIT_K=None, MAGIC=False)),
+    ("gemv step 3: + magic-number codes in place (lop3, no int→float)", dict(BLOCK_N=32, SPLIT_K=None, MAGIC=True)),
+    ("gemv step 4: + 256 rows per program (x and scales reused)", dict(BLOCK_N=256, SPLIT_K=None, MAGIC=True)),
+)
+
+
+def step_config(p, cfg: dict) -> dict:
+    """A :data:`STEPS` config completed for weight ``p`` (its split from :func:`helpers.w4_kernel.gemv_split`)."""
+    n, k = p.shape
+    split = cfg["SPLIT_K"] or w4_kernel.gemv_split(math.ceil(n / cfg["BLOCK_N"]), k // p.group_size,
+                                                   torch.cuda.get_device_properties(0).multi_processor_count)
+    return dict(KERNEL="gemv", num_warps=4, **{**cfg, "SPLIT_K": split})
 
 
 class Shape:
@@ -91,7 +101,9 @@ def main():
     ap.add_argument("--crossover-rows", default="4,32,64", help="extra M on the first phase-A shape")
     ap.add_argument("--groups", default="64,128")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop phase B (rows kept) after this many seconds")
+    ap.add_argument("--phases", default="G,A,B", help="G: the one-row GEMV; A, B: the tensor-core kernel")
     args = ap.parse_args()
+    phases = set(args.phases.split(","))
     if not torch.cuda.is_available():
         sys.exit("kernels.py times CUDA kernels; there is no CUDA device here")
     t_start = time.perf_counter()
@@ -141,6 +153,49 @@ def main():
                 if best is None or ms < best[1]:
                     best = (cfg, ms)
         return best
+
+    # ---------------- phase G: the one-row GEMV on every shape and group: each candidate, the steps, auto_config
+    for label in (args.shapes.split(",") if "G" in phases else []):
+        k, n = SHAPES[label]
+        sh = Shape(k, n, groups=groups)
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        add("bf16 cuBLAS", "bf16", label, k, n, 1, None, timing.graph_ms([lambda w=w: x @ w.t() for w in sh.w]),
+            n * k * 2, "cudagraph", phase="G")
+        for g in groups:
+            p0, nbytes = sh.packed[g][0], sh.packed[g][0].nbytes
+            if sh.tiny[g] is not None:
+                add("tinygemm (torchao int4)", f"W4A16 g{g}", label, k, n, 1, g,
+                    timing.graph_ms([lambda t=t: t(x) for t in sh.tiny[g]]), nbytes, "cudagraph", phase="G")
+            gemvs = [c for c in w4_kernel.candidate_configs(p0, 1) if c["KERNEL"] == "gemv"]
+            for cfg in gemvs:
+                add("ours (Triton GEMV)", f"W4A16 g{g}", label, k, n, 1, g, try_ours(sh, label, g, x, cfg, "G"),
+                    nbytes, "cudagraph", config=cfg, phase="G")
+            for step, scfg in STEPS:
+                cfg = step_config(p0, scfg)
+                add(step, f"W4A16 g{g}", label, k, n, 1, g, try_ours(sh, label, g, x, cfg, "G"), nbytes,
+                    "cudagraph", config=cfg, phase="G")
+            auto = w4_kernel.auto_config(p0, 1)
+            add("ours (Triton GEMV, auto_config)", f"W4A16 g{g}", label, k, n, 1, g,
+                try_ours(sh, label, g, x, auto, "G-auto"), nbytes, "cudagraph", config=auto, phase="G-auto")
+            add("ours (Triton GEMV, auto_config)", f"W4A16 g{g}", label, k, n, 1, g,
+                triton.testing.do_bench(lambda: w4_kernel.w4a16_matmul(x, p0, auto), return_mode="median"),
+                nbytes, "do_bench", config=auto, phase="G-auto")
+            ref = w4_format.reference_matmul(x.float(), p0).float()
+            steps = [step_config(p0, scfg) for _, scfg in STEPS]
+            for cfg in gemvs + steps + [auto]:   # every timed config, exact against the readable reference
+                err = ((w4_kernel.w4a16_matmul(x, p0, cfg, out_dtype=torch.float32) - ref).abs().max()
+                       / ref.abs().max()).item()
+                for r in rows:
+                    if r.get("phase", "").startswith("G") and r.get("shape") == label and r.get("group") == g \
+                            and r.get("config") == cfg:
+                        r["exact"], r["rel_err"] = bool(err <= 1e-3), err
+        sh.free()
+        save()
+    if not phases & {"A", "B"}:
+        meta["seconds"] = time.perf_counter() - t_start
+        save()
+        print("wrote", out, f"({meta['seconds']:.0f} s)")
+        return
 
     # ---------------- phase A: which kernel family (two shapes, g128, M = 1 and 16)
     base = dict(KERNEL="tc", GROUPS=2, REDUCE="atomic", num_warps=4, num_stages=3)
@@ -214,14 +269,6 @@ def main():
                 err = ((got - ref).abs().max() / ref.abs().max()).item()
                 rows[-1]["exact"] = bool(err <= 1e-3)
                 rows[-1]["rel_err"] = err
-                if m == 1 and g == 128 and label in PHASE_A_SHAPES + ("8B down 14336x4096",):
-                    for step, scfg in STEPS.items():
-                        try:
-                            add(step, f"W4A16 g{g}", label, k, n, m, g,
-                                timing.graph_ms([lambda p=p, c=scfg: w4_kernel.w4a16_matmul(x, p, c) for p in sh.packed[g]]),
-                                nbytes, "cudagraph", config=scfg)
-                        except Exception as e:  # noqa: BLE001
-                            print("  step failed:", step, e, flush=True)
             if m in (1, 16) and si < 5:
                 try:
                     from torchao.quantization import Int8WeightOnlyConfig

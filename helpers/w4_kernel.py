@@ -13,9 +13,12 @@ Every weight byte is read once per call, so at decode (``M`` = 1 … 64 rows) th
 memory-bound: its limit is ``bytes read / copy bandwidth``. Two kernels, the second built on what the
 first taught (notebook 08 measures each step, ``benchmarks/kernels.py``):
 
-* ``KERNEL="gemv"`` — one row on CUDA cores: several groups per step read as int32 words (wide
-  loads), split-K so every SM streams, and the nibble → float conversion without an int→float
-  instruction (``MAGIC``: ``0x4B000000 | q`` *is* the float32 ``2^23 + q``).
+* ``KERNEL="gemv"`` — one row on CUDA cores, one group per step: each thread holds whole words of
+  a few rows (128-bit loads) and sums their codes in registers, so the only work per code is its
+  conversion and one FFMA; split-K (:func:`gemv_split`) so every SM streams. The nibble stays where
+  it is in the word: ``(w & 0xF << 4j) | 0x4B000000`` *is* the float32 ``2^23 + q·16^j`` (``MAGIC``:
+  one ``lop3`` and one subtraction per code, no int→float instruction), and ``x`` is scaled by
+  ``16^-j`` once per column instead.
 * ``KERNEL="tc"`` — any ``M`` up to 64 on tensor cores (``tl.dot``; one row is padded to a 16-row
   tile, whose wasted products cost less than the unpacking they replace): per group, the even and
   the odd codes of each byte become two 16-bit tiles multiplied by the even and odd columns of
@@ -49,42 +52,73 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
     triton = None
 
 
-def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K, stride_wn, stride_sn,
-                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       SPLIT_K: tl.constexpr, MAGIC: tl.constexpr):
-    """One row of x (decode at batch 1): reduce on CUDA cores, scale and zero once per group."""
+def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K, SPLIT_K, stride_wn, stride_sn,
+                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SERIAL: tl.constexpr, MAGIC: tl.constexpr):
+    """One row of x (decode at batch 1) on CUDA cores, one group per step: every thread sums its rows'
+    codes in registers (no reduction across threads per word), then ``acc += s·(Σ x·q − z·Σ x)``."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    WPG: tl.constexpr = GROUP // 8                    # int32 words per row and group
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    NG: tl.constexpr = BLOCK_K // GROUP
-    NW: tl.constexpr = BLOCK_K // 8                   # int32 words per row and step
-    WPG: tl.constexpr = GROUP // 8                    # int32 words per group
+    offs_w = tl.arange(0, WPG)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    k_span = K // SPLIT_K
-    for k0 in range(pid_k * k_span, (pid_k + 1) * k_span, BLOCK_K):
-        words = tl.load(w_ptr + offs_n[:, None] * stride_wn + (k0 // 8 + tl.arange(0, NW))[None, :],
-                        mask=mask_n[:, None], other=0)                             # [BN, NW] int32
-        part = tl.zeros((BLOCK_N, NW), dtype=tl.float32)
-        for j in tl.static_range(8):                  # nibble j of every word: codes 8w + j
-            nib = (words >> (4 * j)) & 0xF
-            if MAGIC:   # 0x4B000000 | q is the float32 2^23 + q: no int→float convert
-                qf = (nib | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-            else:
-                qf = nib.to(tl.float32)
-            xj = tl.load(x_ptr + k0 + tl.arange(0, NW) * 8 + j).to(tl.float32)
-            part += qf * xj[None, :]
-        part = tl.sum(tl.reshape(part, (BLOCK_N, NG, WPG)), axis=2)                 # [BN, NG] Σ x·q per group
-        x = tl.load(x_ptr + k0 + tl.arange(0, BLOCK_K)).to(tl.float32)
-        xs = tl.sum(tl.reshape(x, (NG, GROUP)), axis=1)                             # [NG]    Σ x per group
-        g = k0 // GROUP + tl.arange(0, NG)
-        sc = tl.load(s_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
-        acc += tl.sum(sc * (part - z * xs[None, :]), axis=1)
-    if SPLIT_K == 1:
-        tl.store(y_ptr + offs_n, acc, mask=mask_n)
-    else:
-        tl.atomic_add(y_ptr + offs_n, acc, mask=mask_n)
+    span = (K // GROUP) // SPLIT_K
+    for gi in range(pid_k * span, (pid_k + 1) * span):
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + (gi * WPG + offs_w)[None, :], mask=mask_n[:, None],
+                    other=0, eviction_policy="evict_first")                            # [BN, WPG] int32
+        x = tl.load(x_ptr + gi * GROUP + offs_w[:, None] * 8 + tl.arange(0, 8)[None, :]).to(tl.float32)  # [WPG, 8]
+        xs = tl.sum(tl.reshape(x, (GROUP,)), axis=0)                                  # Σ x over the group
+        a0, a1 = tl.split(tl.reshape(x, (WPG, 2, 2, 2)))   # nibble j = 4a + 2b + c of each word: peel c, b, a
+        b00, b01 = tl.split(a0)
+        b10, b11 = tl.split(a1)
+        x0, x4 = tl.split(b00)
+        x2, x6 = tl.split(b01)
+        x1, x5 = tl.split(b10)
+        x3, x7 = tl.split(b11)
+        # nibble j left in place: q·16^(j mod 4) (the high half of the word after one shift by 16), so x_j
+        # is scaled by 16^-(j mod 4) once per column instead of every code shifted down
+        if MAGIC:   # (w & 0xF<<4j) | 0x4B000000 is the float 2^23 + q·16^j: one lop3 and one subtraction
+            q0, q1, q2, q3, q4, q5, q6, q7 = tl.inline_asm_elementwise(
+                "{ .reg .b32 h; shr.b32 h, $8, 16;"
+                " lop3.b32 $0, $8, 0xF, 0x4B000000, 0xEA; lop3.b32 $1, $8, 0xF0, 0x4B000000, 0xEA;"
+                " lop3.b32 $2, $8, 0xF00, 0x4B000000, 0xEA; lop3.b32 $3, $8, 0xF000, 0x4B000000, 0xEA;"
+                " lop3.b32 $4, h, 0xF, 0x4B000000, 0xEA; lop3.b32 $5, h, 0xF0, 0x4B000000, 0xEA;"
+                " lop3.b32 $6, h, 0xF00, 0x4B000000, 0xEA; lop3.b32 $7, h, 0xF000, 0x4B000000, 0xEA;"
+                " sub.f32 $0, $0, 0f4B000000; sub.f32 $1, $1, 0f4B000000; sub.f32 $2, $2, 0f4B000000;"
+                " sub.f32 $3, $3, 0f4B000000; sub.f32 $4, $4, 0f4B000000; sub.f32 $5, $5, 0f4B000000;"
+                " sub.f32 $6, $6, 0f4B000000; sub.f32 $7, $7, 0f4B000000; }",
+                "=r,=r,=r,=r,=r,=r,=r,=r,r", [w], dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+        else:       # the same values by an int→float conversion each
+            h = w >> 16
+            q0, q1, q2, q3 = (w & 0xF).to(tl.float32), (w & 0xF0).to(tl.float32), \
+                (w & 0xF00).to(tl.float32), (w & 0xF000).to(tl.float32)
+            q4, q5, q6, q7 = (h & 0xF).to(tl.float32), (h & 0xF0).to(tl.float32), \
+                (h & 0xF00).to(tl.float32), (h & 0xF000).to(tl.float32)
+        part = q0 * x0[None, :]                       # one FFMA per code, chained
+        part += q1 * (x1 * 0.0625)[None, :]
+        part += q2 * (x2 * 0.00390625)[None, :]
+        part += q3 * (x3 * 0.000244140625)[None, :]
+        part += q4 * x4[None, :]
+        part += q5 * (x5 * 0.0625)[None, :]
+        part += q6 * (x6 * 0.00390625)[None, :]
+        part += q7 * (x7 * 0.000244140625)[None, :]
+        dot = tl.sum(part, axis=1)                                                     # [BN] Σ x·q
+        sc = tl.load(s_ptr + offs_n * stride_sn + gi, mask=mask_n, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + offs_n * stride_sn + gi, mask=mask_n, other=0.0).to(tl.float32)
+        acc += sc * (dot - z * xs)
+    if not SERIAL:
+        tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mask_n)
+    else:   # each split writes its partial; the last to arrive adds them and writes y once, in its dtype
+        tl.store(ws_ptr + pid_k * N + offs_n, acc, mask=mask_n)
+        tl.debug_barrier()
+        ticket = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT_K - 1:
+            total = tl.zeros_like(acc)
+            for part_k in range(0, SPLIT_K):
+                total += tl.load(ws_ptr + part_k * N + offs_n, mask=mask_n, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + offs_n, total.to(y_ptr.dtype.element_ty), mask=mask_n)
+            tl.atomic_xchg(lock_ptr + pid_n, 0)
 
 
 def _w4a16_tc_kernel(x_ptr, b_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, M, N, K, SPLIT_K,
@@ -196,9 +230,10 @@ def _kernel(name: str):
     return _KERNELS[name]
 
 
-GEMV_KEYS = {"KERNEL", "BLOCK_N", "BLOCK_K", "SPLIT_K", "MAGIC", "num_warps", "num_stages"}
+GEMV_KEYS = {"KERNEL", "BLOCK_N", "SPLIT_K", "MAGIC", "num_warps", "num_stages"}
 TC_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "DEQUANT", "SWAP", "REDUCE", "num_warps", "num_stages"}
-DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, MAGIC=False, num_warps=4)
+DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=256, SPLIT_K=1, MAGIC=True, num_warps=4)
+GEMV_CTAS_PER_SM = 4   # split-K target of the GEMV: about this many programs per multiprocessor
 TC_DEFAULTS = dict(KERNEL="tc", BLOCK_N=64, GROUPS=1, SPLIT_K=1, DEQUANT="lop3", SWAP=True, REDUCE="serial",
                    num_warps=4, num_stages=3)   # the family benchmarks/kernels.py chose on the H200
 
@@ -234,10 +269,10 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
     if kind == "gemv":
         if m != 1:
             raise ValueError(f"KERNEL='gemv' computes one row; x has {m} rows (use KERNEL='tc')")
-        if not _pow2(cfg["BLOCK_K"]) or cfg["BLOCK_K"] % p.group_size:
-            raise ValueError(f"config BLOCK_K={cfg['BLOCK_K']} must be a power of 2 and a multiple of group_size="
-                             f"{p.group_size}")
-        step = cfg["BLOCK_K"]
+        if not _pow2(p.group_size):
+            raise ValueError(f"KERNEL='gemv' needs a power-of-2 group_size (one group per step), got {p.group_size}")
+        cfg["MAGIC"] = v.flag(cfg["MAGIC"], "config MAGIC")
+        step = p.group_size
     else:
         if p.group_size < 32 or not _pow2(p.group_size):
             raise ValueError(f"KERNEL='tc' needs a power-of-2 group_size ≥ 32 (16 codes per dot), got {p.group_size}")
@@ -253,20 +288,27 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
     return cfg
 
 
+def gemv_split(tiles: int, groups: int, sms: int) -> int:
+    """Programs along K for the GEMV: the largest divisor of the ``groups`` per row that keeps
+    ``tiles · split`` within :data:`GEMV_CTAS_PER_SM` programs per multiprocessor (a split smaller than
+    that leaves multiprocessors idle on narrow weights; more only adds partial sums to add up)."""
+    target = max(1, GEMV_CTAS_PER_SM * sms // max(tiles, 1))
+    return max(d for d in range(1, min(groups, target) + 1) if groups % d == 0)
+
+
 def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     """A config chosen from the shape alone, by the rule the H200 measurements support
-    (``results/h200/kernels.json``): one row runs the CUDA-core GEMV (four groups of int32 words per
-    step, ``K`` split in four, the fp32 magic-number conversion — faster than the tensor-core kernel
-    at ``M = 1`` on every shape measured); more rows run the tensor-core kernel with 256 input columns
+    (``results/h200/kernels.json``): one row runs the CUDA-core GEMV (256 rows per program, the fp32
+    magic-number codes, ``K`` split by :func:`gemv_split`); more rows run the tensor-core kernel with 256 input columns
     per step (fewer where the groups do not divide ``K``), ``K`` split in four only where the output
     tiles cannot occupy three quarters of the multiprocessors. ``family`` overrides
     :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is lowered until it divides ``K``)."""
     n, k = p.shape
-    if m == 1 and (family is None or family.get("KERNEL", "gemv") == "gemv"):
-        for block_k, split in ((512, 4), (512, 1), (256, 1), (p.group_size, 1)):
-            cfg = dict(DEFAULT_CONFIG, BLOCK_K=block_k, SPLIT_K=split, MAGIC=True)
-            if block_k % p.group_size == 0 and _pow2(block_k) and k % (block_k * split) == 0:
-                return cfg
+    sms = torch.cuda.get_device_properties(p.words.device).multi_processor_count if p.words.is_cuda else 8
+    if m == 1 and _pow2(p.group_size) and (family is None or family.get("KERNEL", "gemv") == "gemv"):
+        cfg = dict(DEFAULT_CONFIG, MAGIC=not _interpreted())
+        cfg["SPLIT_K"] = gemv_split(math.ceil(n / cfg["BLOCK_N"]), k // p.group_size, sms)
+        return cfg
     family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL")}
     groups = family.pop("GROUPS", max(1, 256 // p.group_size))
     while groups > 1 and k % (p.group_size * groups):   # SmolLM2's 576 columns: 9 groups of 64, one per step
@@ -275,10 +317,18 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     if _interpreted():
         cfg["DEQUANT"] = "shift"
     step = p.group_size * cfg["GROUPS"]
-    sms = torch.cuda.get_device_properties(p.words.device).multi_processor_count if p.words.is_cuda else 8
     tiles = math.ceil(n / cfg["BLOCK_N"]) * math.ceil(m / block_rows(m))
     cfg["SPLIT_K"] = 4 if tiles < 0.75 * sms and k % (4 * step) == 0 else 1
     return cfg
+
+
+def _locks(locks: torch.Tensor | None, tiles: int, device) -> torch.Tensor:
+    """The serial reduction's int32 counters, one per output tile: the caller's (checked), or new zeros."""
+    if locks is None:
+        return torch.zeros(tiles, dtype=torch.int32, device=device)
+    if locks.dtype != torch.int32 or locks.numel() < tiles or locks.device != device:
+        raise ValueError(f"locks must be int32 zeros with at least {tiles} entries on {device}")
+    return locks
 
 
 def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_dtype=None,
@@ -318,20 +368,21 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
     x = x.contiguous()
     extra = {key: cfg[key] for key in ("num_warps", "num_stages") if key in cfg and x.device.type == "cuda"}
     if cfg["KERNEL"] == "gemv":
-        y = torch.zeros(m, n, dtype=torch.float32, device=x.device)
-        grid = (triton.cdiv(n, cfg["BLOCK_N"]), cfg["SPLIT_K"])
-        _kernel("gemv")[grid](x, p.words, p.scale, p.zero, y, n, k, p.words.stride(0), p.scale.stride(0),
-                              GROUP=p.group_size, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-                              SPLIT_K=cfg["SPLIT_K"], MAGIC=cfg["MAGIC"], **extra)
-        return y.to(out_dtype)
+        split = cfg["SPLIT_K"]
+        grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)
+        y = torch.empty(m, n, dtype=out_dtype, device=x.device)
+        ws = torch.empty(split, n, dtype=torch.float32, device=x.device) if split > 1 else y
+        locks = _locks(locks, grid[0], x.device) if split > 1 else y
+        _kernel("gemv")[grid](x, p.words, p.scale, p.zero, y, ws, locks, n, k, split, p.words.stride(0),
+                              p.scale.stride(0), GROUP=p.group_size, BLOCK_N=cfg["BLOCK_N"], SERIAL=split > 1,
+                              MAGIC=cfg["MAGIC"] and not _interpreted(), **extra)
+        return y
     bm, split = block_rows(m), cfg["SPLIT_K"]
     reduce = "none" if split == 1 else cfg["REDUCE"]
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), split, triton.cdiv(m, bm))
     ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if reduce == "serial" else x
     if reduce == "serial":
-        locks = torch.zeros(grid[0] * grid[2], dtype=torch.int32, device=x.device) if locks is None else locks
-        if locks.dtype != torch.int32 or locks.numel() < grid[0] * grid[2] or locks.device != x.device:
-            raise ValueError(f"locks must be int32 zeros with at least {grid[0] * grid[2]} entries on {x.device}")
+        locks = _locks(locks, grid[0] * grid[2], x.device)
     y = (torch.zeros(m, n, dtype=torch.float32, device=x.device) if reduce == "atomic"
          else torch.empty(m, n, dtype=out_dtype, device=x.device))
     bf16 = x.dtype == torch.bfloat16
@@ -356,8 +407,8 @@ def candidate_configs(p: W4Weight, m: int) -> list[dict]:
                  num_warps=4, num_stages=3)
             for bn in (64, 128) for gs in (1, 2) for sk in (1, 2, 4, 8, 16) for sw in (False, True)]
     if m == 1:
-        grid += [dict(KERNEL="gemv", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, MAGIC=True, num_warps=4)
-                 for bn in (32, 64) for bk in (256, 512) for sk in (1, 4, 8)]
+        grid += [dict(KERNEL="gemv", BLOCK_N=bn, SPLIT_K=sk, MAGIC=True, num_warps=nw)
+                 for bn in (128, 256, 512) for nw in (4, 8) for sk in (1, 2, 4, 8, 16, 32)]
     out = []
     for cfg in grid:
         try:

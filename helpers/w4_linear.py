@@ -11,8 +11,8 @@ from .w4_kernel import DEFAULT_CONFIG, auto_config, block_rows, w4a16_matmul
 class W4Linear(torch.nn.Module):
     """A ``Linear`` whose weight lives packed (0.5 byte per weight + 4 bytes per group, registered as
     buffers so ``state_dict`` and byte counts see them) and runs through :func:`w4a16_matmul`, with one
-    configuration per row tile (``configs``: :func:`block_rows` value → config; :func:`auto_config`
-    where none is given).
+    configuration per row tile (``configs``: 1 for one row, else the :func:`block_rows` value → config;
+    :func:`auto_config` where none is given).
 
     Above ``dense_above`` rows (prefill, large batches) the int4 kernels lose to a 16-bit GEMM (the
     crossover measured in notebook 08), so the layer dequantizes its weight for that call and uses
@@ -53,9 +53,10 @@ class W4Linear(torch.nn.Module):
             if x2.dtype == torch.float32:
                 cfg = DEFAULT_CONFIG                  # one fp32 row: the CUDA-core GEMV
             else:
-                cfg = self.configs.get(block_rows(m))
+                tile = 1 if m == 1 else block_rows(m)   # one row: the GEMV; more: a tensor-core row tile
+                cfg = self.configs.get(tile)
                 if cfg is None:
-                    cfg = self.configs[block_rows(m)] = auto_config(self.p, block_rows(m), self.family)
+                    cfg = self.configs[tile] = auto_config(self.p, tile, self.family)
             y = w4a16_matmul(x2, self.p, cfg, locks=self.locks)
         y = y.reshape(*shape[:-1], self.shape[0])
         return y + self.bias if self.bias is not None else y

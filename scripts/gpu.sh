@@ -2,7 +2,8 @@
 # The course's GPU measurements, one entry point: bash scripts/gpu.sh PART [PART ...]
 #   suite                 pytest tests, whole (CUDA tests included)        -> $OUT/pytest_gpu.txt
 #   clinic                python -m benchmarks.clinic --mps (real OOMs alone and beside another process, MPS)
-#   kernels               python -m benchmarks.kernels (W4A16 kernels, every shape/group/M)  -> $OUT/kernels.json
+#   kernels               python -m benchmarks.kernels (W4A16 kernels, every shape/group/M; KERNEL_ARGS="--phases G")
+#                         -> $OUT/kernels.json
 #   decode                python -m benchmarks.decode (whole-model decode, 8B architecture)  -> $OUT/decode.json
 #   notebooks             the notebooks in $NOTEBOOKS (default: all), one at a time, full profile
 #                         (COURSE_PROFILE to change it) -> $OUT/notebooks/*.ipynb, $OUT/run_all.json
@@ -35,7 +36,7 @@ run_part() {
   case "$part" in
     suite) timeout "$T" python3 -m pytest tests -q -p no:cacheprovider -rs --durations=40 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -30 ;;
     clinic) timeout "$T" python3 -m benchmarks.clinic --out "$OUT/clinic.json" --mps 2>&1 | tee "$OUT/clinic.log" | tail -20 ;;
-    kernels) timeout "$T" python3 -m benchmarks.kernels --out "$OUT/kernels.json" --budget-s "${KERNEL_BUDGET:-300}" 2>&1 \
+    kernels) timeout "$T" python3 -m benchmarks.kernels --out "$OUT/kernels.json" --budget-s "${KERNEL_BUDGET:-300}" ${KERNEL_ARGS:-} 2>&1 \
                | tee "$OUT/kernels.log" | grep -E "phase|best|failed|wrote|copy bandwidth" | tail -30 ;;
     decode) timeout "$T" python3 -m benchmarks.decode --out "$OUT/decode.json" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/decode.log" | tail -30 ;;
     notebooks) COURSE_PROFILE=${COURSE_PROFILE:-full} timeout "$T" python3 scripts/run_all.py --out "$OUT/notebooks" \
@@ -51,6 +52,6 @@ run_part() {
   esac
   echo "=== $part done in $(( $(date +%s) - t0 )) s"
 }
-[ $# -gt 0 ] || { sed -n '2,16p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,17p' "$0"; exit 2; }
 if [ "$1" = budget ]; then run_part "$@"; exit; fi
 for part in "$@"; do run_part "$part"; done

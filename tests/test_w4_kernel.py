@@ -28,14 +28,34 @@ def test_bytes_are_half_a_byte_plus_group_params():
     assert p.nbytes == 64 * 1024 // 2 + 2 * (64 * 1024 // 128) * 2
 
 
-@pytest.mark.parametrize("cfg", [dict(KERNEL="gemv", BLOCK_N=16, BLOCK_K=128, SPLIT_K=1, MAGIC=False),
-                                 dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, MAGIC=True)])
-def test_gemv_matches_reference(cfg):
-    p = w4_format.pack_w4(weight(48, 512).to(DEV), 128)
-    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(1)).to(DEV)
-    got = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
-    ref = w4_format.reference_matmul(x, p)
-    assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()
+GEMV_CONFIGS = [dict(KERNEL="gemv", BLOCK_N=16, SPLIT_K=1, MAGIC=False),
+                dict(KERNEL="gemv", BLOCK_N=32, SPLIT_K=2, MAGIC=True),
+                dict(KERNEL="gemv", BLOCK_N=256, SPLIT_K=4, MAGIC=True, num_warps=8)]
+
+
+@pytest.mark.parametrize("cfg", GEMV_CONFIGS)
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_gemv_matches_reference(cfg, group):
+    """Every nibble position, split-K's serial reduction and blocks that overhang the weight (40 rows:
+    the last block's rows are masked); fp32, fp16 and bf16 activations at group 128."""
+    p = w4_format.pack_w4(weight(40, 512, seed=group).to(DEV), group)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16) if group == 128 else (torch.bfloat16,):
+        x = torch.randn(1, 512, generator=torch.Generator().manual_seed(1)).to(dtype).to(DEV)
+        got = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
+        ref = w4_format.reference_matmul(x.float(), p)
+        assert (got - ref).abs().max() <= 1e-5 * ref.abs().max(), (dtype, cfg)
+    y = w4_kernel.w4a16_matmul(x, p, cfg)
+    assert y.dtype == torch.bfloat16 and y.shape == (1, 40)       # written once, in the activations' dtype
+
+
+def test_gemv_split_divides_the_groups_and_fills_the_device():
+    assert w4_kernel.gemv_split(tiles=56, groups=32, sms=132) == 8       # 8B gate/up: 448 programs
+    assert w4_kernel.gemv_split(tiles=16, groups=112, sms=132) == 28     # 8B down: 448 programs
+    assert w4_kernel.gemv_split(tiles=1000, groups=32, sms=132) == 1     # already more tiles than the target
+    assert w4_kernel.gemv_split(tiles=2, groups=9, sms=132) == 9         # SmolLM2's 9 groups of 64
+    for tiles, groups in ((3, 7), (16, 112), (112, 64)):
+        split = w4_kernel.gemv_split(tiles, groups, 132)
+        assert groups % split == 0 and (tiles * split <= w4_kernel.GEMV_CTAS_PER_SM * 132 or split == 1)
 
 
 TC_CONFIGS = [None,   # auto_config: chosen from the shape
@@ -74,7 +94,8 @@ def test_serial_reduction_leaves_its_counters_at_zero():
 def test_auto_config_follows_the_measured_rule():
     narrow = w4_format.pack_w4(weight(64, 4096), 128)
     one = w4_kernel.auto_config(narrow, 1)
-    assert one["KERNEL"] == "gemv" and one["MAGIC"] and 4096 % (one["BLOCK_K"] * one["SPLIT_K"]) == 0
+    assert one["KERNEL"] == "gemv" and (4096 // 128) % one["SPLIT_K"] == 0
+    assert one["MAGIC"] == (DEV == "cuda")                          # the interpreter runs no inline PTX
     many = w4_kernel.auto_config(narrow, 16)
     assert many["KERNEL"] == "tc" and many["SPLIT_K"] == 4          # one output tile: split K
     wide = w4_kernel.auto_config(w4_format.pack_w4(weight(4096, 1024), 128), 16)
@@ -103,7 +124,7 @@ def test_candidate_configs_all_valid():
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(KERNEL="gemv", BLOCK_K=100), "power of 2 and a multiple of group_size"),
+    (dict(KERNEL="gemv", BLOCK_K=256), "unknown keys"),
     (dict(KERNEL="gemv", SPLIT_K=3), "multiple of"),
     (dict(KERNEL="gemv", BLOCK_Q=4), "unknown keys"),
     (dict(KERNEL="gemv", BLOCK_N=0), "BLOCK_N must be a power of 2"),
@@ -135,6 +156,8 @@ def test_bad_input():
         w4_kernel.w4a16_matmul(torch.ones(1, 256, dtype=torch.int64), p)
     with pytest.raises(ValueError, match="KERNEL='gemv' computes one row"):
         w4_kernel.w4a16_matmul(torch.randn(2, 256), p, dict(KERNEL="gemv"))
+    with pytest.raises(TypeError, match="config MAGIC must be True or False"):
+        w4_kernel.w4a16_matmul(torch.randn(1, 256), p, dict(KERNEL="gemv", MAGIC="yes"))
     with pytest.raises(ValueError, match="pass x in bfloat16 or float16"):
         w4_kernel.w4a16_matmul(torch.randn(2, 256), p, dict(KERNEL="tc"))
     with pytest.raises(TypeError, match="p must be a W4Weight"):
