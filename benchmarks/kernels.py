@@ -46,10 +46,14 @@ PHASE_A_SHAPES = ("8B gate/up 4096x14336", "70B gate/up 8192x28672")
 SPLITS = (1, 2, 4, 8, 16)
 STEPS = (  # the CUDA-core GEMV, one optimisation at a time (helpers/w4_kernel.py docstring); M = 1 only.
     # (label, config; SPLIT_K None = helpers.w4_kernel.gemv_split's choice for the shape)
-    ("gemv step 1: 32 rows per program, int→float per code", dict(BLOCK_N=32, SPLIT_K=1, MAGIC=False)),
-    ("gemv step 2: + split-K (every SM streams)", dict(BLOCK_N=32, SPLIT_K=None, MAGIC=False)),
-    ("gemv step 3: + magic-number codes in place (lop3, no int→float)", dict(BLOCK_N=32, SPLIT_K=None, MAGIC=True)),
-    ("gemv step 4: + 256 rows per program (x and scales reused)", dict(BLOCK_N=256, SPLIT_K=None, MAGIC=True)),
+    ("gemv step 1: 32 rows per program, int→float per code", dict(BLOCK_N=32, SPLIT_K=1, MAGIC=False, num_stages=1)),
+    ("gemv step 2: + split-K (every SM streams)", dict(BLOCK_N=32, SPLIT_K=None, MAGIC=False, num_stages=1)),
+    ("gemv step 3: + magic-number codes in place (lop3, no int→float)",
+     dict(BLOCK_N=32, SPLIT_K=None, MAGIC=True, num_stages=1)),
+    ("gemv step 4: + 128 rows per program (x and scales reused)",
+     dict(BLOCK_N=128, SPLIT_K=None, MAGIC=True, num_stages=1)),
+    ("gemv step 5: + the next groups' words in flight (3 stages)",
+     dict(BLOCK_N=128, SPLIT_K=None, MAGIC=True, num_stages=3)),
 )
 
 

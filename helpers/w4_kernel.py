@@ -53,9 +53,12 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
 
 
 def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K, SPLIT_K, stride_wn, stride_sn,
-                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SERIAL: tl.constexpr, MAGIC: tl.constexpr):
+                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SERIAL: tl.constexpr, MAGIC: tl.constexpr,
+                       STAGES: tl.constexpr):
     """One row of x (decode at batch 1) on CUDA cores, one group per step: every thread sums its rows'
-    codes in registers (no reduction across threads per word), then ``acc += s·(Σ x·q − z·Σ x)``."""
+    codes in registers (no reduction across threads per word), then ``acc += s·(Σ x·q − z·Σ x)``.
+    ``STAGES`` > 1: the next groups' words are already on their way (asynchronous copies) while this
+    one is summed."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     WPG: tl.constexpr = GROUP // 8                    # int32 words per row and group
@@ -64,7 +67,7 @@ def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K
     offs_w = tl.arange(0, WPG)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     span = (K // GROUP) // SPLIT_K
-    for gi in range(pid_k * span, (pid_k + 1) * span):
+    for gi in tl.range(pid_k * span, (pid_k + 1) * span, num_stages=STAGES):
         w = tl.load(w_ptr + offs_n[:, None] * stride_wn + (gi * WPG + offs_w)[None, :], mask=mask_n[:, None],
                     other=0, eviction_policy="evict_first")                            # [BN, WPG] int32
         x = tl.load(x_ptr + gi * GROUP + offs_w[:, None] * 8 + tl.arange(0, 8)[None, :]).to(tl.float32)  # [WPG, 8]
@@ -232,8 +235,8 @@ def _kernel(name: str):
 
 GEMV_KEYS = {"KERNEL", "BLOCK_N", "SPLIT_K", "MAGIC", "num_warps", "num_stages"}
 TC_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "DEQUANT", "SWAP", "REDUCE", "num_warps", "num_stages"}
-DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=256, SPLIT_K=1, MAGIC=True, num_warps=4)
-GEMV_CTAS_PER_SM = 4   # split-K target of the GEMV: about this many programs per multiprocessor
+DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, SPLIT_K=1, MAGIC=True, num_warps=4, num_stages=3)
+GEMV_CTAS_PER_SM = 8   # split-K target of the GEMV: about this many programs per multiprocessor
 TC_DEFAULTS = dict(KERNEL="tc", BLOCK_N=64, GROUPS=1, SPLIT_K=1, DEQUANT="lop3", SWAP=True, REDUCE="serial",
                    num_warps=4, num_stages=3)   # the family benchmarks/kernels.py chose on the H200
 
@@ -375,7 +378,7 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
         locks = _locks(locks, grid[0], x.device) if split > 1 else y
         _kernel("gemv")[grid](x, p.words, p.scale, p.zero, y, ws, locks, n, k, split, p.words.stride(0),
                               p.scale.stride(0), GROUP=p.group_size, BLOCK_N=cfg["BLOCK_N"], SERIAL=split > 1,
-                              MAGIC=cfg["MAGIC"] and not _interpreted(), **extra)
+                              MAGIC=cfg["MAGIC"] and not _interpreted(), STAGES=cfg["num_stages"], **extra)
         return y
     bm, split = block_rows(m), cfg["SPLIT_K"]
     reduce = "none" if split == 1 else cfg["REDUCE"]
@@ -407,8 +410,8 @@ def candidate_configs(p: W4Weight, m: int) -> list[dict]:
                  num_warps=4, num_stages=3)
             for bn in (64, 128) for gs in (1, 2) for sk in (1, 2, 4, 8, 16) for sw in (False, True)]
     if m == 1:
-        grid += [dict(KERNEL="gemv", BLOCK_N=bn, SPLIT_K=sk, MAGIC=True, num_warps=nw)
-                 for bn in (128, 256, 512) for nw in (4, 8) for sk in (1, 2, 4, 8, 16, 32)]
+        grid += [dict(KERNEL="gemv", BLOCK_N=bn, SPLIT_K=sk, MAGIC=True, num_warps=nw, num_stages=st)
+                 for bn in (128, 256) for nw in (4, 8) for st in (1, 3, 4) for sk in (2, 4, 8, 16, 32)]
     out = []
     for cfg in grid:
         try:

@@ -49,9 +49,9 @@ def test_gemv_matches_reference(cfg, group):
 
 
 def test_gemv_split_divides_the_groups_and_fills_the_device():
-    assert w4_kernel.gemv_split(tiles=56, groups=32, sms=132) == 8       # 8B gate/up: 448 programs
-    assert w4_kernel.gemv_split(tiles=16, groups=112, sms=132) == 28     # 8B down: 448 programs
-    assert w4_kernel.gemv_split(tiles=1000, groups=32, sms=132) == 1     # already more tiles than the target
+    assert w4_kernel.gemv_split(tiles=112, groups=32, sms=132) == 8      # 8B gate/up: 896 programs
+    assert w4_kernel.gemv_split(tiles=32, groups=112, sms=132) == 28     # 8B down: 896 programs
+    assert w4_kernel.gemv_split(tiles=2000, groups=32, sms=132) == 1     # already more tiles than the target
     assert w4_kernel.gemv_split(tiles=2, groups=9, sms=132) == 9         # SmolLM2's 9 groups of 64
     for tiles, groups in ((3, 7), (16, 112), (112, 64)):
         split = w4_kernel.gemv_split(tiles, groups, 132)
@@ -125,6 +125,7 @@ def test_candidate_configs_all_valid():
 
 @pytest.mark.parametrize("bad, match", [
     (dict(KERNEL="gemv", BLOCK_K=256), "unknown keys"),
+    (dict(KERNEL="gemv", num_stages=0), "num_stages must be a positive integer"),
     (dict(KERNEL="gemv", SPLIT_K=3), "multiple of"),
     (dict(KERNEL="gemv", BLOCK_Q=4), "unknown keys"),
     (dict(KERNEL="gemv", BLOCK_N=0), "BLOCK_N must be a power of 2"),
