@@ -60,7 +60,7 @@ STEPS = (  # the CUDA-core GEMV, one optimisation at a time (helpers/w4_kernel.p
 def step_config(p, cfg: dict) -> dict:
     """A :data:`STEPS` config completed for weight ``p`` (its split from :func:`helpers.w4_kernel.gemv_split`)."""
     n, k = p.shape
-    split = cfg["SPLIT_K"] or w4_kernel.gemv_split(math.ceil(n / cfg["BLOCK_N"]), k // p.group_size,
+    split = cfg["SPLIT_K"] or w4_kernel.gemv_split(math.ceil(n / cfg["BLOCK_N"]), k // (p.group_size * cfg.get("GROUPS", 1)),
                                                    torch.cuda.get_device_properties(0).multi_processor_count)
     return dict(KERNEL="gemv", num_warps=4, **{**cfg, "SPLIT_K": split})
 

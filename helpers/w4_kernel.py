@@ -53,26 +53,28 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
 
 
 def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K, SPLIT_K, stride_wn, stride_sn,
-                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SERIAL: tl.constexpr, MAGIC: tl.constexpr,
-                       STAGES: tl.constexpr):
-    """One row of x (decode at batch 1) on CUDA cores, one group per step: every thread sums its rows'
-    codes in registers (no reduction across threads per word), then ``acc += s·(Σ x·q − z·Σ x)``.
-    ``STAGES`` > 1: the next groups' words are already on their way (asynchronous copies) while this
-    one is summed."""
+                       GROUP: tl.constexpr, GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, SERIAL: tl.constexpr,
+                       MAGIC: tl.constexpr, STAGES: tl.constexpr):
+    """One row of x (decode at batch 1) on CUDA cores, ``GROUPS`` groups per step: every thread sums its
+    rows' codes in registers (no reduction across threads per word), then ``acc += s·(Σ x·q − z·Σ x)``
+    per group. ``STAGES`` > 1: the next steps' words are already on their way (asynchronous copies)
+    while this one is summed."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     WPG: tl.constexpr = GROUP // 8                    # int32 words per row and group
+    WPS: tl.constexpr = WPG * GROUPS                  # ... and per step
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    offs_w = tl.arange(0, WPG)
+    offs_w = tl.arange(0, WPS)
+    offs_g = tl.arange(0, GROUPS)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    span = (K // GROUP) // SPLIT_K
-    for gi in tl.range(pid_k * span, (pid_k + 1) * span, num_stages=STAGES):
-        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + (gi * WPG + offs_w)[None, :], mask=mask_n[:, None],
-                    other=0, eviction_policy="evict_first")                            # [BN, WPG] int32
-        x = tl.load(x_ptr + gi * GROUP + offs_w[:, None] * 8 + tl.arange(0, 8)[None, :]).to(tl.float32)  # [WPG, 8]
-        xs = tl.sum(tl.reshape(x, (GROUP,)), axis=0)                                  # Σ x over the group
-        a0, a1 = tl.split(tl.reshape(x, (WPG, 2, 2, 2)))   # nibble j = 4a + 2b + c of each word: peel c, b, a
+    span = (K // (GROUP * GROUPS)) // SPLIT_K
+    for step in tl.range(pid_k * span, (pid_k + 1) * span, num_stages=STAGES):
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + (step * WPS + offs_w)[None, :], mask=mask_n[:, None],
+                    other=0, eviction_policy="evict_first")                            # [BN, WPS] int32
+        x = tl.load(x_ptr + step * WPS * 8 + offs_w[:, None] * 8 + tl.arange(0, 8)[None, :]).to(tl.float32)
+        xs = tl.sum(tl.reshape(x, (GROUPS, GROUP)), axis=1)                           # [G] Σ x per group
+        a0, a1 = tl.split(tl.reshape(x, (WPS, 2, 2, 2)))   # nibble j = 4a + 2b + c of each word: peel c, b, a
         b00, b01 = tl.split(a0)
         b10, b11 = tl.split(a1)
         x0, x4 = tl.split(b00)
@@ -106,10 +108,11 @@ def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K
         part += q5 * (x5 * 0.0625)[None, :]
         part += q6 * (x6 * 0.00390625)[None, :]
         part += q7 * (x7 * 0.000244140625)[None, :]
-        dot = tl.sum(part, axis=1)                                                     # [BN] Σ x·q
-        sc = tl.load(s_ptr + offs_n * stride_sn + gi, mask=mask_n, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + offs_n * stride_sn + gi, mask=mask_n, other=0.0).to(tl.float32)
-        acc += sc * (dot - z * xs)
+        dot = tl.sum(tl.reshape(part, (BLOCK_N, GROUPS, WPG)), axis=2)                # [BN, G] Σ x·q per group
+        g = step * GROUPS + offs_g
+        sc = tl.load(s_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
+        acc += tl.sum(sc * (dot - z * xs[None, :]), axis=1)
     if not SERIAL:
         tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mask_n)
     else:   # each split writes its partial; the last to arrive adds them and writes y once, in its dtype
@@ -233,9 +236,9 @@ def _kernel(name: str):
     return _KERNELS[name]
 
 
-GEMV_KEYS = {"KERNEL", "BLOCK_N", "SPLIT_K", "MAGIC", "num_warps", "num_stages"}
+GEMV_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "MAGIC", "num_warps", "num_stages"}
 TC_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "DEQUANT", "SWAP", "REDUCE", "num_warps", "num_stages"}
-DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, SPLIT_K=1, MAGIC=True, num_warps=4, num_stages=3)
+DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, GROUPS=1, SPLIT_K=1, MAGIC=True, num_warps=4, num_stages=1)
 GEMV_CTAS_PER_SM = 8   # split-K target of the GEMV: about this many programs per multiprocessor
 TC_DEFAULTS = dict(KERNEL="tc", BLOCK_N=64, GROUPS=1, SPLIT_K=1, DEQUANT="lop3", SWAP=True, REDUCE="serial",
                    num_warps=4, num_stages=3)   # the family benchmarks/kernels.py chose on the H200
@@ -275,7 +278,9 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
         if not _pow2(p.group_size):
             raise ValueError(f"KERNEL='gemv' needs a power-of-2 group_size (one group per step), got {p.group_size}")
         cfg["MAGIC"] = v.flag(cfg["MAGIC"], "config MAGIC")
-        step = p.group_size
+        if not _pow2(cfg["GROUPS"]):
+            raise ValueError(f"config GROUPS must be a power of 2, got {cfg['GROUPS']!r}")
+        step = p.group_size * cfg["GROUPS"]
     else:
         if p.group_size < 32 or not _pow2(p.group_size):
             raise ValueError(f"KERNEL='tc' needs a power-of-2 group_size ≥ 32 (16 codes per dot), got {p.group_size}")
@@ -292,7 +297,7 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
 
 
 def gemv_split(tiles: int, groups: int, sms: int) -> int:
-    """Programs along K for the GEMV: the largest divisor of the ``groups`` per row that keeps
+    """Programs along K for the GEMV: the largest divisor of the ``groups`` (steps) per row that keeps
     ``tiles · split`` within :data:`GEMV_CTAS_PER_SM` programs per multiprocessor (a split smaller than
     that leaves multiprocessors idle on narrow weights; more only adds partial sums to add up)."""
     target = max(1, GEMV_CTAS_PER_SM * sms // max(tiles, 1))
@@ -310,7 +315,9 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     sms = torch.cuda.get_device_properties(p.words.device).multi_processor_count if p.words.is_cuda else 8
     if m == 1 and _pow2(p.group_size) and (family is None or family.get("KERNEL", "gemv") == "gemv"):
         cfg = dict(DEFAULT_CONFIG, MAGIC=not _interpreted())
-        cfg["SPLIT_K"] = gemv_split(math.ceil(n / cfg["BLOCK_N"]), k // p.group_size, sms)
+        while cfg["GROUPS"] > 1 and (k // p.group_size) % cfg["GROUPS"]:
+            cfg["GROUPS"] //= 2
+        cfg["SPLIT_K"] = gemv_split(math.ceil(n / cfg["BLOCK_N"]), k // (p.group_size * cfg["GROUPS"]), sms)
         return cfg
     family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL")}
     groups = family.pop("GROUPS", max(1, 256 // p.group_size))
@@ -377,7 +384,8 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
         ws = torch.empty(split, n, dtype=torch.float32, device=x.device) if split > 1 else y
         locks = _locks(locks, grid[0], x.device) if split > 1 else y
         _kernel("gemv")[grid](x, p.words, p.scale, p.zero, y, ws, locks, n, k, split, p.words.stride(0),
-                              p.scale.stride(0), GROUP=p.group_size, BLOCK_N=cfg["BLOCK_N"], SERIAL=split > 1,
+                              p.scale.stride(0), GROUP=p.group_size, GROUPS=cfg["GROUPS"], BLOCK_N=cfg["BLOCK_N"],
+                              SERIAL=split > 1,
                               MAGIC=cfg["MAGIC"] and not _interpreted(), STAGES=cfg["num_stages"], **extra)
         return y
     bm, split = block_rows(m), cfg["SPLIT_K"]
@@ -410,8 +418,8 @@ def candidate_configs(p: W4Weight, m: int) -> list[dict]:
                  num_warps=4, num_stages=3)
             for bn in (64, 128) for gs in (1, 2) for sk in (1, 2, 4, 8, 16) for sw in (False, True)]
     if m == 1:
-        grid += [dict(KERNEL="gemv", BLOCK_N=bn, SPLIT_K=sk, MAGIC=True, num_warps=nw, num_stages=st)
-                 for bn in (128, 256) for nw in (4, 8) for st in (1, 3, 4) for sk in (2, 4, 8, 16, 32)]
+        grid += [dict(KERNEL="gemv", BLOCK_N=bn, GROUPS=gs, SPLIT_K=sk, MAGIC=True, num_warps=nw, num_stages=1)
+                 for bn, nw in ((128, 4), (256, 8)) for gs in (1, 2, 4) for sk in (2, 4, 8, 16, 32)]
     out = []
     for cfg in grid:
         try:

@@ -29,6 +29,7 @@ def test_bytes_are_half_a_byte_plus_group_params():
 
 
 GEMV_CONFIGS = [dict(KERNEL="gemv", BLOCK_N=16, SPLIT_K=1, MAGIC=False),
+                dict(KERNEL="gemv", BLOCK_N=16, GROUPS=2, SPLIT_K=2, MAGIC=False),
                 dict(KERNEL="gemv", BLOCK_N=32, SPLIT_K=2, MAGIC=True),
                 dict(KERNEL="gemv", BLOCK_N=256, SPLIT_K=4, MAGIC=True, num_warps=8)]
 
