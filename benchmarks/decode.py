@@ -6,7 +6,9 @@ An 8B-class architecture (Llama-3.1-8B's config, random weights: speed and memor
 tokens mean nothing) in bf16, W4A16 with our Triton kernel (helpers/w4_kernel.py) and W4A16 with
 tinygemm (torchao). Per batch: prefill tokens/s (one forward over ``batch × prompt`` tokens) and
 decode tokens/s (``batch`` tokens per step, a static KV cache), each decode step replayed as a CUDA
-graph (helpers/cuda_graphs.py) and once eagerly (``graphs: false``: the launch overhead).
+graph (helpers/cuda_graphs.py), once eagerly (``graphs: false``: the launch overhead) and, with
+``--compile BATCHES``, ``torch.compile``d then graphed (``compiled: true``: the norms, rotary embeddings and
+activations between the matmuls fused).
 ``roofline_tok_s = batch · copy bandwidth / (weight bytes + batch · KV bytes at mid-decode)``: every
 step must read all weights once and each sequence's KV cache.
 """
@@ -33,6 +35,8 @@ def main():
     ap.add_argument("--formats", default="bf16,W4A16 ours,W4A16 tinygemm")
     ap.add_argument("--family-from", help="a kernels.json whose meta.family our W4 layers use (auto_config)")
     ap.add_argument("--profile", action="store_true", help="one eager step per format under torch.profiler")
+    ap.add_argument("--compile", default="", help="batches (e.g. 1,8) whose decode step is also torch.compiled, "
+                                                   "then replayed as a CUDA graph")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("decode.py measures CUDA decode; there is no CUDA device here")
@@ -66,14 +70,16 @@ def main():
         for batch in batches:
             kv_mid = budget.kv_bytes(config, args.prompt + args.steps // 2, 1, "bf16")
             roof = batch * timing.roofline_tokens_per_s(wbytes, copy, batch * kv_mid) if batch else 0
-            for graphs in (True, False):
+            compile_too = str(batch) in args.compile.split(",")
+            for graphs, compiled in ((True, False), (False, False)) + (((True, True),) if compile_too else ()):
                 if not graphs and batch != batches[0]:
                     continue
                 try:
-                    r = run(model, batch, args.prompt, args.steps, graphs)
+                    r = run(model, batch, args.prompt, args.steps, graphs, compiled)
                 except Exception as e:  # noqa: BLE001 - e.g. a capture that transformers' code breaks
                     r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                 row = {"model": f"{args.arch} (random weights)", "format": fmt, "batch": batch, "graphs": graphs,
+                       "compiled": compiled,
                        "weights_bytes": wbytes, "roofline_tok_s": roof, "prompt": args.prompt, "steps": args.steps, **r}
                 if "decode_tok_s" in r:
                     row["share_of_roofline"] = r["decode_tok_s"] / roof

@@ -45,24 +45,30 @@ SHAPES = {  # label: (K, N) — in_features, out_features
 PHASE_A_SHAPES = ("8B gate/up 4096x14336", "70B gate/up 8192x28672")
 SPLITS = (1, 2, 4, 8, 16)
 STEPS = (  # the CUDA-core GEMV, one optimisation at a time (helpers/w4_kernel.py docstring); M = 1 only.
-    # (label, config; SPLIT_K None = helpers.w4_kernel.gemv_split's choice for the shape)
+    # (label, config; SPLIT_K None = helpers.w4_kernel.gemv_split's choice, GROUPS None = 256 codes per step)
     ("gemv step 1: 32 rows per program, int→float per code", dict(BLOCK_N=32, SPLIT_K=1, MAGIC=False, num_stages=1)),
     ("gemv step 2: + split-K (every SM streams)", dict(BLOCK_N=32, SPLIT_K=None, MAGIC=False, num_stages=1)),
     ("gemv step 3: + magic-number codes in place (lop3, no int→float)",
      dict(BLOCK_N=32, SPLIT_K=None, MAGIC=True, num_stages=1)),
     ("gemv step 4: + 128 rows per program (x and scales reused)",
      dict(BLOCK_N=128, SPLIT_K=None, MAGIC=True, num_stages=1)),
-    ("gemv step 5: + the next groups' words in flight (3 stages)",
-     dict(BLOCK_N=128, SPLIT_K=None, MAGIC=True, num_stages=3)),
+    ("gemv step 5: + 256 codes of each row per step (longer runs of bytes)",
+     dict(BLOCK_N=128, GROUPS=None, SPLIT_K=None, MAGIC=True, num_stages=1)),
+    ("gemv tried: step 5 + the next steps' words in flight (3 stages)",
+     dict(BLOCK_N=128, GROUPS=None, SPLIT_K=None, MAGIC=True, num_stages=3)),
 )
 
 
 def step_config(p, cfg: dict) -> dict:
-    """A :data:`STEPS` config completed for weight ``p`` (its split from :func:`helpers.w4_kernel.gemv_split`)."""
+    """A :data:`STEPS` config completed for weight ``p``: its groups per step and its split of K (by
+    :func:`helpers.w4_kernel.gemv_split`) where the step leaves them open."""
     n, k = p.shape
-    split = cfg["SPLIT_K"] or w4_kernel.gemv_split(math.ceil(n / cfg["BLOCK_N"]), k // (p.group_size * cfg.get("GROUPS", 1)),
+    groups = cfg.get("GROUPS", 1) or max(1, 256 // p.group_size)
+    while groups > 1 and (k // p.group_size) % groups:
+        groups //= 2
+    split = cfg["SPLIT_K"] or w4_kernel.gemv_split(math.ceil(n / cfg["BLOCK_N"]), k // (p.group_size * groups),
                                                    torch.cuda.get_device_properties(0).multi_processor_count)
-    return dict(KERNEL="gemv", num_warps=4, **{**cfg, "SPLIT_K": split})
+    return dict(KERNEL="gemv", num_warps=4, **{**cfg, "GROUPS": groups, "SPLIT_K": split})
 
 
 class Shape:

@@ -141,7 +141,10 @@ def step_profile(model, batch: int, prompt: int) -> dict:
 
 
 @torch.no_grad()
-def run(model, batch: int, prompt: int, steps: int, graphs: bool) -> dict:
+def run(model, batch: int, prompt: int, steps: int, graphs: bool, compiled: bool = False) -> dict:
+    """Prefill then ``steps`` decode steps of ``batch`` sequences; each step replayed as a CUDA graph
+    (``graphs``) and/or ``torch.compile``d first (``compiled``: inductor fuses the norms, rotary
+    embeddings, activations and cache updates between the matmuls; compiled during the warm-up)."""
     from transformers import StaticCache
     cfg = model.config
     dev = next(model.parameters()).device
@@ -162,6 +165,8 @@ def run(model, batch: int, prompt: int, steps: int, graphs: bool) -> dict:
 
         def step(tok, pos):
             return (model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits[:, -1],)
+        if compiled:
+            step = torch.compile(step, dynamic=False)
         fn = GraphedCalls(step) if graphs else step
         pos = torch.tensor([prompt], device=dev)
         for _ in range(3):                     # warm-up (captures the graph)

@@ -239,7 +239,7 @@ def _kernel(name: str):
 GEMV_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "MAGIC", "num_warps", "num_stages"}
 TC_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "DEQUANT", "SWAP", "REDUCE", "num_warps", "num_stages"}
 DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, GROUPS=1, SPLIT_K=1, MAGIC=True, num_warps=4, num_stages=1)
-GEMV_CTAS_PER_SM = 8   # split-K target of the GEMV: about this many programs per multiprocessor
+GEMV_CTAS_PER_SM = 8   # split-K target of the GEMV (gemv_split): programs per multiprocessor
 TC_DEFAULTS = dict(KERNEL="tc", BLOCK_N=64, GROUPS=1, SPLIT_K=1, DEQUANT="lop3", SWAP=True, REDUCE="serial",
                    num_warps=4, num_stages=3)   # the family benchmarks/kernels.py chose on the H200
 
@@ -296,25 +296,26 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
     return cfg
 
 
-def gemv_split(tiles: int, groups: int, sms: int) -> int:
-    """Programs along K for the GEMV: the largest divisor of the ``groups`` (steps) per row that keeps
-    ``tiles · split`` within :data:`GEMV_CTAS_PER_SM` programs per multiprocessor (a split smaller than
-    that leaves multiprocessors idle on narrow weights; more only adds partial sums to add up)."""
-    target = max(1, GEMV_CTAS_PER_SM * sms // max(tiles, 1))
-    return max(d for d in range(1, min(groups, target) + 1) if groups % d == 0)
+def gemv_split(tiles: int, steps: int, sms: int) -> int:
+    """Programs along K for the GEMV: the divisor of the ``steps`` per row nearest (by ratio) to
+    :data:`GEMV_CTAS_PER_SM` programs per multiprocessor over the ``tiles`` of output rows — fewer
+    leave multiprocessors waiting on memory, more only add partial sums to add up
+    (``results/h200/kernels.json``: the best split sat at 2–14 programs per SM)."""
+    target = GEMV_CTAS_PER_SM * sms / max(tiles, 1)
+    return min((d for d in range(1, steps + 1) if steps % d == 0), key=lambda d: abs(math.log(d / target)))
 
 
 def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     """A config chosen from the shape alone, by the rule the H200 measurements support
-    (``results/h200/kernels.json``): one row runs the CUDA-core GEMV (256 rows per program, the fp32
-    magic-number codes, ``K`` split by :func:`gemv_split`); more rows run the tensor-core kernel with 256 input columns
-    per step (fewer where the groups do not divide ``K``), ``K`` split in four only where the output
+    (``results/h200/kernels.json``): one row runs the CUDA-core GEMV (128 rows per program, 256 codes
+    of each row per step, the fp32 magic-number codes, ``K`` split by :func:`gemv_split`); more rows run
+    the tensor-core kernel with 256 input columns per step (fewer where the groups do not divide ``K``), ``K`` split in four only where the output
     tiles cannot occupy three quarters of the multiprocessors. ``family`` overrides
     :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is lowered until it divides ``K``)."""
     n, k = p.shape
     sms = torch.cuda.get_device_properties(p.words.device).multi_processor_count if p.words.is_cuda else 8
     if m == 1 and _pow2(p.group_size) and (family is None or family.get("KERNEL", "gemv") == "gemv"):
-        cfg = dict(DEFAULT_CONFIG, MAGIC=not _interpreted())
+        cfg = dict(DEFAULT_CONFIG, MAGIC=not _interpreted(), GROUPS=max(1, 256 // p.group_size))
         while cfg["GROUPS"] > 1 and (k // p.group_size) % cfg["GROUPS"]:
             cfg["GROUPS"] //= 2
         cfg["SPLIT_K"] = gemv_split(math.ceil(n / cfg["BLOCK_N"]), k // (p.group_size * cfg["GROUPS"]), sms)

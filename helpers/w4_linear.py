@@ -2,10 +2,31 @@
 puts one in place of every linear of a model (what an int4 engine does at load time)."""
 from __future__ import annotations
 
+import json
+
 import torch
 
 from .w4_format import W4Weight, dequantize_w4, pack_w4
 from .w4_kernel import DEFAULT_CONFIG, auto_config, block_rows, w4a16_matmul
+
+
+def w4a16_op():
+    """:func:`w4a16_matmul` as the custom operator ``torch.ops.course.w4a16_matmul`` (registered on
+    first use): what ``torch.compile`` needs to fuse everything around our kernel without tracing into
+    its launcher — it sees an op with a known output shape (``register_fake``) instead."""
+    if not hasattr(torch.ops.course, "w4a16_matmul"):
+        # ``locks`` is scratch the kernel leaves at zero: no mutation anyone can see, so none is declared
+        # (a declared one would make torch.compile copy the counters around every call)
+        @torch.library.custom_op("course::w4a16_matmul", mutates_args=())
+        def w4a16(x: torch.Tensor, words: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                  locks: torch.Tensor, group_size: int, config: str) -> torch.Tensor:
+            p = W4Weight(words, scale, zero, group_size, (words.shape[0], words.shape[1] * 8))
+            return w4a16_matmul(x, p, json.loads(config), locks=locks)
+
+        @w4a16.register_fake
+        def _(x, words, scale, zero, locks, group_size, config):
+            return x.new_empty(x.shape[0], words.shape[0])
+    return torch.ops.course.w4a16_matmul
 
 
 class W4Linear(torch.nn.Module):
@@ -31,9 +52,13 @@ class W4Linear(torch.nn.Module):
                              persistent=False)
         self.group_size, self.shape = group_size, p.shape
         self.bias = linear.bias
-        self.configs = dict(configs or {})    # row tile → config; filled from auto_config(family) on first use
+        # row tile → config, every tile chosen here, once (torch.compile then traces no choosing)
+        self.configs = {tile: auto_config(p, tile, family) for tile in (1, 16, 32, 64)} | dict(configs or {})
         self.family = family
         self.dense_above = dense_above
+        self._op = w4a16_op()   # registered now: torch.compile cannot register an op while it traces
+        self._op_configs = {tile: json.dumps(cfg) for tile, cfg in self.configs.items()} | {
+            "fp32": json.dumps(DEFAULT_CONFIG)}   # the op takes its config as a string
 
     @property
     def p(self) -> W4Weight:
@@ -50,14 +75,14 @@ class W4Linear(torch.nn.Module):
                 y = x2 @ dequantize_w4(self.p, x2.dtype).T
                 y = y.reshape(*shape[:-1], self.shape[0])
                 return y + self.bias if self.bias is not None else y
-            if x2.dtype == torch.float32:
-                cfg = DEFAULT_CONFIG                  # one fp32 row: the CUDA-core GEMV
+            # one fp32 row: the CUDA-core GEMV; one 16-bit row: the GEMV; more: a tensor-core row tile
+            tile = "fp32" if x2.dtype == torch.float32 else 1 if m == 1 else block_rows(m)
+            if torch.compiler.is_compiling():   # torch.compile sees one opaque op, not the launcher's Python
+                y = self._op(x2, self.words, self.scale, self.zero, self.locks, self.group_size,
+                             self._op_configs[tile])
             else:
-                tile = 1 if m == 1 else block_rows(m)   # one row: the GEMV; more: a tensor-core row tile
-                cfg = self.configs.get(tile)
-                if cfg is None:
-                    cfg = self.configs[tile] = auto_config(self.p, tile, self.family)
-            y = w4a16_matmul(x2, self.p, cfg, locks=self.locks)
+                y = w4a16_matmul(x2, self.p, DEFAULT_CONFIG if tile == "fp32" else self.configs[tile],
+                                 locks=self.locks)
         y = y.reshape(*shape[:-1], self.shape[0])
         return y + self.bias if self.bias is not None else y
 

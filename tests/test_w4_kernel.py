@@ -49,14 +49,14 @@ def test_gemv_matches_reference(cfg, group):
     assert y.dtype == torch.bfloat16 and y.shape == (1, 40)       # written once, in the activations' dtype
 
 
-def test_gemv_split_divides_the_groups_and_fills_the_device():
-    assert w4_kernel.gemv_split(tiles=112, groups=32, sms=132) == 8      # 8B gate/up: 896 programs
-    assert w4_kernel.gemv_split(tiles=32, groups=112, sms=132) == 28     # 8B down: 896 programs
-    assert w4_kernel.gemv_split(tiles=2000, groups=32, sms=132) == 1     # already more tiles than the target
-    assert w4_kernel.gemv_split(tiles=2, groups=9, sms=132) == 9         # SmolLM2's 9 groups of 64
-    for tiles, groups in ((3, 7), (16, 112), (112, 64)):
-        split = w4_kernel.gemv_split(tiles, groups, 132)
-        assert groups % split == 0 and (tiles * split <= w4_kernel.GEMV_CTAS_PER_SM * 132 or split == 1)
+def test_gemv_split_divides_the_steps_nearest_the_target():
+    assert w4_kernel.gemv_split(tiles=112, steps=16, sms=132) == 8       # 8B gate/up g64: 9.4 per SM wanted
+    assert w4_kernel.gemv_split(tiles=224, steps=32, sms=132) == 4       # 70B gate/up g64: 4.7
+    assert w4_kernel.gemv_split(tiles=32, steps=56, sms=132) == 28       # 8B down g64: 33
+    assert w4_kernel.gemv_split(tiles=2000, steps=32, sms=132) == 1      # more tiles than the target already
+    assert w4_kernel.gemv_split(tiles=5, steps=9, sms=132) == 9          # SmolLM2's 9 groups of 64, 5 tiles
+    for tiles, steps in ((3, 7), (16, 112), (112, 64), (40, 54)):
+        assert steps % w4_kernel.gemv_split(tiles, steps, 132) == 0
 
 
 TC_CONFIGS = [None,   # auto_config: chosen from the shape
@@ -95,7 +95,8 @@ def test_serial_reduction_leaves_its_counters_at_zero():
 def test_auto_config_follows_the_measured_rule():
     narrow = w4_format.pack_w4(weight(64, 4096), 128)
     one = w4_kernel.auto_config(narrow, 1)
-    assert one["KERNEL"] == "gemv" and (4096 // 128) % one["SPLIT_K"] == 0
+    assert one["KERNEL"] == "gemv" and one["GROUPS"] == 2 and (4096 // 256) % one["SPLIT_K"] == 0
+    assert w4_kernel.auto_config(w4_format.pack_w4(weight(64, 576), 64), 1)["GROUPS"] == 1   # 9 groups
     assert one["MAGIC"] == (DEV == "cuda")                          # the interpreter runs no inline PTX
     many = w4_kernel.auto_config(narrow, 16)
     assert many["KERNEL"] == "tc" and many["SPLIT_K"] == 4          # one output tile: split K
@@ -200,3 +201,17 @@ def test_w4linear_large_batches_take_the_dense_path():
     w4 = w4_linear.W4Linear(lin, 64, dense_above=4)
     x = torch.randn(8, 256)
     assert torch.allclose(w4(x), w4_format.reference_matmul(x, w4.p), atol=1e-4)
+
+
+def test_w4linear_compiles_whole_as_one_custom_op():
+    """torch.compile traces the layer without a graph break: our kernel is one opaque op
+    (``course::w4a16_matmul``) with a fake for its shape, everything around it is fused by the compiler."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 48, bias=True).to(DEV)
+    w4 = w4_linear.W4Linear(lin, 64)
+    x = torch.randn(1, 256, device=DEV, dtype=torch.bfloat16)
+    f = torch.compile(lambda x: torch.relu(w4(x)) * 2, backend="aot_eager", fullgraph=True)
+    want = torch.relu(w4(x)) * 2
+    assert torch.equal(f(x), want)
+    assert torch.ops.course.w4a16_matmul(x, w4.words, w4.scale, w4.zero, w4.locks, 64,
+                                         '{"KERNEL": "gemv"}').shape == (1, 48)
