@@ -249,7 +249,10 @@ def top_tensors(n: int = 10, device: str | None = None) -> list[dict]:
         if device is not None and obj.device.type != device:
             continue
         st = obj.untyped_storage()
-        key = (st.data_ptr(), str(obj.device))
+        try:
+            key = (st.data_ptr(), str(obj.device))
+        except RuntimeError:   # a FakeTensor a torch.compile left behind (no memory of its own)
+            continue
         r = rows.get(key)
         if r is None:
             rows[key] = {"bytes": st.nbytes(), "shape": tuple(obj.shape), "dtype": str(obj.dtype),
