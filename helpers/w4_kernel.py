@@ -10,8 +10,8 @@ The packed format (:class:`helpers.w4_format.W4Weight`): read as int32 words, ni
 ``w`` of row ``n`` is ``q[n, 8w + j]``.
 
 Every weight byte is read once per call, so at decode (``M`` = 1 … 64 rows) the matmul is
-memory-bound: its limit is ``bytes read / copy bandwidth``. Two kernels, the second built on what the
-first taught (notebook 08 measures each step, ``benchmarks/kernels.py``):
+memory-bound: its limit is ``bytes read / copy bandwidth``. Two kernels (notebook 08 measures each
+step of each, ``benchmarks/kernels.py``):
 
 * ``KERNEL="gemv"`` — one row on CUDA cores, one group per step: each thread holds whole words of
   a few rows (128-bit loads) and sums their codes in registers, so the only work per code is its

@@ -1,0 +1,123 @@
+"""What the compiler made of a course kernel: its SASS for a GPU architecture, on any machine (no GPU).
+
+    python scripts/kernel_sass.py                      # the one-row GEMV, 128 rows, 2 groups of 128 per step
+    python scripts/kernel_sass.py --block-n 256 --warps 8 --groups 1 --group 64 --arch 90
+
+Triton compiles a ``@triton.jit`` function for a target it is told (``GPUTarget``) with the ``ptxas`` it
+ships; ``nvdisasm`` (shipped beside it) turns the binary into SASS, the instructions the GPU runs. The
+script prints the instruction mix of the kernel's inner loop (the longest backward branch) and its
+memory instructions: how many instructions each int32 word of 8 codes costs, whether the weights
+arrive as 128-bit loads (``LDG.E…128``), and whether anything spilled to local memory (``STL``/``LDL``).
+That is how this course's GEMV was rewritten (the previous one spent about twice the instructions
+per word) — and how a missing ``tt.divisibility`` hint showed up as 64 scalar loads instead of 16 wide
+ones (integer arguments divisible by 16, as Triton's launcher specialises them, are declared so here).
+``tests/test_kernel_sass.py`` keeps those properties from regressing.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+GEMV_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "y_ptr": "*bf16",
+                  "ws_ptr": "*fp32", "lock_ptr": "*i32", "N": "i32", "K": "i32", "SPLIT_K": "i32",
+                  "stride_wn": "i32", "stride_sn": "i32"}
+DIVISIBLE = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "y_ptr", "ws_ptr", "lock_ptr", "N", "K", "stride_wn")
+
+
+def gemv_sass(group: int = 128, groups: int = 2, block_n: int = 128, warps: int = 4, arch: int = 90,
+              magic: bool = True) -> str:
+    """The SASS of :func:`helpers.w4_kernel._w4a16_gemv_kernel` compiled for ``sm_{arch}`` (in a child
+    process where ``TRITON_INTERPRET=1``: Triton's interpreter, chosen at import, cannot also compile)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        args = [sys.executable, __file__, "--print-sass", "--group", str(group), "--groups", str(groups),
+                "--block-n", str(block_n), "--warps", str(warps), "--arch", str(arch)] + ([] if magic else ["--no-magic"])
+        return subprocess.run(args, capture_output=True, text=True, check=True, env=env).stdout
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
+    from triton.runtime.jit import JITFunction
+
+    from helpers import w4_kernel
+    fn = JITFunction(w4_kernel._w4a16_gemv_kernel)   # compiled, even where TRITON_INTERPRET=1 makes jit interpret
+    names = fn.arg_names
+    constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_N=block_n, SERIAL=True, MAGIC=magic, STAGES=1)
+    signature = {**GEMV_SIGNATURE, **{name: "constexpr" for name in constexprs}}
+    src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()},
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in DIVISIBLE})
+    kernel = triton_compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=1))
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "kernel.cubin")
+        Path(cubin).write_bytes(kernel.asm["cubin"])
+        return subprocess.run([str(nvdisasm), "-c", cubin], capture_output=True, text=True, check=True).stdout
+
+
+def inner_loop(sass: str) -> str:
+    """The body of the longest loop: from a label to the farthest branch back to it."""
+    lines, best = sass.splitlines(), (0, 0)
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", line)
+        if m:
+            for j in range(i):
+                if lines[j].strip() == m.group(1) + ":" and i - j > best[1] - best[0]:
+                    best = (j, i)
+    return "\n".join(lines[best[0]:best[1] + 1])
+
+
+def opcodes(sass: str) -> collections.Counter:
+    """Instruction counts by opcode (predicates and modifiers dropped: ``LDG.E.128`` counts as ``LDG``)."""
+    ops = collections.Counter()
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", line)
+        if m:
+            ops[m.group(1).split(".")[0]] += 1
+    return ops
+
+
+def memory_ops(sass: str) -> collections.Counter:
+    """Loads and stores with their full modifiers (``LDG.E.EF.128``: a 128-bit global load, evict-first)."""
+    return collections.Counter(re.findall(r"\b((?:LDG|STG|LDS|STS|LDL|STL|LDGSTS)[A-Z0-9._]*)", sass))
+
+
+def words_per_thread(group: int, groups: int, block_n: int, warps: int) -> float:
+    """int32 words of codes one thread reads per loop step: ``block_n`` rows × ``group·groups / 8`` words."""
+    return block_n * group * groups / 8 / (32 * warps)
+
+
+def main():
+    ap = argparse.ArgumentParser(prog="python scripts/kernel_sass.py")
+    ap.add_argument("--group", type=int, default=128)
+    ap.add_argument("--groups", type=int, default=2, help="groups per step (the GEMV's GROUPS)")
+    ap.add_argument("--block-n", type=int, default=128)
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--arch", type=int, default=90, help="compute capability ×10 (90: H100/H200, 80: A100)")
+    ap.add_argument("--no-magic", action="store_true", help="the int→float conversion instead of the lop3 codes")
+    ap.add_argument("--print-sass", action="store_true", help="print the whole SASS only")
+    args = ap.parse_args()
+    sass = gemv_sass(args.group, args.groups, args.block_n, args.warps, args.arch, not args.no_magic)
+    if args.print_sass:
+        print(sass)
+        return
+    loop = inner_loop(sass)
+    ops = opcodes(loop)
+    words = words_per_thread(args.group, args.groups, args.block_n, args.warps)
+    print(f"GEMV, group {args.group} × {args.groups} per step, {args.block_n} rows, {args.warps} warps, sm_{args.arch}: "
+          f"inner loop {sum(ops.values())} instructions for {words:g} words per thread = "
+          f"{sum(ops.values()) / words:.1f} per word of 8 codes")
+    print("by opcode:", ", ".join(f"{k} {v}" for k, v in ops.most_common(12)))
+    print("loads and stores in the loop:", dict(memory_ops(loop)))
+    print("spills to local memory anywhere:", sum(v for k, v in memory_ops(sass).items() if k[:3] in ("STL", "LDL")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""The GEMV's machine code, checked without a GPU (scripts/kernel_sass.py compiles it for sm_90)."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location("kernel_sass", Path(__file__).resolve().parent.parent / "scripts" / "kernel_sass.py")
+ks = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ks)
+triton = pytest.importorskip("triton")
+if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm").exists():
+    pytest.skip("this Triton has no nvdisasm (its NVIDIA backend)", allow_module_level=True)
+
+
+def test_the_gemv_streams_wide_loads_and_spends_one_ffma_per_code():
+    sass = ks.gemv_sass(group=128, groups=2, block_n=128, warps=4)
+    loop = ks.inner_loop(sass)
+    ops, mem = ks.opcodes(loop), ks.memory_ops(loop)
+    words = ks.words_per_thread(128, 2, 128, 4)                     # 32 int32 words per thread per step
+    assert words == 32
+    assert mem["LDG.E.EF.128"] == words / 4                          # the codes: 128-bit loads, evict-first
+    assert not any(k[:3] in ("STL", "LDL") for k in ks.memory_ops(sass))   # nothing spilled
+    assert ops["FFMA"] >= 7 * words and ops["LOP3"] >= 8 * words     # a chained FFMA and a lop3 per code
+    assert "I2FP" not in ops                                         # no int→float instruction
+    assert sum(ops.values()) / words <= 36                           # 31.3 when this test was written
+
