@@ -196,10 +196,13 @@ def _echo(row: dict) -> None:
 
 def cpu_prefill_peak(model, positions: int, batch: int, seed: int = 0) -> int:
     """Measured on a CPU: the peak of live tensor bytes (:mod:`helpers.host_alloc`) during one prefill
-    forward of ``batch × positions`` random token ids that keeps only the last logits, as ``generate``
-    does — what :func:`helpers.budget.activation_bytes` predicts (``device="cpu"``)."""
+    forward of ``batch × positions`` random token ids that keeps only the last logits, with an
+    attention mask of ones, as ``generate`` does — what :func:`helpers.budget.activation_bytes`
+    predicts (``device="cpu"``). Without that mask transformers builds a sliding window's boolean mask
+    once and expands it over the batch (``positions²`` bytes, not ``batch · positions²``)."""
     ids = random_ids(model.config.vocab_size, (batch, positions), seed=seed)
-    return host_alloc.peak_bytes(lambda: model(ids, use_cache=False, logits_to_keep=1).logits)["peak"]
+    mask = ids.new_ones(ids.shape)
+    return host_alloc.peak_bytes(lambda: model(ids, attention_mask=mask, use_cache=False, logits_to_keep=1).logits)["peak"]
 
 
 def merge_rows(rows: list[dict], newer: list[dict]) -> list[dict]:
