@@ -60,15 +60,10 @@ STEPS = (  # the CUDA-core GEMV, one optimisation at a time (helpers/w4_kernel.p
 
 
 def step_config(p, cfg: dict) -> dict:
-    """A :data:`STEPS` config completed for weight ``p``: its groups per step and its split of K (by
-    :func:`helpers.w4_kernel.gemv_split`) where the step leaves them open."""
-    n, k = p.shape
-    groups = cfg.get("GROUPS", 1) or max(1, 256 // p.group_size)
-    while groups > 1 and (k // p.group_size) % groups:
-        groups //= 2
-    split = cfg["SPLIT_K"] or w4_kernel.gemv_split(math.ceil(n / cfg["BLOCK_N"]), k // (p.group_size * groups),
-                                                   torch.cuda.get_device_properties(0).multi_processor_count)
-    return dict(KERNEL="gemv", num_warps=4, **{**cfg, "GROUPS": groups, "SPLIT_K": split})
+    """A :data:`STEPS` config completed for weight ``p`` by :func:`helpers.w4_kernel.gemv_config`: one
+    group per step unless the step says, and what it leaves ``None`` chosen from the shape."""
+    fixed = {key: v for key, v in {"GROUPS": 1, **cfg}.items() if v is not None}
+    return w4_kernel.gemv_config(p, num_warps=4, **fixed)
 
 
 class Shape:

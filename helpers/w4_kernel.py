@@ -305,6 +305,27 @@ def gemv_split(tiles: int, steps: int, sms: int) -> int:
     return min((d for d in range(1, steps + 1) if steps % d == 0), key=lambda d: abs(math.log(d / target)))
 
 
+def _sms(p: W4Weight) -> int:
+    """Multiprocessors of the weight's device (8 stands in for a CPU running the interpreter)."""
+    return torch.cuda.get_device_properties(p.words.device).multi_processor_count if p.words.is_cuda else 8
+
+
+def gemv_config(p: W4Weight, sms: int | None = None, **fixed) -> dict:
+    """A GEMV config for weight ``p``: :data:`DEFAULT_CONFIG` with ``fixed`` keys set, the rest from the
+    shape — ``GROUPS`` (256 codes of each row per step, halved until it divides the groups per row) and
+    ``SPLIT_K`` (:func:`gemv_split` over ``sms`` multiprocessors, default the weight's device's)."""
+    n, k = p.shape
+    cfg = {**DEFAULT_CONFIG, "MAGIC": not _interpreted(), **fixed}
+    if "GROUPS" not in fixed:
+        cfg["GROUPS"] = max(1, 256 // p.group_size)
+        while cfg["GROUPS"] > 1 and (k // p.group_size) % cfg["GROUPS"]:
+            cfg["GROUPS"] //= 2
+    if "SPLIT_K" not in fixed:
+        cfg["SPLIT_K"] = gemv_split(math.ceil(n / cfg["BLOCK_N"]), k // (p.group_size * cfg["GROUPS"]),
+                                    _sms(p) if sms is None else sms)
+    return cfg
+
+
 def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     """A config chosen from the shape alone, by the rule the H200 measurements support
     (``results/h200/kernels.json``): one row runs the CUDA-core GEMV (128 rows per program, 256 codes
@@ -313,13 +334,9 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     tiles cannot occupy three quarters of the multiprocessors. ``family`` overrides
     :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is lowered until it divides ``K``)."""
     n, k = p.shape
-    sms = torch.cuda.get_device_properties(p.words.device).multi_processor_count if p.words.is_cuda else 8
+    sms = _sms(p)
     if m == 1 and _pow2(p.group_size) and (family is None or family.get("KERNEL", "gemv") == "gemv"):
-        cfg = dict(DEFAULT_CONFIG, MAGIC=not _interpreted(), GROUPS=max(1, 256 // p.group_size))
-        while cfg["GROUPS"] > 1 and (k // p.group_size) % cfg["GROUPS"]:
-            cfg["GROUPS"] //= 2
-        cfg["SPLIT_K"] = gemv_split(math.ceil(n / cfg["BLOCK_N"]), k // (p.group_size * cfg["GROUPS"]), sms)
-        return cfg
+        return gemv_config(p, sms=sms)
     family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL")}
     groups = family.pop("GROUPS", max(1, 256 // p.group_size))
     while groups > 1 and k % (p.group_size * groups):   # SmolLM2's 576 columns: 9 groups of 64, one per step

@@ -218,3 +218,26 @@ def test_w4linear_compiles_whole_as_one_custom_op():
     # the fake tensors tracing left behind are no one's memory: the gc walk of notebook 02 skips them
     assert all(r["bytes"] > 0 for r in measure.top_tensors(5, DEV))
     torch._dynamo.reset()
+
+
+def test_gemv_config_reproduces_every_config_the_h200_run_chose():
+    """auto_config's one-row rule and the benchmark's steps both come from gemv_config: each config
+    recorded in results/h200/kernels.json (phase G, 132 SMs) is what it gives for that shape today."""
+    import json
+    from pathlib import Path
+
+    from benchmarks.kernels import STEPS
+    rows = json.loads((Path(__file__).resolve().parents[1] / "results/h200/kernels.json").read_text())["rows"]
+    rows = [r for r in rows if r.get("phase", "").startswith("G") and "config" in r
+            and (r["kernel"].startswith("gemv step") or "auto_config" in r["kernel"])]
+    assert len(rows) >= 100
+    for r in rows:
+        n, k, g = r["N"], r["K"], r["group"]
+        p = w4_format.W4Weight(torch.zeros(n, k // 8, dtype=torch.int32), torch.zeros(n, k // g, dtype=torch.float16),
+                               torch.zeros(n, k // g, dtype=torch.float16), g, (n, k))
+        want = dict(r["config"])
+        fixed = {"MAGIC": want["MAGIC"]}      # the interpreter here would turn MAGIC off by default
+        if r["kernel"].startswith("gemv step"):   # what the step fixes, as benchmarks.kernels.step_config reads it
+            step = {"GROUPS": 1, **dict(STEPS)[r["kernel"]], "num_warps": 4}
+            fixed |= {key: v for key, v in step.items() if v is not None and key != "MAGIC"}
+        assert w4_kernel.gemv_config(p, sms=132, **fixed) == want, (r["kernel"], r["shape"], g)
