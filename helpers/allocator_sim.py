@@ -134,8 +134,12 @@ class CachingAllocatorSim:
         return remaining > K_SMALL_SIZE
 
     def _best_fit(self, size: int, pool: str):
+        """The smallest free block of ``pool`` holding ``size``. Ties go to the lowest address, as the
+        real allocator orders its free blocks by (size, address) (``BlockComparatorSize``); the driver
+        hands out each new large segment below the earlier ones, so among equal sizes the newest
+        segment's block wins, and within a segment the lowest offset."""
         best = None
-        for seg in self.segments:
+        for seg in reversed(self.segments):
             if seg.pool != pool:
                 continue
             for blk in seg.blocks:
