@@ -11,11 +11,15 @@ with size and the innermost transformers/torch Python frame), the reserved bytes
 simulated from the recorded events and from ``generation_ops``. With ``--points`` (whole models, as
 ``benchmarks.budget_accuracy`` measures a point: warm-up generate, then 32 new tokens): which
 blocks are alive at the prefill's and at the decode's peak, grouped by the frame that allocated them
-(:func:`alive_at_peaks`), and the segments the allocator reserved during the call. CUDA only.
+(:func:`alive_at_peaks`), the segments the allocator held before the call (``segments_before``: address,
+size, blocks) and those it reserved during it (with addresses; the events include ``segment_alloc`` /
+``segment_free``), so a replay can follow the driver's address order. ``--out`` ending in ``.gz`` is
+written compressed. CUDA only.
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -73,24 +77,28 @@ def alive_at_peaks(events: list[dict], mark_bytes: int = MARK_BYTES, top: int = 
 def trace(model, seq: int, batch: int, new_tokens: int, max_entries: int = 200_000) -> dict:
     measure.free_memory()
     base_reserved = torch.cuda.memory_reserved()
+    before = [{"address": sg["address"], "total_size": sg["total_size"], "segment_type": sg["segment_type"],
+               "blocks": [[b["size"], b["state"]] for b in sg["blocks"]]} for sg in torch.cuda.memory._snapshot()["segments"]]
     torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
     try:
         m = generation.measure_generate(model, seq, batch, new_tokens)
         snap = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    segments = [{"size": e["size"], "frame": frame(e)} for dev in snap["device_traces"] for e in dev
-                if e["action"] == "segment_alloc"]
-    events = [e for dev in snap["device_traces"] for e in dev if e["action"] in ("alloc", "free_completed")]
+    segments = [{"size": e["size"], "address": e["addr"], "frame": frame(e)} for dev in snap["device_traces"]
+                for e in dev if e["action"] == "segment_alloc"]
+    events = [e for dev in snap["device_traces"] for e in dev
+              if e["action"] in ("alloc", "free_completed", "segment_alloc", "segment_free")]
     ops, live, out = [], {}, []
     for i, e in enumerate(events):
         if e["action"] == "alloc":
             live[e["addr"]] = f"t{i}"
             ops.append(["alloc", f"t{i}", e["size"]])
-        elif e["addr"] in live:
+        elif e["action"] == "free_completed" and e["addr"] in live:
             ops.append(["free", live.pop(e["addr"])])
         out.append({"action": e["action"], "addr": e["addr"], "size": e["size"], "frame": frame(e)})
-    return {"events": out, "segments": segments, "reserved_meas_over_start": m["reserved"] - base_reserved,
+    return {"events": out, "segments": segments, "segments_before": before,
+            "reserved_meas_over_start": m["reserved"] - base_reserved,
             "prefill_meas": m["prefill_meas"], "decode_meas": m["decode_meas"], "forward_peaks": m["forward_peaks"],
             "reserved_sim_from_events": simulate(ops)["reserved"], "peak_meas": m["peak_meas"]}
 
@@ -115,9 +123,21 @@ def point_peaks(spec: str, new_tokens: int = 32) -> dict:
     events = r.pop("events")
     frames = sorted({e["frame"] for e in events})
     where = {f: i for i, f in enumerate(frames)}
-    compact = [[e["action"][0], e["addr"], e["size"], where[e["frame"]]] for e in events]  # a(lloc) / f(ree)
+    code = {"alloc": "a", "free_completed": "f", "segment_alloc": "s", "segment_free": "S"}
+    compact = [[code[e["action"]], e["addr"], e["size"], where[e["frame"]]] for e in events]
     return {"point": spec, "new_tokens": new_tokens, **r, **alive_at_peaks(events),
             "n_events": len(events), "frames": frames, "events": compact}
+
+
+def write(path: Path, rows: list) -> None:
+    """``rows`` as JSON, gzip-compressed when ``path`` ends in ``.gz`` (whole models' events are large)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(rows)
+    if path.suffix == ".gz":
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
 
 
 def main():
@@ -137,8 +157,7 @@ def main():
         for spec in args.points:
             rows.append(point_peaks(spec))
             print({k: v for k, v in rows[-1].items() if k not in ("segments", "events", "frames")}, flush=True)
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(rows))
+            write(Path(args.out), rows)
         return
     for attention in ("sdpa", "eager"):
         model = models.model_from_config(args.arch, device="cuda", dtype=torch.bfloat16, attn_implementation=attention)
@@ -155,8 +174,7 @@ def main():
         print({k: v for k, v in r.items() if k != "events"}, flush=True)
         del model
         measure.free_memory()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(rows))
+    write(Path(args.out), rows)
     print("wrote", args.out)
 
 

@@ -38,9 +38,9 @@ def main():
         m = copy.deepcopy(base)
         t0 = time.perf_counter()
         with PeakMeter() as meter:
-            graphs = False if share is None else G.BlockGraphs(spec, share_pool=share)
-            G.gptq_model(m, calib, spec, options, progress=False, graphs=graphs)
-            if graphs:
+            graphs = "eager" if share is None else G.BlockGraphs(spec, share_pool=share)
+            G.gptq_model(m, calib, spec, options, progress=False, inner=graphs)
+            if share is not None:
                 graphs.close()
         rows.append({"arch": args.arch, "column_loop": name, "seconds": round(time.perf_counter() - t0, 2),
                      "peak_bytes": meter.peak, "calib_tokens": calib.numel()})

@@ -26,9 +26,31 @@ from pathlib import Path
 
 import torch
 
-from helpers import data, evaluate, host_alloc, models, variants
+from helpers import data, evaluate, gptq, host_alloc, models, variants
 from helpers.measure import PeakMeter
 from helpers.qspec import QuantSpec
+
+
+def gptq_with(model, calib, spec: QuantSpec, inner: str) -> dict:
+    """Our GPTQ as :func:`helpers.variants.apply_quantizer` runs it (act-order, static groups), with the
+    column loop ``inner`` (:func:`helpers.gptq.inner_loop`)."""
+    t0 = time.perf_counter()
+    gptq.gptq_model(model, calib, spec, gptq.GPTQOptions(actorder=True, static_groups=True), inner=inner)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return {"seconds": time.perf_counter() - t0}
+
+
+def profile_to(path: Path, fn) -> str:
+    """Run ``fn`` under ``torch.profiler`` (CPU and CUDA activity) and write its 40 costliest ops by
+    CUDA time to ``path``; returns the path."""
+    from torch.profiler import ProfilerActivity, profile
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    path.write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40))
+    return str(path)
 
 
 def main():
@@ -47,6 +69,11 @@ def main():
     ap.add_argument("--eval-tokens", type=int, default=32 * 512)
     ap.add_argument("--awq-search-dtype", default="auto",
                     help="our AWQ's α-search dtype: auto (helpers.awq.default_search_dtype), float32, bfloat16")
+    ap.add_argument("--gptq-inner", default="default",
+                    help="our GPTQ's column loops, comma-separated: default (helpers.gptq.inner_loop's pick), "
+                         "eager, graphs, kernel — one row each")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="CUDA: run our default GPTQ once more under torch.profiler and write its kernel table to DIR")
     args = ap.parse_args()
     out, rows = Path(args.out), []
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -81,11 +108,15 @@ def main():
         for bits in [int(b) for b in args.bits.split(",")]:
             for method in args.methods.split(","):
                 impls = ["ours"] if method == "rtn" else args.impls.split(",")
-                for impl in impls:
+                runs = [(impl, inner) for impl in impls
+                        for inner in (args.gptq_inner.split(",") if (method, impl) == ("gptq", "ours") else ["default"])]
+                for impl, inner in runs:
                     m = copy.deepcopy(base)
                     kw = ({"search_dtype": getattr(torch, args.awq_search_dtype)}
                           if (method, impl) == ("awq", "ours") and args.awq_search_dtype != "auto" else {})
-                    run = lambda m=m, kw=kw: variants.apply_quantizer(m, calib, method, impl, QuantSpec(bits, args.group), **kw)
+                    spec = QuantSpec(bits, args.group)
+                    run = (lambda m=m, kw=kw: variants.apply_quantizer(m, calib, method, impl, spec, **kw)) \
+                        if inner == "default" else (lambda m=m, inner=inner: gptq_with(m, calib, spec, inner))
                     if cuda:
                         with PeakMeter() as meter:
                             info = run()
@@ -95,8 +126,15 @@ def main():
                         peak = host_alloc.peak_bytes(lambda: box.setdefault("info", run()), warmup=False,
                                                     no_grad=False)["peak"]   # autograd as the caller has it
                         info = box["info"]
+                    profiled = None
+                    if args.profile and cuda and (method, impl, inner) == ("gptq", "ours", "default"):
+                        m2 = copy.deepcopy(base)
+                        rerun = lambda: variants.apply_quantizer(m2, calib, method, impl, spec)
+                        profiled = profile_to(Path(args.profile) / f"profile_{arch}_{method}_{impl}_{inner}_w{bits}.txt", rerun)
+                        del m2
                     add(method=method, impl=impl, bits=bits, seconds=round(info["seconds"], 2), ppl=ppl(m),
-                        peak_bytes=peak,
+                        peak_bytes=peak, **({} if inner == "default" else {"gptq_inner": inner}),
+                        **({"profiled": profiled} if profiled else {}),
                         **({"calib_tokens": 0} if method == "rtn" else {}),
                         **({"search_dtype": info["search_dtype"]} if "search_dtype" in info else {}))
                     del m

@@ -32,21 +32,26 @@ so its ``find_params(W[:, i1+i : i1+i+groupsize])`` reads those columns without 
 a multiple of ``blocksize``) and differ otherwise, e.g. g64 with blocks of 128 (``tests/test_gptq.py``
 shows both).
 
-Speed layer, kept apart: :class:`BlockGraphs` replays :func:`quantize_block` for static grids as CUDA
-graphs (:class:`helpers.cuda_graphs.GraphedCalls`); :func:`quantize_weight` takes it in place of
-:func:`quantize_block` and does not know the difference.
+Speed layer, kept apart: for static grids, :class:`KernelBlock` runs :func:`quantize_block` as one
+Triton kernel per block (:mod:`helpers.gptq_kernel`: the rows are independent, so one program takes
+a tile of rows through all of the block's columns), and :class:`BlockGraphs` replays it as CUDA graphs
+(:class:`helpers.cuda_graphs.GraphedCalls`); :func:`quantize_weight` takes either in place of
+:func:`quantize_block` and does not know the difference (the same weights, bit for bit, tested).
+On CUDA, :meth:`GPTQ.add_batch` forms a half-precision batch's ``xᵀx`` on tensor cores with float32
+sums (``torch.mm(..., out_dtype=torch.float32)``: the products of two bf16/fp16 numbers are exact in
+float32), instead of first widening ``x`` to float32.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import time
 from dataclasses import dataclass
 
 import torch
 
 from . import calib as C
+from . import gptq_kernel
 from .cuda_graphs import GraphedCalls
 from .device import cpu_threads
 from .qspec import QuantSpec, positive_int
@@ -193,6 +198,15 @@ def quantize_weight(W: torch.Tensor, H: torch.Tensor, spec: QuantSpec, options: 
     return GPTQResult(Q, Losses, int(dead.sum()), damp.item())
 
 
+def gram(x: torch.Tensor) -> torch.Tensor:
+    """``xᵀx`` in float32 for ``x`` [tokens, features]: bf16/fp16 on CUDA on tensor cores with float32
+    sums (exact products), otherwise in float32."""
+    if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
+        return torch.mm(x.t(), x, out_dtype=torch.float32)
+    x = x.float()
+    return x.t() @ x
+
+
 class GPTQ:
     """One linear layer's ``H``, accumulated from its inputs (:meth:`add_batch`), then its weight
     quantized in place (:meth:`fasterquant`): the reference's class."""
@@ -212,12 +226,11 @@ class GPTQ:
             raise ValueError(f"add_batch got inputs with {inp.shape[-1]} features; the layer has "
                              f"{self.columns} input columns")
         check_finite(inp, "the calibration inputs passed to add_batch")
-        x = inp.reshape(-1, inp.shape[-1]).float()
+        x = inp.reshape(-1, inp.shape[-1])
         n = x.shape[0]
         self.H *= self.nsamples / (self.nsamples + n)
         self.nsamples += n
-        x = math.sqrt(2 / self.nsamples) * x
-        self.H += x.t() @ x
+        self.H.add_(gram(x), alpha=2 / self.nsamples)
 
     def _check_ready(self) -> None:
         if self.nsamples == 0:
@@ -307,35 +320,47 @@ def gptq_block(block, hidden: list, kwargs: list, spec: QuantSpec, options: GPTQ
     return losses
 
 
+INNER = ("eager", "graphs", "kernel")    # how gptq_model runs the column loop of each block
+
+
+def inner_loop(inner, spec: QuantSpec, options: GPTQOptions, cuda: bool):
+    """A context manager giving the column loop :func:`quantize_weight` runs: ``"eager"``
+    (:func:`quantize_block`), ``"graphs"`` (:class:`BlockGraphs`), ``"kernel"`` (:class:`KernelBlock`);
+    ``None`` picks the fastest the model allows (the kernel on CUDA with static groups where Triton is
+    installed, else graphs there, else eager); an object with :func:`quantize_block`'s signature is
+    used as given (and left open)."""
+    if inner is None:
+        inner = "eager" if not (cuda and options.static_groups) else "kernel" if gptq_kernel.available() else "graphs"
+    if callable(inner):
+        return contextlib.nullcontext(inner)
+    if inner not in INNER:
+        raise ValueError(f"inner must be None, one of {INNER} or a quantize_block-like callable, got {inner!r}")
+    if inner != "eager" and not (cuda and options.static_groups):
+        raise ValueError(f"inner={inner!r} needs a CUDA model and GPTQOptions(static_groups=True)")
+    return {"eager": lambda: contextlib.nullcontext(quantize_block), "graphs": lambda: BlockGraphs(spec),
+            "kernel": lambda: KernelBlock(spec)}[inner]()
+
+
 @torch.no_grad()
 def gptq_model(model, calib: torch.Tensor, spec: QuantSpec | None = None, options: GPTQOptions | None = None,
-               calibration: C.CalibSpec | None = None, progress: bool = True, graphs=None, **spec_kw) -> dict:
+               calibration: C.CalibSpec | None = None, progress: bool = True, inner=None, **spec_kw) -> dict:
     """GPTQ over a whole decoder, block by block (:func:`helpers.calib.sequential`), in place.
 
     ``calib`` is [n_samples, seq_len] token ids from the calibration split; ``spec`` (or ``bits=``,
     ``group_size=``, ``symmetric=``) the grid; ``options`` the algorithm's settings (default
     :class:`GPTQOptions`); ``calibration`` how the pass runs (:class:`helpers.calib.CalibSpec`).
-    Embeddings and lm_head are kept, as in the paper. ``graphs``: replay the column loops as CUDA graphs
-    (:class:`BlockGraphs`) — ``None`` (default) does so on CUDA with static groups, ``True``/``False``
-    force it, a :class:`BlockGraphs` is used as given (and left open). Returns ``{"seconds",
-    "calib_tokens", "losses": {layer: loss}}``.
+    Embeddings and lm_head are kept, as in the paper. ``inner``: how the column loops run
+    (:func:`inner_loop`: by default the Triton kernel on CUDA with static groups, the same weights as
+    the eager loop). Returns ``{"seconds", "calib_tokens", "losses": {layer: loss}}``.
     """
     spec = QuantSpec.of(spec, **spec_kw)
     options = GPTQOptions() if options is None else options
     if not isinstance(options, GPTQOptions):
         raise TypeError(f"options must be a GPTQOptions, got {type(options).__name__}")
-    if not (graphs is None or isinstance(graphs, (bool, BlockGraphs))):
-        raise TypeError(f"graphs must be None, True, False or a BlockGraphs, got {graphs!r}")
     C.check_calib(model, calib)
-    cuda = next(model.parameters()).is_cuda
-    if graphs is None:
-        graphs = cuda and options.static_groups
-    if graphs is not False and not (cuda and options.static_groups):
-        raise ValueError("graphs need a CUDA model and GPTQOptions(static_groups=True)")
-    replay = contextlib.nullcontext(graphs) if isinstance(graphs, BlockGraphs) else \
-        BlockGraphs(spec) if graphs else contextlib.nullcontext(quantize_block)
+    loop = inner_loop(inner, spec, options, next(model.parameters()).is_cuda)
     t0 = time.perf_counter()
-    with replay as quantize:
+    with loop as quantize:
         recs = C.sequential(model, calib, lambda i, b, h, k: gptq_block(b, h, k, spec, options, quantize),
                             calibration, desc=f"GPTQ {spec.label}", progress=progress)
     losses = {f"model.layers.{i}.{n}": v for i, r in enumerate(recs) for n, v in r.items()}
@@ -385,3 +410,30 @@ class BlockGraphs:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# ------------------------------------------------------------------------ speed layer: one Triton kernel
+class KernelBlock:
+    """:func:`quantize_block` for static grids as one Triton kernel per block
+    (:func:`helpers.gptq_kernel.quantize_block_static`): pass it to :func:`quantize_weight` in its
+    place. Each call gathers the block's columns' grids and runs all of the block's columns in one
+    launch — the eager loop's weights, bit for bit. A context manager, like :class:`BlockGraphs`
+    (nothing to free)."""
+
+    def __init__(self, spec: QuantSpec):
+        self.spec = QuantSpec.of(spec)
+
+    def __call__(self, W, Hinv, i1: int, i2: int, grids: Grids, spec: QuantSpec):
+        if spec != self.spec:
+            raise ValueError(f"KernelBlock made for {self.spec.label} was called for {spec.label}")
+        if not grids.static:
+            raise ValueError("KernelBlock runs static grids only: use GPTQOptions(static_groups=True)")
+        idx = grids.group_index[i1:i2]
+        return gptq_kernel.quantize_block_static(W[:, i1:i2], Hinv[i1:i2, i1:i2], grids.scale[:, idx],
+                                                 grids.zero[:, idx], spec.bits, spec.symmetric)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The course's GPU measurements, one entry point: bash scripts/gpu.sh PART [PART ...]
 #   suite                 pytest tests, whole (CUDA tests included)        -> $OUT/pytest_gpu.txt
+#   pytest                pytest $TESTS only (default tests)                -> $OUT/pytest_part.txt
 #   clinic                python -m benchmarks.clinic --mps (real OOMs alone and beside another process, MPS)
 #   kernels               python -m benchmarks.kernels (W4A16 kernels, every shape/group/M; KERNEL_ARGS="--phases G")
 #                         -> $OUT/kernels.json
@@ -9,7 +10,8 @@
 #                         (COURSE_PROFILE to change it) -> $OUT/notebooks/*.ipynb, $OUT/run_all.json
 #   budget [ARCH ...]     python -m benchmarks.budget_accuracy               -> $OUT/budget_accuracy.json
 #   allocator             python -m benchmarks.allocator_agreement --random 40 (SEED_START=40 for held-out seeds)
-#   quantizers            python -m benchmarks.quantizers (GPTQ/AWQ peak and time, ours vs llm-compressor)
+#   quantizers            python -m benchmarks.quantizers (GPTQ/AWQ peak and time, ours vs llm-compressor; QUANT_ARGS adds options)
+#   gptqblock             python -m benchmarks.gptq_block (one block of GPTQ's column loop: eager, graphs, Triton kernel)
 #   trace                 python -m benchmarks.alloc_trace (one generate's real allocator events; TRACE_ARGS="--points ARCH:ATTN:SEQ:BATCH ..."
 #                         for the blocks alive at whole models' prefill and decode peaks)
 # Set-up on the lent machine: the wheels its image lacks travel in .whl/ (run ../shared/tools/gpu-wheels here,
@@ -35,6 +37,8 @@ run_part() {
   echo "=== $part ($(date -u +%H:%M:%S))"
   case "$part" in
     suite) timeout "$T" python3 -m pytest tests -q -p no:cacheprovider -rs --durations=40 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -30 ;;
+    pytest) timeout "$T" python3 -m pytest ${TESTS:-tests} -q -p no:cacheprovider -rs 2>&1 | tee "$OUT/pytest_part.txt" | tail -15 ;;
+    gptqblock) timeout "$T" python3 -m benchmarks.gptq_block --out "$OUT/gptq_block.json" 2>&1 | tee "$OUT/gptq_block.log" | tail -20 ;;
     clinic) timeout "$T" python3 -m benchmarks.clinic --out "$OUT/clinic.json" --mps 2>&1 | tee "$OUT/clinic.log" | tail -20 ;;
     kernels) timeout "$T" python3 -m benchmarks.kernels --out "$OUT/kernels.json" --budget-s "${KERNEL_BUDGET:-300}" ${KERNEL_ARGS:-} 2>&1 \
                | tee "$OUT/kernels.log" | grep -E "phase|best|failed|wrote|copy bandwidth" | tail -30 ;;
@@ -46,12 +50,12 @@ run_part() {
     allocator) timeout "$T" python3 -m benchmarks.allocator_agreement --random "${RANDOM_N:-40}" --seed-start "${SEED_START:-0}" \
                  --out "$OUT/allocator_agreement${SEED_START:+_from_$SEED_START}.json" 2>&1 | tee "$OUT/allocator.log" | tail -8 ;;
     quantizers) timeout "$T" python3 -m benchmarks.quantizers --out "$OUT/quantizers.json" --arch Llama-3.2-1B,Qwen2.5-1.5B \
-                  --bits 4 --group 128 --calib-samples 128 --methods "${METHODS:-gptq,awq}" 2>&1 | tee "$OUT/quantizers.log" | tail -12 ;;
+                  --bits 4 --group 128 --calib-samples 128 --methods "${METHODS:-gptq,awq}" ${QUANT_ARGS:-} 2>&1 | tee "$OUT/quantizers.log" | tail -12 ;;
     trace) timeout "$T" python3 -m benchmarks.alloc_trace --out "$OUT/alloc_trace.json" ${TRACE_ARGS:-} 2>&1 | tee "$OUT/alloc_trace.log" | tail -6 ;;
     *) echo "unknown part $part (see the header of scripts/gpu.sh)"; return 2 ;;
   esac
   echo "=== $part done in $(( $(date +%s) - t0 )) s"
 }
-[ $# -gt 0 ] || { sed -n '2,17p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,20p' "$0"; exit 2; }
 if [ "$1" = budget ]; then run_part "$@"; exit; fi
 for part in "$@"; do run_part "$part"; done

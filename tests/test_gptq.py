@@ -128,11 +128,12 @@ def test_graphs_need_cuda_and_static_groups(tiny_llama, tiny_calib):
         G.quantize_weight(W, H.clone(), spec, G.GPTQOptions(static_groups=True), block=G.BlockGraphs(spec))
     with pytest.raises(ValueError, match="recorded for w4g16 was called for w3g16"):
         G.quantize_weight(W, H.clone(), QuantSpec(3, 16), G.GPTQOptions(static_groups=True), block=G.BlockGraphs(spec))
-    with pytest.raises(TypeError, match="graphs must be None, True, False or a BlockGraphs"):
-        G.gptq_model(tiny_llama, tiny_calib, spec, graphs="on", progress=False)
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="graphs need a CUDA model"):
-            G.gptq_model(tiny_llama, tiny_calib, spec, G.GPTQOptions(static_groups=True), graphs=True, progress=False)
+    with pytest.raises(ValueError, match="inner must be None, one of"):
+        G.gptq_model(tiny_llama, tiny_calib, spec, inner="on", progress=False)
+    for inner in ("graphs", "kernel"):
+        with pytest.raises(ValueError, match=f"inner='{inner}' needs a CUDA model"):
+            G.gptq_model(tiny_llama.cpu(), tiny_calib, spec, G.GPTQOptions(static_groups=inner == "graphs"),
+                         inner=inner, progress=False)
 
 
 class PlainCalls:
@@ -179,16 +180,42 @@ def test_cuda_graph_replay_equals_eager_loop(bits, symmetric):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_gptq_model_with_graphs_equals_eager(tiny_llama_factory):
-    """The whole model on the GPU: graphs on (the default with static groups) and off, the same weights."""
+def test_gptq_model_inner_loops_give_the_same_weights(tiny_llama_factory):
+    """The whole model on the GPU: the column loop as the Triton kernel (the default with static
+    groups), as CUDA graphs and eager — the same weights, bit for bit, in fp32 and in bf16 (where
+    add_batch forms xᵀx on tensor cores)."""
     calib = torch.randint(0, 128, (8, 64), generator=torch.Generator().manual_seed(3))
-    out = []
-    for graphs in (None, False):
-        m = tiny_llama_factory().cuda()
-        G.gptq_model(m, calib, QuantSpec(4, 32), G.GPTQOptions(actorder=True, static_groups=True), graphs=graphs,
-                     progress=False)
-        out.append({n: p.detach().cpu() for n, p in m.state_dict().items()})
-    assert all(torch.equal(out[0][n], p) for n, p in out[1].items())
+    for dtype in (torch.float32, torch.bfloat16):
+        out = []
+        for inner in (None, "graphs", "eager"):
+            m = tiny_llama_factory().to("cuda", dtype)
+            G.gptq_model(m, calib, QuantSpec(4, 32), G.GPTQOptions(actorder=True, static_groups=True), inner=inner,
+                         progress=False)
+            out.append({n: p.detach().cpu() for n, p in m.state_dict().items()})
+        for other in out[1:]:
+            assert all(torch.equal(out[0][n], p) for n, p in other.items())
+
+
+def test_kernel_block_equals_the_eager_loop():
+    """KernelBlock in quantize_weight (Triton's interpreter on a CPU, compiled on CUDA): the eager
+    loop's weights and losses bit for bit, with act-order, a last block narrower than blocksize, 3
+    and 4 bits; and it refuses dynamic grids and another spec."""
+    pytest.importorskip("triton")
+    torch.manual_seed(6)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    X = correlated_inputs(400, 160).to(dev)
+    H = 2 * X.t() @ X / len(X)
+    for bits, symmetric in ((4, False), (3, True)):
+        W = torch.randn(40, 160, device=dev)
+        spec = QuantSpec(bits, 32, symmetric)
+        options = G.GPTQOptions(blocksize=128, actorder=True, static_groups=True)
+        eager = G.quantize_weight(W, H.clone(), spec, options)
+        kernel = G.quantize_weight(W, H.clone(), spec, options, block=G.KernelBlock(spec))
+        assert torch.equal(eager.Q, kernel.Q) and torch.equal(eager.losses, kernel.losses)
+    with pytest.raises(ValueError, match="static grids only"):
+        G.quantize_weight(W, H.clone(), spec, G.GPTQOptions(), block=G.KernelBlock(spec))
+    with pytest.raises(ValueError, match="made for w3g32s was called for w4g32"):
+        G.quantize_weight(W, H.clone(), QuantSpec(4, 32), options, block=G.KernelBlock(spec))
 
 
 def reference_fasterquant(W, H, spec, blocksize=128, percdamp=0.01, actorder=False, static_groups=False):
