@@ -54,6 +54,11 @@ ARCHITECTURES: dict[str, dict] = {
     "Llama-2-70B": dict(model_type="llama", vocab_size=32000, hidden_size=8192, intermediate_size=28672,
                         num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
                         max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False),
+    # Llama-2-70B's layer shapes with Llama-3's vocabulary and rope (meta-llama/Meta-Llama-3-70B's config.json)
+    "Llama-3-70B": dict(model_type="llama", vocab_size=128256, hidden_size=8192, intermediate_size=28672,
+                        num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                        max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
+                        tie_word_embeddings=False),
     "Llama-3.1-8B": dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                          num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                          max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,

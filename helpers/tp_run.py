@@ -217,15 +217,12 @@ def _spawn(fn, tp, backend, args, *more) -> list:
 
 # --------------------------------------------------------------------------- on GPUs: a 70B-shaped stack over NCCL
 def architecture(name: str = "Llama-3-70B"):
-    """``Llama-2-70B`` (:func:`helpers.models.architecture_config`) or ``Llama-3-70B``: the same layer
-    shapes (hidden 8192, 64 query / 8 KV heads, MLP 28672, 80 layers) with Llama-3's vocabulary of
-    128,256 tokens and rope_theta 500,000 (meta-llama/Meta-Llama-3-70B's config.json)."""
+    """``Llama-2-70B`` or ``Llama-3-70B`` (:func:`helpers.models.architecture_config`): the same layer
+    shapes (hidden 8192, 64 query / 8 KV heads, MLP 28672, 80 layers); Llama-3 has a vocabulary of
+    128,256 tokens and rope_theta 500,000."""
     from .models import architecture_config
     one_of(name, "arch", ("Llama-2-70B", "Llama-3-70B"))
-    c = architecture_config("Llama-2-70B")
-    if name == "Llama-3-70B":
-        c.vocab_size, c.rope_theta, c.max_position_embeddings = 128256, 500000.0, 8192
-    return c
+    return architecture_config(name)
 
 
 def stack_config(arch: str = "Llama-3-70B", layers: int = 4):

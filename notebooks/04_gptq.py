@@ -193,20 +193,37 @@ pd.DataFrame([r for r in llm_compressor.API_MAP if r[0] == "AutoGPTQ"], columns=
 # `results/h200/quantizers.json` (architectures from config on an H200, time only).
 #
 # On a GPU the column loop is a different problem: each column is ~10 tiny kernels launched from
-# Python, so the GPU mostly waits for launches (the course's first H200 run, before graphs: 40.0 s for
-# Qwen2.5-0.5B, 2× llm-compressor — recorded in the README's H200 section). `gptq.py` therefore
-# records one block's column loop as a **CUDA graph** and replays it for every block of that shape
-# (`gptq.BlockGraphs`, a layer around `quantize_block` that `quantize_weight` takes in its place; on
-# by default on CUDA with static groups): the same kernels, bit-identical weights (tested), one
-# launch per block — the H200 rows printed below.
+# Python, so the GPU mostly waits for launches (the course's first H200 run, before any speed layer:
+# 40.0 s for Qwen2.5-0.5B, 2× llm-compressor — recorded in the README's H200 section). Two speed
+# layers sit around `quantize_block`; `quantize_weight` takes either in its place and does not know
+# the difference, and both give the eager loop's weights bit for bit (tested):
+#
+# * `gptq.BlockGraphs` records one block's column loop as a **CUDA graph** and replays it for every
+#   block of that shape: the same kernels, one launch — but each kernel still costs its few
+#   microseconds on the GPU, and a block has a hundred-odd columns of them.
+# * `gptq.KernelBlock` (`helpers/gptq_kernel.py`, the default on CUDA with static groups) uses what
+#   the algorithm allows: **the rows are independent**. A row's quantization and its error's spread
+#   read only that row and the block's `Hinv1`, so one Triton program holds a tile of rows × all the
+#   block's columns in registers and runs every column step on it — one kernel per block, with IEEE
+#   division and no fused multiply-add so that its rounding is the eager loop's.
+#
+# `benchmarks/gptq_block.py` times one 128-column block each way on the row counts of Llama-3.2-1B's
+# stacked linears; then the whole-model rows.
 
 # %%
 import json
+blk = results_path("h200", "gptq_block.json")
+if blk.exists():
+    b = pd.DataFrame(json.loads(blk.read_text()))
+    print(blk.relative_to(results_path().parent), "—", b.device.iloc[0], "— every variant bit-equal to eager:",
+          bool(b.exact.all()))
+    display(b.pivot(index="inner", columns="rows", values="ms").round(3))
 for p in (results_path("cpu", "quantizers.json"), results_path("h200", "quantizers.json")):
     if p.exists():
         ref = pd.DataFrame(json.loads(p.read_text()))
         print(p.relative_to(results_path().parent), "—", ref.device.iloc[0])
-        display(ref[ref.method.isin(["baseline", "rtn", "gptq"])][["model", "method", "impl", "bits", "group_size", "calib_tokens", "seconds", "ppl"]])
+        cols = ["model", "method", "impl", "gptq_inner", "bits", "group_size", "calib_tokens", "seconds", "ppl"]
+        display(ref[ref.method.isin(["baseline", "rtn", "gptq"])][[c for c in cols if c in ref]])
 
 # %% [markdown]
 # ### Your turn: one GPTQ column update
