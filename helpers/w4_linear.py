@@ -67,14 +67,10 @@ class W4Linear(torch.nn.Module):
     def forward(self, x):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if x2.shape[0] > self.dense_above:
+        m = x2.shape[0]
+        if m > self.dense_above or (x2.dtype == torch.float32 and m > 1):   # tensor cores take 16-bit rows
             y = x2 @ dequantize_w4(self.p, x2.dtype).T
         else:
-            m = x2.shape[0]
-            if x2.dtype == torch.float32 and m > 1:   # tensor cores take 16-bit activations
-                y = x2 @ dequantize_w4(self.p, x2.dtype).T
-                y = y.reshape(*shape[:-1], self.shape[0])
-                return y + self.bias if self.bias is not None else y
             # one fp32 row: the CUDA-core GEMV; one 16-bit row: the GEMV; more: a tensor-core row tile
             tile = "fp32" if x2.dtype == torch.float32 else 1 if m == 1 else block_rows(m)
             if torch.compiler.is_compiling():   # torch.compile sees one opaque op, not the launcher's Python
