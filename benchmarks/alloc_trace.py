@@ -156,7 +156,8 @@ def main():
     if args.points:
         for spec in args.points:
             rows.append(point_peaks(spec))
-            print({k: v for k, v in rows[-1].items() if k not in ("segments", "events", "frames")}, flush=True)
+            print({k: v for k, v in rows[-1].items() if k not in ("segments", "segments_before", "events", "frames")},
+                  flush=True)
             write(Path(args.out), rows)
         return
     for attention in ("sdpa", "eager"):
@@ -171,7 +172,7 @@ def main():
         r.update(arch=args.arch, layers=args.layers, attention=attention, seq_len=args.seq, batch=args.batch,
                  new_tokens=args.new_tokens, reserved_pred_over_weights=pred - simulate(w_ops)["reserved"])
         rows.append(r)
-        print({k: v for k, v in r.items() if k != "events"}, flush=True)
+        print({k: v for k, v in r.items() if k not in ("events", "segments_before")}, flush=True)
         del model
         measure.free_memory()
     write(Path(args.out), rows)

@@ -407,6 +407,19 @@ def test_offloaded_block_inputs_same_weights_less_gpu_memory(tiny_llama_factory,
     assert out[True][0] < out[False][0], (out[True][0], out[False][0])
 
 
+def test_to_store_pins_what_leaves_the_gpu():
+    """Block inputs leaving a GPU wait in pinned memory (the GPU copies them without staging); on a CPU,
+    or staying on the device, they are the tensor as it is."""
+    from helpers.calib import to_store
+    x = torch.randn(3, 5)
+    assert to_store(x, "cpu") is x
+    if torch.cuda.is_available():
+        y = to_store(x.cuda(), "cpu")
+        assert y.is_pinned() and torch.equal(y, x)
+        z = x.cuda()
+        assert to_store(z, z.device) is z
+
+
 def test_offload_setting_is_checked():
     from helpers import calib as C
     lin = torch.nn.Linear(2, 2)
