@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from helpers import allocator_ops, allocator_replay, allocator_sim
+from helpers.config import write_json
 
 
 def sequences():
@@ -122,7 +123,7 @@ def main():
             r = f.result()
             rows[r["sequence"]] = r
             print({k: v for k, v in r.items() if not k.endswith("segments")}, flush=True)
-            out.write_text(json.dumps([rows[n] for n in todo if n in rows], indent=1))   # kept if cut off
+            write_json(out, [rows[n] for n in todo if n in rows], indent=1)   # kept if cut off
     rows = [rows[n] for n in todo]
     report(rows)
     print("wrote", out)

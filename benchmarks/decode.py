@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from helpers import budget, models, timing
+from helpers.config import write_json
 from helpers.decode_bench import build, resident_bytes, run, step_profile
 
 
@@ -49,7 +50,7 @@ def main():
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save():   # after every row: a run stopped by a time limit keeps what it measured
-        out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+        write_json(out, {"meta": meta, "rows": rows}, indent=1, default=str)
     family = json.loads(Path(args.family_from).read_text())["meta"].get("family") if args.family_from else None
     for fmt in args.formats.split(","):
         try:

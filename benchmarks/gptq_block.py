@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 
 from helpers import gptq as G
 from helpers import gptq_kernel
+from helpers.config import write_json
 from helpers.qspec import QuantSpec
 from helpers.timing import gpu_ms
 
@@ -57,7 +57,7 @@ def main():
                              "device": torch.cuda.get_device_name(), "torch": torch.__version__})
             print(rows_out[-1], flush=True)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(rows_out, indent=1))
+            write_json(Path(args.out), rows_out, indent=1)
         variants["graphs"].close()
 
 

@@ -25,7 +25,6 @@ checked against :func:`helpers.w4_format.reference_matmul` (``exact``).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -35,6 +34,7 @@ from pathlib import Path
 import torch
 
 from helpers import decode_bench, timing, w4_format, w4_kernel
+from helpers.config import write_json
 
 SHAPES = {  # label: (K, N) — in_features, out_features
     "8B q/o 4096x4096": (4096, 4096), "8B gate/up 4096x14336": (4096, 14336), "8B down 14336x4096": (14336, 4096),
@@ -122,7 +122,7 @@ def main():
             "capability": list(cap), "copy_GBps": copy, "sms": torch.cuda.get_device_properties(0).multi_processor_count}
 
     def save():
-        out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+        write_json(out, {"meta": meta, "rows": rows}, indent=1, default=str)
 
     def add(kernel, fmt, label, k, n, m, g, ms, nbytes, timing_kind, **extra):
         if ms is None:

@@ -11,12 +11,12 @@ reproduces the same computation, not that a trained model keeps its quality. On 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
 from helpers import data, generation, models
+from helpers.config import write_json
 
 
 def main():
@@ -49,10 +49,10 @@ def main():
                      torch=torch.__version__, gpu=torch.cuda.get_device_name() if cuda else "cpu")
             rows.append(r)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(rows, indent=1))
+            write_json(Path(args.out), rows, indent=1)
             print({k: r[k] for k in ("kv_format", "context", "kv_bytes", "peak", "tokens_per_s", "top1_agreement", "mean_kl")}, flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(rows, indent=1))
+    write_json(Path(args.out), rows, indent=1)
     print("wrote", args.out)
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import platform
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 from helpers import data, evaluate, gptq, host_alloc, models, variants
+from helpers.config import write_json
 from helpers.measure import PeakMeter
 from helpers.qspec import QuantSpec
 
@@ -100,7 +100,7 @@ def main():
         def add(**row):
             rows.append({"model": name, "group_size": args.group, "calib_tokens": calib.numel(),
                          "note": note, **env, **row})
-            out.write_text(json.dumps(rows, indent=1))
+            write_json(out, rows, indent=1)
             print({k: row[k] for k in row if k in ("method", "impl", "bits", "seconds", "ppl")}, flush=True)
 
         add(method="baseline", impl="-", bits=16 if ev is None else 32, seconds=0.0, ppl=ppl(base),

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import budget, budget_replay, generation, host_alloc, measure, models
 from .budget_inputs import ATTENTIONS, choice, positive_int
-from .config import read_json
+from .config import read_json, write_json
 from .data import random_ids
 
 ARCHS = ["SmolLM2-135M", "Qwen2.5-0.5B", "TinyLlama-1.1B",                      # the course's first three
@@ -108,7 +108,7 @@ def predicted_vs_measured(points=None, out: Path | None = None, echo: bool = Tru
     def record(row):
         rows.append({**row, "measured": today})
         if out:
-            out.write_text(json.dumps(rows, indent=1))
+            write_json(out, rows, indent=1)
         if echo:
             _echo(row)
 

@@ -86,6 +86,16 @@ def read_json(path: Path | str) -> dict:
 
 
 @contextlib.contextmanager
+def write_json(path: Path | str, data, indent: int | None = 1, default=None) -> None:
+    """``data`` as JSON at ``path``, whole or not at all: written to a file beside it, then renamed over
+    it (``os.replace`` is atomic), so a run killed mid-write (a timeout) leaves the previous rows, not an
+    empty file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=indent, default=default))
+    os.replace(tmp, path)
+
+
 def file_lock(path: Path | str):
     """Hold an exclusive lock on ``path`` (created if missing) for the block: two processes that build
     the same cached file — two notebooks under ``pytest -n 2``, workshop participants sharing one

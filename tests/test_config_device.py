@@ -148,3 +148,14 @@ def test_results_are_found_from_anywhere_and_helpers_is_a_real_package(tmp_path,
     assert results_path("h200", "kernels.json").is_file()
     assert results_path().name == "results" and not results_path("no such file").exists()
     assert helpers.__file__ and helpers.__file__.endswith("__init__.py")   # a namespace package has no file
+
+
+def test_write_json_replaces_whole_or_not_at_all(tmp_path):
+    """A failed write (here: data JSON cannot encode) leaves the previous file as it was, not empty."""
+    from helpers.config import read_json, write_json
+    p = tmp_path / "rows.json"
+    write_json(p, [{"a": 1}])
+    assert read_json(p) == [{"a": 1}]
+    with pytest.raises(TypeError):
+        write_json(p, [{"a": object()}])
+    assert read_json(p) == [{"a": 1}] and [f.name for f in tmp_path.iterdir()] == ["rows.json"]
