@@ -85,7 +85,6 @@ def read_json(path: Path | str) -> dict:
                          f"(rm '{path}') and run the cell again to rebuild it.") from None
 
 
-@contextlib.contextmanager
 def write_json(path: Path | str, data, indent: int | None = 1, default=None) -> None:
     """``data`` as JSON at ``path``, whole or not at all: written to a file beside it, then renamed over
     it (``os.replace`` is atomic), so a run killed mid-write (a timeout) leaves the previous rows, not an
@@ -96,6 +95,7 @@ def write_json(path: Path | str, data, indent: int | None = 1, default=None) -> 
     os.replace(tmp, path)
 
 
+@contextlib.contextmanager
 def file_lock(path: Path | str):
     """Hold an exclusive lock on ``path`` (created if missing) for the block: two processes that build
     the same cached file — two notebooks under ``pytest -n 2``, workshop participants sharing one

@@ -222,7 +222,7 @@ for p in (results_path("cpu", "quantizers.json"), results_path("h200", "quantize
     if p.exists():
         ref = pd.DataFrame(json.loads(p.read_text()))
         print(p.relative_to(results_path().parent), "—", ref.device.iloc[0])
-        cols = ["model", "method", "impl", "gptq_inner", "bits", "group_size", "calib_tokens", "seconds", "ppl"]
+        cols = ["model", "method", "impl", "gptq_inner", "bits", "group_size", "calib_tokens", "seconds", "peak_bytes", "ppl"]
         display(ref[ref.method.isin(["baseline", "rtn", "gptq"])][[c for c in cols if c in ref]])
 
 # %% [markdown]
