@@ -40,6 +40,37 @@ def weight_allocation(config, dtype=torch.bfloat16) -> int:
     return simulate(weight_ops(config, dtype))["allocated"]
 
 
+def norm_ops(name: str, n_h: int, b: int) -> list:
+    """RMSNorm over ``n_h`` elements as transformers' ``*RMSNorm.forward`` allocates it (``hidden.to(float32)``,
+    ``pow(2).mean``, ``hidden * rsqrt(variance + eps)``, ``weight * hidden.to(dtype)``): the fp32 copy,
+    its square (dropped after the mean), the fp32 normalised copy (the first dropped), the cast back and
+    the weight's product (the cast dropped); the fp32 copy is dropped when the norm returns. Leaves
+    ``name`` (``n_h·b``) alive."""
+    return [["alloc", f"{name}.f32", n_h * 4], ["alloc", f"{name}.sq", n_h * 4], ["free", f"{name}.sq"],
+            ["alloc", f"{name}.f32n", n_h * 4], ["free", f"{name}.f32"], ["alloc", f"{name}.cast", n_h * b],
+            ["alloc", name, n_h * b], ["free", f"{name}.cast"], ["free", f"{name}.f32n"]]
+
+
+def mlp_ops(name: str, s: Shape, lay: Layout, n: int, b: int, mlp_bytes: int) -> list:
+    """One prefill MLP's allocations over ``n`` tokens. A dense gated pre-norm MLP
+    (``down(act(gate(x)) · up(x))`` on ``x = norm(h)``) as its forward makes and drops its tensors:
+    the norm (:func:`norm_ops`), ``gate``, ``act(gate)`` (``gate`` dropped), ``up``, their product
+    (``act`` and ``up`` dropped), ``down``'s output (the product dropped) — at most ``n·(h + 3·I)·b``,
+    the :func:`~helpers.budget_activations.block_transients` peak ``mlp_bytes``, in separate blocks the
+    allocator can place apart (the recorded prefill of Qwen2.5-0.5B SDPA 8192 × 2 makes four 152 MiB
+    segments there, ``results/h200/alloc_events_points_2026-12-02.json.gz``). Other MLPs (fused
+    gate|up, ungated, post-norm, experts): one block of ``mlp_bytes``."""
+    I_b, h_b = n * s.intermediate * b, n * s.hidden * b
+    if not (s.has_dense_mlp and lay.gated_mlp and lay.pre_norm and not lay.fused_gate_up
+            and mlp_bytes == 3 * I_b + h_b):
+        return [["alloc", name, mlp_bytes], ["free", name]]
+    t = {k: f"{name}.{k}" for k in ("normed", "gate", "act", "up", "prod", "down")}
+    return norm_ops(t["normed"], n * s.hidden, b) + [
+        ["alloc", t["gate"], I_b], ["alloc", t["act"], I_b], ["free", t["gate"]],
+        ["alloc", t["up"], I_b], ["alloc", t["prod"], I_b], ["free", t["act"]], ["free", t["up"]],
+        ["alloc", t["down"], h_b], ["free", t["prod"]], ["free", t["normed"]], ["free", t["down"]]]
+
+
 def generation_ops(config, prompt_len: int, new_tokens: int, batch: int = 1, attention: str = "sdpa",
                    dtype=torch.bfloat16) -> list:
     """The allocations of one ``generate`` call with a dynamic cache, as allocator-simulator ops: the
@@ -47,7 +78,9 @@ def generation_ops(config, prompt_len: int, new_tokens: int, batch: int = 1, att
     (eager: the score matrix's copies in the order ``eager_attention_forward`` makes them: q·kᵀ, ×
     scaling, + mask, the fp32 copy and the fp32 softmax, the ``.to(dtype)`` weights kept while the MLP
     runs), the layer's K and V (kept by the cache), the MLP transients — then every decode step's
-    ``torch.cat`` of each layer's K and V one position longer (a new block, the old one freed). The
+    ``torch.cat`` of each layer's K and V one position longer (a new block, the old one freed). Each
+    attention comes with its RMSNorm's fp32 copies (:func:`norm_ops`: before it, or after it in a
+    post-norm layer), and a dense gated MLP is its separate tensors (:func:`mlp_ops`). The
     sizes come from :func:`block_transients` and the KV storage; what the simulator adds is the
     *order*, hence which blocks the caching allocator can reuse and which make it reserve more."""
     prompt_len, new_tokens = positive_int(prompt_len, "prompt_len"), positive_int(new_tokens, "new_tokens")
@@ -67,7 +100,7 @@ def generation_ops(config, prompt_len: int, new_tokens: int, batch: int = 1, att
     for l in range(s.layers):
         if attention == "eager":
             rest = int(act["attention"] - S * score_bytes(s, dtype, "cuda"))
-            ops += [["alloc", f"qkv{l}", rest],
+            attn = [["alloc", f"qkv{l}", rest],
                     ["alloc", f"qk{l}", S * b], ["alloc", f"scaled{l}", S * b], ["free", f"qk{l}"],
                     ["alloc", f"masked{l}", S * b], ["free", f"scaled{l}"],
                     ["alloc", f"fp32{l}", S * 4], ["alloc", f"softmax{l}", S * 4], ["free", f"fp32{l}"],
@@ -75,11 +108,14 @@ def generation_ops(config, prompt_len: int, new_tokens: int, batch: int = 1, att
                     ["free", f"qkv{l}"]]
             mlp = int(act["mlp"] - S * b)
         else:
-            ops += [["alloc", f"qkv{l}", int(act["attention"])], ["free", f"qkv{l}"]]
+            attn = [["alloc", f"qkv{l}", int(act["attention"])], ["free", f"qkv{l}"]]
             mlp = int(act["mlp"])
+        # the attention's norm: before it (pre-norm: its input), or after it (post-norm, OLMo-2: its output)
+        norm = norm_ops(f"ln{l}", batch * prompt_len * s.hidden, b)
+        ops += (norm + attn if lay.pre_norm else attn + norm) + [["free", f"ln{l}"]]
         if pos0[l]:               # a layer reading another layer's cache stores nothing
             ops += [["alloc", f"K{l}_0", int(per_pos * pos0[l])], ["alloc", f"V{l}_0", int(per_pos * pos0[l])]]
-        ops += [["alloc", f"mlp{l}", mlp], ["free", f"mlp{l}"]]
+        ops += mlp_ops(f"mlp{l}", s, lay, batch * prompt_len, b, mlp)
         if attention == "eager":
             ops.append(["free", f"weights{l}"])
     ops += [["alloc", "logits", int(logits)], ["free", "logits"], ["free", "residual"]]

@@ -86,3 +86,40 @@ def test_merge_rows_replaces_points_and_keeps_the_rest():
     rows = merge_rows(old, new)
     assert [r.get("peak_meas") for r in rows] == [1, 3, None, 4]
     assert rows[2]["error"] == "still no SDPA"
+
+
+def live_bytes(ops):
+    """(peak, final) live bytes of allocator-simulator ops, counted without the allocator's rounding."""
+    live, now, peak = {}, 0, 0
+    for op in ops:
+        if op[0] == "alloc":
+            live[op[1]] = op[2]
+            now += op[2]
+            peak = max(peak, now)
+        elif op[0] == "free":
+            now -= live.pop(op[1])
+    return peak, now, set(live)
+
+
+def test_norm_ops_hold_two_fp32_copies_and_leave_the_normed_tensor():
+    from helpers.budget_replay import norm_ops
+    peak, final, alive = live_bytes(norm_ops("ln", 1000, 2))
+    assert peak == 2 * 1000 * 4 and final == 1000 * 2 and alive == {"ln"}
+
+
+def test_mlp_ops_split_a_gated_mlp_and_keep_the_formula_peak():
+    """A dense gated pre-norm MLP (Llama) becomes its tensors, peaking at the block_transients bytes
+    n·(h + 3·I)·b and leaving nothing; a fused gate|up MLP (Phi-3) and a post-norm one (OLMo-2) stay
+    one block."""
+    from helpers import budget_activations, budget_replay
+    from helpers.budget_layout import Layout, meta_model
+    from helpers.budget_shape import Shape
+    for arch, split in (("Llama-3.2-1B", True), ("Phi-3-mini", False), ("OLMo-2-1B", False)):
+        cfg = models.architecture_config(arch)
+        s = Shape.from_config(cfg)
+        lay = Layout.from_model(meta_model(cfg, torch.bfloat16), s)
+        mlp = int(budget_activations.block_transients(s, lay, 64, 2, torch.bfloat16, "sdpa", "cuda")["mlp"])
+        ops = budget_replay.mlp_ops("mlp", s, lay, 128, 2, mlp)
+        peak, final, _ = live_bytes(ops)
+        assert (len(ops) > 2) == split and final == 0
+        assert peak == (max(mlp, 8 * 128 * s.hidden) if split else mlp)
