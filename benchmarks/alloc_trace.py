@@ -28,6 +28,7 @@ import torch
 
 from helpers import budget_replay, generation, measure, models
 from helpers.allocator_sim import simulate
+from helpers.config import write_json
 
 
 def frame(entry) -> str:
@@ -131,13 +132,11 @@ def point_peaks(spec: str, new_tokens: int = 32) -> dict:
 
 def write(path: Path, rows: list) -> None:
     """``rows`` as JSON, gzip-compressed when ``path`` ends in ``.gz`` (whole models' events are large)."""
+    if path.suffix != ".gz":
+        return write_json(path, rows, indent=None)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(rows)
-    if path.suffix == ".gz":
-        with gzip.open(path, "wt") as f:
-            f.write(text)
-    else:
-        path.write_text(text)
+    with gzip.open(path, "wt") as f:
+        f.write(json.dumps(rows))
 
 
 def main():

@@ -56,7 +56,6 @@ def main():
             rows_out.append({"rows": rows, "cols": cols, "inner": name, "ms": round(ms, 4), "exact": exact,
                              "device": torch.cuda.get_device_name(), "torch": torch.__version__})
             print(rows_out[-1], flush=True)
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             write_json(Path(args.out), rows_out, indent=1)
         variants["graphs"].close()
 

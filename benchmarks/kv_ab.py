@@ -48,11 +48,9 @@ def main():
             r.update(source=source, new_tokens=args.new_tokens,
                      torch=torch.__version__, gpu=torch.cuda.get_device_name() if cuda else "cpu")
             rows.append(r)
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            write_json(Path(args.out), rows, indent=1)
+            write_json(Path(args.out), rows)
             print({k: r[k] for k in ("kv_format", "context", "kv_bytes", "peak", "tokens_per_s", "top1_agreement", "mean_kl")}, flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    write_json(Path(args.out), rows, indent=1)
+    write_json(Path(args.out), rows)
     print("wrote", args.out)
 
 

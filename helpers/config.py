@@ -88,8 +88,9 @@ def read_json(path: Path | str) -> dict:
 def write_json(path: Path | str, data, indent: int | None = 1, default=None) -> None:
     """``data`` as JSON at ``path``, whole or not at all: written to a file beside it, then renamed over
     it (``os.replace`` is atomic), so a run killed mid-write (a timeout) leaves the previous rows, not an
-    empty file."""
+    empty file. The folder is made if missing."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=indent, default=default))
     os.replace(tmp, path)

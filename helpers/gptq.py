@@ -375,6 +375,19 @@ def static_block(W1, Hinv1, S1, Z1, spec: QuantSpec):
     return quantize_block(W1, Hinv1, 0, n, Grids(S1, Z1, list(range(n)), 1, True), spec)
 
 
+def block_inputs(W, Hinv, i1: int, i2: int, grids: Grids, spec: QuantSpec, made: tuple[str, QuantSpec]):
+    """What a static-grid speed layer runs on for the block ``i1 … i2−1``: ``W1`` (a view, updated in
+    place), ``Hinv1`` and the block's columns' grids gathered ``S1``, ``Z1`` [rows, i2 − i1]. ``made``
+    is the layer's (name, spec): a call for another spec or for dynamic grids is refused."""
+    name, own = made
+    if spec != own:
+        raise ValueError(f"{name} for {own.label} was called for {spec.label}")
+    if not grids.static:
+        raise ValueError(f"{name.split()[0]} runs static grids only: use GPTQOptions(static_groups=True)")
+    idx = grids.group_index[i1:i2]
+    return W[:, i1:i2], Hinv[i1:i2, i1:i2], grids.scale[:, idx], grids.zero[:, idx]
+
+
 class BlockGraphs:
     """:func:`quantize_block` for static grids, replayed as CUDA graphs: pass it to
     :func:`quantize_weight` in its place. Each call copies the block's columns, its ``Hinv`` block
@@ -390,12 +403,7 @@ class BlockGraphs:
         self.calls = graphed(functools.partial(static_block, spec=self.spec), mutated=(0,), share_pool=share_pool)
 
     def __call__(self, W, Hinv, i1: int, i2: int, grids: Grids, spec: QuantSpec):
-        if spec != self.spec:
-            raise ValueError(f"BlockGraphs recorded for {self.spec.label} was called for {spec.label}")
-        if not grids.static:
-            raise ValueError("BlockGraphs replays static grids only: use GPTQOptions(static_groups=True)")
-        idx = grids.group_index[i1:i2]
-        return self.calls(W[:, i1:i2], Hinv[i1:i2, i1:i2], grids.scale[:, idx], grids.zero[:, idx])
+        return self.calls(*block_inputs(W, Hinv, i1, i2, grids, spec, ("BlockGraphs recorded", self.spec)))
 
     @property
     def n_graphs(self) -> int:
@@ -424,13 +432,8 @@ class KernelBlock:
         self.spec = QuantSpec.of(spec)
 
     def __call__(self, W, Hinv, i1: int, i2: int, grids: Grids, spec: QuantSpec):
-        if spec != self.spec:
-            raise ValueError(f"KernelBlock made for {self.spec.label} was called for {spec.label}")
-        if not grids.static:
-            raise ValueError("KernelBlock runs static grids only: use GPTQOptions(static_groups=True)")
-        idx = grids.group_index[i1:i2]
-        return gptq_kernel.quantize_block_static(W[:, i1:i2], Hinv[i1:i2, i1:i2], grids.scale[:, idx],
-                                                 grids.zero[:, idx], spec.bits, spec.symmetric)
+        W1, Hinv1, S1, Z1 = block_inputs(W, Hinv, i1, i2, grids, spec, ("KernelBlock made", self.spec))
+        return gptq_kernel.quantize_block_static(W1, Hinv1, S1, Z1, spec.bits, spec.symmetric)
 
     def __enter__(self):
         return self

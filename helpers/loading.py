@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .config import file_lock, read_json
+from .config import file_lock, read_json, write_json
 from .measure import PeakMeter
 from .models import parse_dtype, unreadable_safetensors
 from .units import GB, MiB
@@ -401,7 +401,6 @@ def remembered_load_peaks(folder, device="cpu", dtype=torch.bfloat16) -> list[di
     (``load_peaks.json``): notebooks 08 and 09 share one measurement instead of repeating it (one
     process measures; another that asks meanwhile waits for it). A file that is not what
     :func:`read_load_peaks` expects is measured again (and we say so), never trusted."""
-    import json
     folder = checkpoint_dir(folder, ("config", "safetensors"))
     device, dtype = _device(device), _float_dtype(dtype)
     path = folder / "load_peaks.json"
@@ -416,5 +415,5 @@ def remembered_load_peaks(folder, device="cpu", dtype=torch.bfloat16) -> list[di
             if not (folder / "pytorch_model.bin").exists():
                 write_pickle_copy(folder)
             known[key] = load_peaks(folder, device, dtype)
-            path.write_text(json.dumps(known, indent=1))
+            write_json(path, known)
     return known[key]

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 
 from . import awq, evaluate, gptq, llm_compressor
 from .calib import options_and_calibration
-from .config import cache_dir, file_lock, profile, read_json
+from .config import cache_dir, file_lock, profile, read_json, write_json
 from .course_model import Bench
 from .qspec import QuantSpec
 from .quant import quantizable_linears, rtn_model
@@ -335,7 +335,5 @@ def perplexity(bench: Bench, model=None, label: str | None = None, **protocol) -
     with file_lock(_scores_path().with_suffix(".lock")):   # read again: another process may have added scores
         table = {**remembered_scores(), key: {"ppl": r["ppl"], "scored_tokens": r["scored_tokens"],
                                               "label": label or "baseline"}}
-        tmp = _scores_path().with_suffix(f".json.{os.getpid()}")
-        tmp.write_text(json.dumps(table, indent=1))
-        tmp.replace(_scores_path())                         # atomic: a reader never sees half a file
+        write_json(_scores_path(), table)                   # atomic: a reader never sees half a file
     return r["ppl"]
