@@ -56,6 +56,8 @@ STEPS = (  # the CUDA-core GEMV, one optimisation at a time (helpers/w4_kernel.p
      dict(BLOCK_N=128, GROUPS=None, SPLIT_K=None, MAGIC=True, num_stages=1)),
     ("gemv tried: step 5 + the next steps' words in flight (3 stages)",
      dict(BLOCK_N=128, GROUPS=None, SPLIT_K=None, MAGIC=True, num_stages=3)),
+    ("gemv step 6: + two codes per instruction (fp16 pairs, centred codes)",
+     dict(BLOCK_N=128, GROUPS=None, SPLIT_K=None, MAGIC=True, HALF2=True, num_stages=1)),
 )
 
 

@@ -52,13 +52,98 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
     triton = None
 
 
+HALF2_X_LIMIT = 2047.0   # |x| up to which the fp16 pair sums cannot overflow: 4 products of |q − 8| ≤ 8 per half
+
+
+def _device(fn):
+    """Triton's jit of a device function the kernels call (the plain function where Triton is absent)."""
+    return triton.jit(fn) if triton is not None else fn
+
+
+@_device
+def _word_dot_f32(w, x0, x1, x2, x3, x4, x5, x6, x7, MAGIC: tl.constexpr):
+    """``Σ_j q_j · x_j`` over the 8 codes of each int32 word ``w`` [BN, W], in fp32: nibble j left in
+    place, ``q·16^(j mod 4)`` (the high half after one shift by 16), so ``x_j`` is scaled by
+    ``16^-(j mod 4)`` once per column instead of every code shifted down; one FFMA per code, chained."""
+    if MAGIC:   # (w & 0xF<<4j) | 0x4B000000 is the float 2^23 + q·16^j: one lop3 and one subtraction
+        q0, q1, q2, q3, q4, q5, q6, q7 = tl.inline_asm_elementwise(
+            "{ .reg .b32 h; shr.b32 h, $8, 16;"
+            " lop3.b32 $0, $8, 0xF, 0x4B000000, 0xEA; lop3.b32 $1, $8, 0xF0, 0x4B000000, 0xEA;"
+            " lop3.b32 $2, $8, 0xF00, 0x4B000000, 0xEA; lop3.b32 $3, $8, 0xF000, 0x4B000000, 0xEA;"
+            " lop3.b32 $4, h, 0xF, 0x4B000000, 0xEA; lop3.b32 $5, h, 0xF0, 0x4B000000, 0xEA;"
+            " lop3.b32 $6, h, 0xF00, 0x4B000000, 0xEA; lop3.b32 $7, h, 0xF000, 0x4B000000, 0xEA;"
+            " sub.f32 $0, $0, 0f4B000000; sub.f32 $1, $1, 0f4B000000; sub.f32 $2, $2, 0f4B000000;"
+            " sub.f32 $3, $3, 0f4B000000; sub.f32 $4, $4, 0f4B000000; sub.f32 $5, $5, 0f4B000000;"
+            " sub.f32 $6, $6, 0f4B000000; sub.f32 $7, $7, 0f4B000000; }",
+            "=r,=r,=r,=r,=r,=r,=r,=r,r", [w], dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+    else:       # the same values by an int→float conversion each
+        h = w >> 16
+        q0, q1, q2, q3 = (w & 0xF).to(tl.float32), (w & 0xF0).to(tl.float32), \
+            (w & 0xF00).to(tl.float32), (w & 0xF000).to(tl.float32)
+        q4, q5, q6, q7 = (h & 0xF).to(tl.float32), (h & 0xF0).to(tl.float32), \
+            (h & 0xF00).to(tl.float32), (h & 0xF000).to(tl.float32)
+    part = q0 * x0[None, :]
+    part += q1 * (x1 * 0.0625)[None, :]
+    part += q2 * (x2 * 0.00390625)[None, :]
+    part += q3 * (x3 * 0.000244140625)[None, :]
+    part += q4 * x4[None, :]
+    part += q5 * (x5 * 0.0625)[None, :]
+    part += q6 * (x6 * 0.00390625)[None, :]
+    part += q7 * (x7 * 0.000244140625)[None, :]
+    return part
+
+
+@_device
+def _word_dot_half2(w, x0, x1, x2, x3, x4, x5, x6, x7, MAGIC: tl.constexpr):
+    """``Σ_j (q_j − 8) · x_j`` over the 8 codes of each int32 word ``w`` [BN, W], two codes per
+    instruction: nibbles (j, j + 4) as one fp16 pair, the four pairs' products summed in fp16
+    (``HFMA2``), the two halves added in fp32. ``(w & 0x000F000F) | 0x64006400`` *is* the fp16 pair
+    ``(1024 + q_0, 1024 + q_4)`` and ``(w & 0x00F000F0) | 0x64006400`` is ``(1024 + 16q_1, 1024 + 16q_5)``
+    (FasterTransformer's and Marlin's ``lop3`` dequantizer); subtracting ``1024 + 8`` (or
+    ``1024 + 128``) leaves ``q − 8`` (or ``16(q − 8)``, met by ``x/16``) exactly. Centred codes keep
+    the fp16 sums small: they cannot overflow while ``|x| ≤`` :data:`HALF2_X_LIMIT`."""
+    if MAGIC:
+        p04, p15, p26, p37 = tl.inline_asm_elementwise(   # x as the fp16 pairs of the codes
+            "{ .reg .f16 a, b; cvt.rn.f16.f32 a, $4; cvt.rn.f16.f32 b, $5; mov.b32 $0, {a, b};"
+            " cvt.rn.f16.f32 a, $6; cvt.rn.f16.f32 b, $7; mov.b32 $1, {a, b};"
+            " cvt.rn.f16.f32 a, $8; cvt.rn.f16.f32 b, $9; mov.b32 $2, {a, b};"
+            " cvt.rn.f16.f32 a, $10; cvt.rn.f16.f32 b, $11; mov.b32 $3, {a, b}; }",
+            "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [x0, x4, x1 * 0.0625, x5 * 0.0625, x2, x6, x3 * 0.0625, x7 * 0.0625],
+            dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 h, c0, c1, c2, c3, k0, k1, a; .reg .f16 lo, hi; .reg .f32 f0, f1;"
+            " mov.b32 k0, 0x64086408; mov.b32 k1, 0x64806480; shr.b32 h, $1, 8;"
+            " lop3.b32 c0, $1, 0x000F000F, 0x64006400, 0xEA; lop3.b32 c1, $1, 0x00F000F0, 0x64006400, 0xEA;"
+            " lop3.b32 c2, h, 0x000F000F, 0x64006400, 0xEA; lop3.b32 c3, h, 0x00F000F0, 0x64006400, 0xEA;"
+            " sub.f16x2 c0, c0, k0; sub.f16x2 c1, c1, k1; sub.f16x2 c2, c2, k0; sub.f16x2 c3, c3, k1;"
+            " mul.rn.f16x2 a, c0, $2; fma.rn.f16x2 a, c1, $3, a; fma.rn.f16x2 a, c2, $4, a;"
+            " fma.rn.f16x2 a, c3, $5, a; mov.b32 {lo, hi}, a; cvt.f32.f16 f0, lo; cvt.f32.f16 f1, hi;"
+            " add.f32 $0, f0, f1; }",
+            "=r,r,r,r,r,r", [w, tl.broadcast_to(p04[None, :], w.shape), tl.broadcast_to(p15[None, :], w.shape),
+                             tl.broadcast_to(p26[None, :], w.shape), tl.broadcast_to(p37[None, :], w.shape)],
+            dtype=tl.float32, is_pure=True, pack=1)
+    # the same sums in plain Triton (the interpreter runs no inline PTX): codes shifted down, fp16 products
+    h = w >> 16
+    lo = ((w & 0xF) - 8).to(tl.float16) * x0.to(tl.float16)[None, :]
+    lo += (((w >> 4) & 0xF) - 8).to(tl.float16) * x1.to(tl.float16)[None, :]
+    lo += (((w >> 8) & 0xF) - 8).to(tl.float16) * x2.to(tl.float16)[None, :]
+    lo += (((w >> 12) & 0xF) - 8).to(tl.float16) * x3.to(tl.float16)[None, :]
+    hi = ((h & 0xF) - 8).to(tl.float16) * x4.to(tl.float16)[None, :]
+    hi += (((h >> 4) & 0xF) - 8).to(tl.float16) * x5.to(tl.float16)[None, :]
+    hi += (((h >> 8) & 0xF) - 8).to(tl.float16) * x6.to(tl.float16)[None, :]
+    hi += (((h >> 12) & 0xF) - 8).to(tl.float16) * x7.to(tl.float16)[None, :]
+    return lo.to(tl.float32) + hi.to(tl.float32)
+
+
 def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K, SPLIT_K, stride_wn, stride_sn,
                        GROUP: tl.constexpr, GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, SERIAL: tl.constexpr,
-                       MAGIC: tl.constexpr, STAGES: tl.constexpr):
+                       MAGIC: tl.constexpr, HALF2: tl.constexpr, STAGES: tl.constexpr):
     """One row of x (decode at batch 1) on CUDA cores, ``GROUPS`` groups per step: every thread sums its
     rows' codes in registers (no reduction across threads per word), then ``acc += s·(Σ x·q − z·Σ x)``
     per group. ``STAGES`` > 1: the next steps' words are already on their way (asynchronous copies)
-    while this one is summed."""
+    while this one is summed. ``HALF2``: the codes centred, ``acc += s·(Σ x·(q−8) − (z−8)·Σ x)``, two
+    per instruction in fp16 (:func:`_word_dot_half2`) — in fp32 for any step whose ``|x|`` exceeds
+    :data:`HALF2_X_LIMIT`, so a large activation costs time, never a wrong sum."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     WPG: tl.constexpr = GROUP // 8                    # int32 words per row and group
@@ -72,46 +157,29 @@ def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K
     for step in tl.range(pid_k * span, (pid_k + 1) * span, num_stages=STAGES):
         w = tl.load(w_ptr + offs_n[:, None] * stride_wn + (step * WPS + offs_w)[None, :], mask=mask_n[:, None],
                     other=0, eviction_policy="evict_first")                            # [BN, WPS] int32
-        x = tl.load(x_ptr + step * WPS * 8 + offs_w[:, None] * 8 + tl.arange(0, 8)[None, :]).to(tl.float32)
-        xs = tl.sum(tl.reshape(x, (GROUPS, GROUP)), axis=1)                           # [G] Σ x per group
-        a0, a1 = tl.split(tl.reshape(x, (WPS, 2, 2, 2)))   # nibble j = 4a + 2b + c of each word: peel c, b, a
-        b00, b01 = tl.split(a0)
-        b10, b11 = tl.split(a1)
-        x0, x4 = tl.split(b00)
-        x2, x6 = tl.split(b01)
-        x1, x5 = tl.split(b10)
-        x3, x7 = tl.split(b11)
-        # nibble j left in place: q·16^(j mod 4) (the high half of the word after one shift by 16), so x_j
-        # is scaled by 16^-(j mod 4) once per column instead of every code shifted down
-        if MAGIC:   # (w & 0xF<<4j) | 0x4B000000 is the float 2^23 + q·16^j: one lop3 and one subtraction
-            q0, q1, q2, q3, q4, q5, q6, q7 = tl.inline_asm_elementwise(
-                "{ .reg .b32 h; shr.b32 h, $8, 16;"
-                " lop3.b32 $0, $8, 0xF, 0x4B000000, 0xEA; lop3.b32 $1, $8, 0xF0, 0x4B000000, 0xEA;"
-                " lop3.b32 $2, $8, 0xF00, 0x4B000000, 0xEA; lop3.b32 $3, $8, 0xF000, 0x4B000000, 0xEA;"
-                " lop3.b32 $4, h, 0xF, 0x4B000000, 0xEA; lop3.b32 $5, h, 0xF0, 0x4B000000, 0xEA;"
-                " lop3.b32 $6, h, 0xF00, 0x4B000000, 0xEA; lop3.b32 $7, h, 0xF000, 0x4B000000, 0xEA;"
-                " sub.f32 $0, $0, 0f4B000000; sub.f32 $1, $1, 0f4B000000; sub.f32 $2, $2, 0f4B000000;"
-                " sub.f32 $3, $3, 0f4B000000; sub.f32 $4, $4, 0f4B000000; sub.f32 $5, $5, 0f4B000000;"
-                " sub.f32 $6, $6, 0f4B000000; sub.f32 $7, $7, 0f4B000000; }",
-                "=r,=r,=r,=r,=r,=r,=r,=r,r", [w], dtype=(tl.float32,) * 8, is_pure=True, pack=1)
-        else:       # the same values by an int→float conversion each
-            h = w >> 16
-            q0, q1, q2, q3 = (w & 0xF).to(tl.float32), (w & 0xF0).to(tl.float32), \
-                (w & 0xF00).to(tl.float32), (w & 0xF000).to(tl.float32)
-            q4, q5, q6, q7 = (h & 0xF).to(tl.float32), (h & 0xF0).to(tl.float32), \
-                (h & 0xF00).to(tl.float32), (h & 0xF000).to(tl.float32)
-        part = q0 * x0[None, :]                       # one FFMA per code, chained
-        part += q1 * (x1 * 0.0625)[None, :]
-        part += q2 * (x2 * 0.00390625)[None, :]
-        part += q3 * (x3 * 0.000244140625)[None, :]
-        part += q4 * x4[None, :]
-        part += q5 * (x5 * 0.0625)[None, :]
-        part += q6 * (x6 * 0.00390625)[None, :]
-        part += q7 * (x7 * 0.000244140625)[None, :]
+        # x_j: the input column of nibble j of each word, loaded where the words' columns already are
+        col = x_ptr + step * WPS * 8 + offs_w * 8
+        x0, x1, x2, x3 = (tl.load(col).to(tl.float32), tl.load(col + 1).to(tl.float32),
+                          tl.load(col + 2).to(tl.float32), tl.load(col + 3).to(tl.float32))
+        x4, x5, x6, x7 = (tl.load(col + 4).to(tl.float32), tl.load(col + 5).to(tl.float32),
+                          tl.load(col + 6).to(tl.float32), tl.load(col + 7).to(tl.float32))
+        xw = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))                    # [WPS] Σ x per word
+        xs = tl.sum(tl.reshape(xw, (GROUPS, WPG)), axis=1)                            # [G] ... per group
+        if HALF2:
+            big = tl.max(tl.maximum(tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3))),
+                                    tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7)))))
+            if big > 2047.0:   # HALF2_X_LIMIT
+                part = _word_dot_f32(w, x0, x1, x2, x3, x4, x5, x6, x7, MAGIC) - 8.0 * xw[None, :]
+            else:
+                part = _word_dot_half2(w, x0, x1, x2, x3, x4, x5, x6, x7, MAGIC)
+        else:
+            part = _word_dot_f32(w, x0, x1, x2, x3, x4, x5, x6, x7, MAGIC)
         dot = tl.sum(tl.reshape(part, (BLOCK_N, GROUPS, WPG)), axis=2)                # [BN, G] Σ x·q per group
         g = step * GROUPS + offs_g
         sc = tl.load(s_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
         z = tl.load(z_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
+        if HALF2:
+            z = z - 8.0
         acc += tl.sum(sc * (dot - z * xs[None, :]), axis=1)
     if not SERIAL:
         tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mask_n)
@@ -236,9 +304,10 @@ def _kernel(name: str):
     return _KERNELS[name]
 
 
-GEMV_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "MAGIC", "num_warps", "num_stages"}
+GEMV_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "MAGIC", "HALF2", "num_warps", "num_stages"}
 TC_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "DEQUANT", "SWAP", "REDUCE", "num_warps", "num_stages"}
-DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, GROUPS=1, SPLIT_K=1, MAGIC=True, num_warps=4, num_stages=1)
+DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, GROUPS=1, SPLIT_K=1, MAGIC=True, HALF2=False, num_warps=4,
+                      num_stages=1)
 GEMV_CTAS_PER_SM = 8   # split-K target of the GEMV (gemv_split): programs per multiprocessor
 TC_DEFAULTS = dict(KERNEL="tc", BLOCK_N=64, GROUPS=1, SPLIT_K=1, DEQUANT="lop3", SWAP=True, REDUCE="serial",
                    num_warps=4, num_stages=3)   # the family benchmarks/kernels.py chose on the H200
@@ -278,6 +347,7 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
         if not _pow2(p.group_size):
             raise ValueError(f"KERNEL='gemv' needs a power-of-2 group_size (one group per step), got {p.group_size}")
         cfg["MAGIC"] = v.flag(cfg["MAGIC"], "config MAGIC")
+        cfg["HALF2"] = v.flag(cfg["HALF2"], "config HALF2")
         if not _pow2(cfg["GROUPS"]):
             raise ValueError(f"config GROUPS must be a power of 2, got {cfg['GROUPS']!r}")
         step = p.group_size * cfg["GROUPS"]
@@ -329,15 +399,16 @@ def gemv_config(p: W4Weight, sms: int | None = None, **fixed) -> dict:
 def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     """A config chosen from the shape alone, by the rule the H200 measurements support
     (``results/h200/kernels.json``): one row runs the CUDA-core GEMV (128 rows per program, 256 codes
-    of each row per step, the fp32 magic-number codes, ``K`` split by :func:`gemv_split`); more rows run
+    of each row per step, two codes per instruction in fp16 (``HALF2``; ``family={"HALF2": False}``: the
+    fp32 magic-number codes), ``K`` split by :func:`gemv_split`); more rows run
     the tensor-core kernel with 256 input columns per step (fewer where the groups do not divide ``K``), ``K`` split in four only where the output
     tiles cannot occupy three quarters of the multiprocessors. ``family`` overrides
     :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is lowered until it divides ``K``)."""
     n, k = p.shape
     sms = _sms(p)
     if m == 1 and _pow2(p.group_size) and (family is None or family.get("KERNEL", "gemv") == "gemv"):
-        return gemv_config(p, sms=sms)
-    family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL")}
+        return gemv_config(p, sms=sms, HALF2=(family or {}).get("HALF2", not _interpreted()))
+    family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL", "HALF2")}
     groups = family.pop("GROUPS", max(1, 256 // p.group_size))
     while groups > 1 and k % (p.group_size * groups):   # SmolLM2's 576 columns: 9 groups of 64, one per step
         groups //= 2
@@ -404,7 +475,8 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
         _kernel("gemv")[grid](x, p.words, p.scale, p.zero, y, ws, locks, n, k, split, p.words.stride(0),
                               p.scale.stride(0), GROUP=p.group_size, GROUPS=cfg["GROUPS"], BLOCK_N=cfg["BLOCK_N"],
                               SERIAL=split > 1,
-                              MAGIC=cfg["MAGIC"] and not _interpreted(), STAGES=cfg["num_stages"], **extra)
+                              MAGIC=cfg["MAGIC"] and not _interpreted(), HALF2=cfg["HALF2"],
+                              STAGES=cfg["num_stages"], **extra)
         return y
     bm, split = block_rows(m), cfg["SPLIT_K"]
     reduce = "none" if split == 1 else cfg["REDUCE"]
@@ -436,8 +508,9 @@ def candidate_configs(p: W4Weight, m: int) -> list[dict]:
                  num_warps=4, num_stages=3)
             for bn in (64, 128) for gs in (1, 2) for sk in (1, 2, 4, 8, 16) for sw in (False, True)]
     if m == 1:
-        grid += [dict(KERNEL="gemv", BLOCK_N=bn, GROUPS=gs, SPLIT_K=sk, MAGIC=True, num_warps=nw, num_stages=1)
-                 for bn, nw in ((128, 4), (256, 8)) for gs in (1, 2, 4) for sk in (2, 4, 8, 16, 32)]
+        grid += [dict(KERNEL="gemv", BLOCK_N=bn, GROUPS=gs, SPLIT_K=sk, MAGIC=True, HALF2=h2, num_warps=nw,
+                      num_stages=1)
+                 for h2 in (False, True) for bn, nw in ((128, 4), (256, 8)) for gs in (1, 2, 4) for sk in (2, 4, 8, 16, 32)]
     out = []
     for cfg in grid:
         try:

@@ -24,3 +24,15 @@ def test_the_gemv_streams_wide_loads_and_spends_one_ffma_per_code():
     assert "I2FP" not in ops                                         # no int→float instruction
     assert sum(ops.values()) / words <= 36                           # 31.3 when this test was written
 
+
+
+def test_the_half2_gemv_makes_two_codes_per_instruction():
+    """HALF2: per word 4 lop3 (two fp16 codes each) and 4 HFMA2/HMUL2 (two products each); the loop also
+    holds the fp32 path taken by steps whose |x| is too large for fp16 sums."""
+    sass = ks.gemv_sass(group=128, groups=2, block_n=128, warps=4, half2=True)
+    loop = ks.inner_loop(sass)
+    ops, mem = ks.opcodes(loop), ks.memory_ops(loop)
+    words = ks.words_per_thread(128, 2, 128, 4)
+    assert mem["LDG.E.EF.128"] == words / 4
+    assert ops["HFMA2"] + ops["HMUL2"] >= 4 * words and ops["LOP3"] >= 4 * words
+    assert not any(k[:3] in ("STL", "LDL") for k in ks.memory_ops(sass))

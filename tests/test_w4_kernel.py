@@ -49,6 +49,41 @@ def test_gemv_matches_reference(cfg, group):
     assert y.dtype == torch.bfloat16 and y.shape == (1, 40)       # written once, in the activations' dtype
 
 
+HALF2_CONFIGS = [dict(KERNEL="gemv", BLOCK_N=16, SPLIT_K=1, HALF2=True, MAGIC=False),
+                 dict(KERNEL="gemv", BLOCK_N=32, GROUPS=2, SPLIT_K=2, HALF2=True, MAGIC=True),
+                 dict(KERNEL="gemv", BLOCK_N=256, SPLIT_K=4, HALF2=True, MAGIC=True, num_warps=8)]
+
+
+@pytest.mark.parametrize("cfg", HALF2_CONFIGS)
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_half2_gemv_is_the_reference_to_fp16_rounding(cfg, group):
+    """Two codes per instruction in fp16: each product and each word's sum rounded to fp16 (11 bits),
+    so the error is a few fp16 ulps of the words' sums, far below the bf16 output's own rounding."""
+    p = w4_format.pack_w4(weight(40, 512, seed=group).to(DEV), group)
+    for dtype in (torch.float16, torch.bfloat16):
+        x = torch.randn(1, 512, generator=torch.Generator().manual_seed(2)).to(dtype).to(DEV)
+        got = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
+        ref = w4_format.reference_matmul(x.float(), p)
+        err = ((got - ref).abs().max() / ref.abs().max()).item()
+        assert 0 < err <= 2e-3 or err == 0, (dtype, cfg, err)
+        exact = w4_kernel.w4a16_matmul(x, p, {**cfg, "HALF2": False}, out_dtype=torch.float32)
+        assert ((exact - ref).abs().max() / ref.abs().max()).item() < err + 1e-5   # fp32 is the exact one
+
+
+@pytest.mark.parametrize("cfg", HALF2_CONFIGS[1:])
+def test_half2_steps_with_large_activations_are_summed_in_fp32(cfg):
+    """|x| beyond HALF2_X_LIMIT would overflow the fp16 sums (inf); such a step is summed in fp32 instead."""
+    p = w4_format.pack_w4(weight(40, 512, seed=3).to(DEV), 64)
+    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(3))
+    x[0, 5] = 30000.0                                                  # one massive activation in the first step
+    x = x.to(torch.bfloat16).to(DEV)
+    got = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
+    ref = w4_format.reference_matmul(x.float(), p)
+    assert torch.isfinite(got).all()
+    assert (got - ref).abs().max() <= 1e-3 * ref.abs().max()
+    assert w4_kernel.HALF2_X_LIMIT * 4 * 8 <= 65504                   # 4 products of |q − 8| ≤ 8 per fp16 half
+
+
 def test_gemv_split_divides_the_steps_nearest_the_target():
     assert w4_kernel.gemv_split(tiles=112, steps=16, sms=132) == 8       # 8B gate/up g64: 9.4 per SM wanted
     assert w4_kernel.gemv_split(tiles=224, steps=32, sms=132) == 4       # 70B gate/up g64: 4.7
@@ -98,6 +133,9 @@ def test_auto_config_follows_the_measured_rule():
     assert one["KERNEL"] == "gemv" and one["GROUPS"] == 2 and (4096 // 256) % one["SPLIT_K"] == 0
     assert w4_kernel.auto_config(w4_format.pack_w4(weight(64, 576), 64), 1)["GROUPS"] == 1   # 9 groups
     assert one["MAGIC"] == (DEV == "cuda")                          # the interpreter runs no inline PTX
+    assert one["HALF2"] == (DEV == "cuda")                          # two codes per instruction where it is compiled
+    assert w4_kernel.auto_config(narrow, 1, family={"HALF2": False})["HALF2"] is False
+    assert "HALF2" not in w4_kernel.auto_config(narrow, 16, family={"HALF2": False})   # the GEMV's key only
     many = w4_kernel.auto_config(narrow, 16)
     assert many["KERNEL"] == "tc" and many["SPLIT_K"] == 4          # one output tile: split K
     wide = w4_kernel.auto_config(w4_format.pack_w4(weight(4096, 1024), 128), 16)
@@ -236,8 +274,9 @@ def test_gemv_config_reproduces_every_config_the_h200_run_chose():
         p = w4_format.W4Weight(torch.zeros(n, k // 8, dtype=torch.int32), torch.zeros(n, k // g, dtype=torch.float16),
                                torch.zeros(n, k // g, dtype=torch.float16), g, (n, k))
         want = dict(r["config"])
-        fixed = {"MAGIC": want["MAGIC"]}      # the interpreter here would turn MAGIC off by default
+        want.setdefault("HALF2", False)         # rows timed before the fp16-pair GEMV existed ran without it
+        fixed = {"MAGIC": want["MAGIC"], "HALF2": want["HALF2"]}   # the interpreter here turns both off by default
         if r["kernel"].startswith("gemv step"):   # what the step fixes, as benchmarks.kernels.step_config reads it
             step = {"GROUPS": 1, **dict(STEPS)[r["kernel"]], "num_warps": 4}
-            fixed |= {key: v for key, v in step.items() if v is not None and key != "MAGIC"}
+            fixed |= {key: v for key, v in step.items() if v is not None and key not in ("MAGIC", "HALF2")}
         assert w4_kernel.gemv_config(p, sms=132, **fixed) == want, (r["kernel"], r["shape"], g)
