@@ -2,6 +2,7 @@
 caching-allocator simulator of notebook 02.
 
 :func:`weight_ops` / :func:`weight_allocation` (the parameters and buffers in creation order),
+:func:`eager_ops` (eager attention's score copies, per model type's ``eager_attention_forward``),
 :func:`generation_ops` (the prefill layer by layer, then every decode step's ``torch.cat``), and
 :func:`device_footprint` (what ``nvidia-smi`` should show). The sizes come from
 :mod:`helpers.budget_activations` and :mod:`helpers.budget_kv`; the simulator adds the order, hence
@@ -14,7 +15,7 @@ import torch
 
 from .allocator_sim import simulate
 from .budget_activations import block_transients, decode_gather, score_bytes
-from .budget_inputs import ATTENTIONS, choice, dtype_bytes, non_negative_int, positive_int
+from .budget_inputs import ATTENTIONS, choice, dtype_bytes, is_fp16, non_negative_int, positive_int
 from .budget_kv import position_bytes, storage_positions
 from .budget_layout import Layout, meta_model
 from .budget_shape import Shape
@@ -71,13 +72,90 @@ def mlp_ops(name: str, s: Shape, lay: Layout, n: int, b: int, mlp_bytes: int) ->
         ["alloc", t["down"], h_b], ["free", t["prod"]], ["free", t["normed"]], ["free", t["down"]]]
 
 
+def score_ops(l: int, S: int, b: int, softcap: bool = False) -> list:
+    """The score matrix up to its mask, as every ``eager_attention_forward`` of transformers 5.17 starts
+    (``modeling_llama.py``, ``modeling_gpt_oss.py``, ``modeling_llama4.py``, ``modeling_gemma2.py``):
+    ``torch.matmul(query, key.transpose(2, 3)) * scaling`` (q·kᵀ dropped once scaled), the
+    :data:`EAGER_SOFTCAP` models' soft-capping ``tanh(w / softcap) * softcap`` (three more, each
+    dropping the last), then ``w + attention_mask``, each ``S·b`` for ``S = batch·heads·q·k`` scores.
+    Leaves ``masked{l}`` alive."""
+    steps = ["qk", "scaled"] + (["capdiv", "tanh", "capped"] if softcap else []) + ["masked"]
+    ops = [["alloc", f"qk{l}", S * b]]
+    for prev, step in zip(steps, steps[1:]):
+        ops += [["alloc", f"{step}{l}", S * b], ["free", f"{prev}{l}"]]
+    return ops
+
+
+def softmax_fp32_ops(l: int, rows: int, k: int, dtype) -> list:
+    """Llama's ``softmax(masked, dtype=float32).to(query.dtype)`` (``modeling_llama.py``
+    ``eager_attention_forward``; every model type not in :data:`EAGER_SOFTMAX_OPS`) over ``rows·k``
+    scores on CUDA: ATen's ``softmax`` (``SoftMax.cpp``) copies bf16 scores to fp32 first (fp16: fused
+    ``half_to_float``, no copy), writes the fp32 result, and the cast back ``weights{l}`` is made while
+    the masked scores are still bound (freed as the name is rebound); fp32 scores: the result only, the
+    cast a no-op. Leaves ``weights{l}`` (the returned attention weights) alive."""
+    S, b = rows * k, int(dtype_bytes(dtype))
+    if b == 4:
+        return [["alloc", f"weights{l}", S * 4], ["free", f"masked{l}"]]
+    if is_fp16(dtype):
+        up = [["alloc", f"softmax{l}", S * 4]]
+    else:
+        up = [["alloc", f"fp32{l}", S * 4], ["alloc", f"softmax{l}", S * 4], ["free", f"fp32{l}"]]
+    return up + [["alloc", f"weights{l}", S * b], ["free", f"softmax{l}"], ["free", f"masked{l}"]]
+
+
+def softmax_in_dtype_ops(l: int, rows: int, k: int, dtype) -> list:
+    """Llama-4's ``softmax(masked, dim=-1)`` in the model's dtype (``modeling_llama4.py``
+    ``eager_attention_forward``): the weights ``rows·k·b``, the masked scores freed as the name is
+    rebound. Leaves ``weights{l}`` alive."""
+    return [["alloc", f"weights{l}", rows * k * int(dtype_bytes(dtype))], ["free", f"masked{l}"]]
+
+
+def softmax_with_sinks_ops(l: int, rows: int, k: int, dtype) -> list:
+    """GPT-OSS's attention sinks, all in the model's dtype (``modeling_gpt_oss.py``
+    ``eager_attention_forward``): ``torch.cat([masked, sinks], dim=-1)`` (``rows·(k+1)``; the sinks are
+    an expanded view), ``combined - combined.max(dim=-1, keepdim=True).values`` (the row maxima and their
+    int64 indices, dropped; the concatenation dropped as the name is rebound), ``softmax(...,
+    dtype=combined.dtype)`` (no copy, a ``rows·(k+1)`` result whose ``[..., :-1]`` view is returned; dropout
+    and ``.to`` return it as is). The masked scores are freed when ``attn_weights`` is rebound to that
+    view, the max-subtracted copy when the function returns. Leaves ``weights{l}`` alive."""
+    b = int(dtype_bytes(dtype))
+    S1 = rows * (k + 1)                   # the scores with the sink column
+    return [["alloc", f"cat{l}", S1 * b],
+            ["alloc", f"rowmax{l}", rows * b], ["alloc", f"argmax{l}", rows * 8], ["free", f"argmax{l}"],
+            ["alloc", f"shifted{l}", S1 * b], ["free", f"rowmax{l}"], ["free", f"cat{l}"],
+            ["alloc", f"weights{l}", S1 * b], ["free", f"masked{l}"], ["free", f"shifted{l}"]]
+
+
+EAGER_SOFTMAX_OPS = {"llama4_text": softmax_in_dtype_ops, "llama4": softmax_in_dtype_ops,
+                     "gpt_oss": softmax_with_sinks_ops}
+"""Model types whose own ``eager_attention_forward`` differs from Llama's after the mask (the op
+sequences behind :data:`helpers.budget_activations.EAGER_SOFTMAX_COPIES`); everyone else:
+:func:`softmax_fp32_ops`."""
+
+EAGER_SOFTCAP = frozenset({"gemma2", "vaultgemma"})
+"""Model types whose attention passes ``softcap=config.attn_logit_softcapping`` to its
+``eager_attention_forward`` (``Gemma2Attention.forward``, ``VaultGemmaAttention.forward``; Gemma-3's
+function has the parameter but its attention does not pass it)."""
+
+
+def eager_ops(config, l: int, rows: int, k: int, dtype=torch.bfloat16) -> list:
+    """Eager attention's score-sized blocks in layer ``l`` over ``rows = batch·heads·q`` query rows and ``k``
+    keys, in the order the model type's own ``eager_attention_forward`` makes and drops them:
+    :func:`score_ops`, then :data:`EAGER_SOFTMAX_OPS` (default :func:`softmax_fp32_ops`). Leaves
+    ``weights{l}``, the returned attention weights, alive."""
+    model_type = getattr(config, "model_type", "")
+    softcap = model_type in EAGER_SOFTCAP and getattr(config, "attn_logit_softcapping", None) is not None
+    softmax = EAGER_SOFTMAX_OPS.get(model_type, softmax_fp32_ops)
+    return score_ops(l, rows * k, int(dtype_bytes(dtype)), softcap) + softmax(l, rows, k, dtype)
+
+
 def generation_ops(config, prompt_len: int, new_tokens: int, batch: int = 1, attention: str = "sdpa",
                    dtype=torch.bfloat16) -> list:
     """The allocations of one ``generate`` call with a dynamic cache, as allocator-simulator ops: the
     weights (:func:`weight_ops`), then the prefill layer by layer — the attention transients
-    (eager: the score matrix's copies in the order ``eager_attention_forward`` makes them: q·kᵀ, ×
-    scaling, + mask, the fp32 copy and the fp32 softmax, the ``.to(dtype)`` weights kept while the MLP
-    runs), the layer's K and V (kept by the cache), the MLP transients — then every decode step's
+    (eager: the score matrix's copies in the order the model type's ``eager_attention_forward`` makes
+    them, :func:`eager_ops`, the returned weights kept while the MLP runs), the layer's K and V (kept
+    by the cache), the MLP transients — then every decode step's
     ``torch.cat`` of each layer's K and V one position longer (a new block, the old one freed). Each
     attention comes with its RMSNorm's fp32 copies (:func:`norm_ops`: before it, or after it in a
     post-norm layer), and a dense gated MLP is its separate tensors (:func:`mlp_ops`). The
@@ -100,12 +178,8 @@ def generation_ops(config, prompt_len: int, new_tokens: int, batch: int = 1, att
     for l in range(s.layers):
         if attention == "eager":
             rest = int(act["attention"] - S * score_bytes(s, dtype, "cuda"))
-            attn = [["alloc", f"qkv{l}", rest],
-                    ["alloc", f"qk{l}", S * b], ["alloc", f"scaled{l}", S * b], ["free", f"qk{l}"],
-                    ["alloc", f"masked{l}", S * b], ["free", f"scaled{l}"],
-                    ["alloc", f"fp32{l}", S * 4], ["alloc", f"softmax{l}", S * 4], ["free", f"fp32{l}"],
-                    ["free", f"masked{l}"], ["alloc", f"weights{l}", S * b], ["free", f"softmax{l}"],
-                    ["free", f"qkv{l}"]]
+            attn = ([["alloc", f"qkv{l}", rest]] + eager_ops(config, l, batch * s.heads * prompt_len, prompt_len, dtype)
+                    + [["free", f"qkv{l}"]])
             mlp = int(act["mlp"] - S * b)
         else:
             attn = [["alloc", f"qkv{l}", int(act["attention"])], ["free", f"qkv{l}"]]

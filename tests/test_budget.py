@@ -7,7 +7,7 @@ from helpers import models
 from helpers.budget_activations import eager_score_bytes, moe_decode_gather_bytes
 from helpers.budget_kv import kv_position_bytes, kv_positions, kv_storage_positions, layer_windows
 from helpers.budget_layout import Layout
-from helpers.budget_replay import device_footprint, generation_ops, weight_allocation, weight_ops
+from helpers.budget_replay import device_footprint, eager_ops, generation_ops, weight_allocation, weight_ops
 from helpers.budget_shape import MLA, LayerCache, MoE, Shape
 
 GiB = 2**30
@@ -426,6 +426,59 @@ def test_eager_ops_follow_the_score_copies():
              and op[1][:-1] in ("qk", "scaled", "masked", "fp32", "softmax", "weights")]
     assert sizes == [2, 2, 2, 4, 4, 2]
 
+
+
+def _live_peak(ops):
+    from helpers.allocator_sim import simulate
+    return max(a for a, _ in simulate(ops)["trace"])
+
+
+def test_gpt_oss_eager_ops_keep_the_dtype_and_the_sink_column():
+    """GPT-OSS's eager_attention_forward (modeling_gpt_oss.py): no fp32 score block; the scores with the
+    sink column (torch.cat), their max-subtracted copy and the softmax are batch·heads·q·(k+1), in bf16,
+    and the softmax is what the layer keeps (its [..., :-1] view is the returned weights)."""
+    c = family_config("gpt_oss (sliding + sinks + MoE)")
+    q, heads = 64, c.num_attention_heads
+    ops = generation_ops(c, q, 1, 2, "eager")
+    rows = 2 * heads * q
+    score = {op[1]: op[2] for op in ops if op[0] == "alloc" and op[1].endswith("0") and op[2] >= rows * q
+             and not op[1].startswith(("qkv", "mlp"))}
+    assert score == {"qk0": rows * q * 2, "scaled0": rows * q * 2, "masked0": rows * q * 2,
+                     "cat0": rows * (q + 1) * 2, "shifted0": rows * (q + 1) * 2, "weights0": rows * (q + 1) * 2}
+    mlp = next(i for i, op in enumerate(ops) if op[1].startswith("mlp0"))
+    assert ops.index(["free", "weights0"]) > mlp                        # kept while the MLP runs
+
+
+@pytest.mark.parametrize("model_type, dtype, per_score", [
+    ("llama", torch.bfloat16, 10), ("llama", torch.float16, 8), ("llama", torch.float32, 8),
+    ("gemma2", torch.bfloat16, 10), ("llama4_text", torch.bfloat16, 4), ("gpt_oss", torch.bfloat16, 6)])
+def test_eager_ops_peak_is_the_tensor_level_score_bytes(model_type, dtype, per_score):
+    """Each model type's eager sequence (budget_replay.eager_ops) peaks at the score bytes the tensor-level
+    budget counts (budget_activations.score_bytes: eager_score_bytes, or EAGER_SOFTMAX_COPIES × b),
+    and leaves only the returned weights alive."""
+    from types import SimpleNamespace
+
+    from helpers.budget_activations import score_bytes
+    rows, k = 4 * 128, 128
+    cfg = SimpleNamespace(model_type=model_type, attn_logit_softcapping=50.0 if model_type == "gemma2" else None)
+    ops = eager_ops(cfg, 0, rows, k, dtype)
+    sink = (k + 1) / k if model_type == "gpt_oss" else 1
+    assert _live_peak(ops) == pytest.approx(rows * k * per_score * sink, rel=1e-3)
+    assert per_score == score_bytes(SimpleNamespace(model_type=model_type), dtype, "cuda")
+    alive = {op[1] for op in ops if op[0] == "alloc"} - {op[1] for op in ops if op[0] == "free"}
+    assert alive == {"weights0"}
+    fp32 = [op for op in ops if op[0] == "alloc" and op[2] >= rows * k * 4]
+    assert bool(fp32) == (model_type in ("llama", "gemma2"))
+
+
+def test_eager_softcap_only_where_the_attention_passes_it():
+    """Gemma-2 passes softcap=attn_logit_softcapping to eager_attention_forward: three more score-sized
+    steps (/ cap, tanh, × cap); Gemma-3's attention does not pass it, so its sequence is Llama's."""
+    from types import SimpleNamespace
+    steps = {mt: [op[1] for op in eager_ops(SimpleNamespace(model_type=mt, attn_logit_softcapping=30.0), 0, 8, 8)
+                  if op[0] == "alloc"] for mt in ("gemma2", "gemma3_text", "llama")}
+    assert steps["gemma2"][:6] == ["qk0", "scaled0", "capdiv0", "tanh0", "capped0", "masked0"]
+    assert steps["gemma3_text"] == steps["llama"] == ["qk0", "scaled0", "masked0", "fp320", "softmax0", "weights0"]
 
 def test_device_footprint_bad_input():
     c = models.architecture_config("SmolLM2-135M")

@@ -99,6 +99,37 @@ def test_eager_scores_dominate_and_the_old_formula_missed_them():
     assert 2 * scores * 2 < 0.5 * meas                   # the former "2 copies in bf16" is under half
 
 
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma2", "llama4_text", "gpt_oss"])
+def test_eager_ops_match_the_real_eager_attention_forward(model_type):
+    """The replay's op sequence for a model type (budget_replay.eager_ops) against that model's own
+    transformers eager_attention_forward, run on bf16 tensors: the peak of live bytes and what stays
+    alive (the returned weights) agree, to the attention output's few kilobytes."""
+    import importlib
+    from types import SimpleNamespace
+
+    from helpers import budget_replay
+    from helpers.allocator_sim import simulate
+
+    module = importlib.import_module(f"transformers.models.{model_type.removesuffix('_text')}."
+                                     f"modeling_{model_type.removesuffix('_text')}")
+    batch, heads, q, d = 2, 4, 256, 16
+    q_, k_, v_ = (torch.randn(batch, heads, q, d, dtype=torch.bfloat16) for _ in range(3))
+    mask = torch.zeros(batch, 1, q, q, dtype=torch.bfloat16)
+    attn = SimpleNamespace(num_key_value_groups=1, training=False, sinks=torch.randn(heads, dtype=torch.bfloat16))
+    softcap = {"softcap": 50.0} if model_type == "gemma2" else {}
+    kept = {}
+
+    def forward():
+        out, kept["weights"] = module.eager_attention_forward(attn, q_, k_, v_, mask, scaling=0.25, **softcap)
+        return out
+    meas = host_alloc.peak_bytes(forward)
+    ops = budget_replay.eager_ops(SimpleNamespace(model_type=model_type, attn_logit_softcapping=50.0),
+                                  0, batch * heads * q, q)
+    trace = simulate(ops)["trace"]
+    assert meas["peak"] == pytest.approx(max(a for a, _ in trace), abs=2**16)
+    assert kept["weights"].untyped_storage().nbytes() == trace[-1][0]
+
 def test_score_bytes_per_element():
     assert budget_activations.eager_score_bytes("bf16", "cuda") == budget_activations.eager_score_bytes("bf16", "cpu") == 10
     assert budget_activations.eager_score_bytes("fp16", "cuda") == 8 and budget_activations.eager_score_bytes("fp16", "cpu") == 10
