@@ -35,6 +35,8 @@ def main():
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--formats", default="bf16,W4A16 ours,W4A16 tinygemm")
     ap.add_argument("--family-from", help="a kernels.json whose meta.family our W4 layers use (auto_config)")
+    ap.add_argument("--family", default="{}", help='JSON added to the kernel family, e.g. \'{"PREFETCH": true}\' '
+                                                 "for the one-row GEMV's options")
     ap.add_argument("--profile", action="store_true", help="one eager step per format under torch.profiler")
     ap.add_argument("--compile", default="", help="batches (e.g. 1,8) whose decode step is also torch.compiled, "
                                                    "then replayed as a CUDA graph")
@@ -52,6 +54,8 @@ def main():
     def save():   # after every row: a run stopped by a time limit keeps what it measured
         write_json(out, {"meta": meta, "rows": rows}, indent=1, default=str)
     family = json.loads(Path(args.family_from).read_text())["meta"].get("family") if args.family_from else None
+    if json.loads(args.family):
+        family = {**(family or {}), **json.loads(args.family)}
     for fmt in args.formats.split(","):
         try:
             model = build(args.arch, fmt, family=family)

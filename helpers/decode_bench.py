@@ -17,7 +17,7 @@ from .cuda_graphs import GraphedCalls
 from .data import random_ids
 from .measure import PeakMeter
 
-FORMATS = ("bf16", "W4A16 ours", "W4A16 ours fp32-sums", "W4A16 tinygemm")   # fp32-sums: the GEMV without HALF2
+FORMATS = ("bf16", "W4A16 ours", "W4A16 tinygemm")
 CATEGORIES = {  # kernel-name fragments → what a decode step spends its time on
     "weight matmuls": ("gemm", "gemv", "w4a16", "int4", "tinygemm", "cutlass", "nvjet", "sm90_xmma", "matmul"),
     "attention": ("flash", "fmha", "attention", "sdpa", "efficient"),
@@ -93,8 +93,6 @@ def build(arch: str, fmt: str, tuned: dict | None = None, group_size: int = 128,
     model = models.model_from_config(arch, device="cuda", dtype=torch.bfloat16).eval()
     if fmt == "W4A16 ours":
         w4_linear.swap_linears(model, group_size, tuned, family=family)
-    elif fmt == "W4A16 ours fp32-sums":
-        w4_linear.swap_linears(model, group_size, tuned, family={**(family or {}), "HALF2": False})
     elif fmt == "W4A16 tinygemm":
         from torchao.quantization import quantize_
         quantize_(model.model.layers, tinygemm_config(group_size))

@@ -61,6 +61,16 @@ def _device(fn):
 
 
 @_device
+def _load_x(x_ptr, step, offs_w, WPS: tl.constexpr):
+    """``x_j`` for ``j`` = 0 … 7: the input column of nibble ``j`` of each of a step's words, in fp32,
+    loaded where the words' columns already are (no layout conversion)."""
+    col = x_ptr + step * WPS * 8 + offs_w * 8
+    return (tl.load(col).to(tl.float32), tl.load(col + 1).to(tl.float32), tl.load(col + 2).to(tl.float32),
+            tl.load(col + 3).to(tl.float32), tl.load(col + 4).to(tl.float32), tl.load(col + 5).to(tl.float32),
+            tl.load(col + 6).to(tl.float32), tl.load(col + 7).to(tl.float32))
+
+
+@_device
 def _word_dot_f32(w, x0, x1, x2, x3, x4, x5, x6, x7, MAGIC: tl.constexpr):
     """``Σ_j q_j · x_j`` over the 8 codes of each int32 word ``w`` [BN, W], in fp32: nibble j left in
     place, ``q·16^(j mod 4)`` (the high half after one shift by 16), so ``x_j`` is scaled by
@@ -137,13 +147,16 @@ def _word_dot_half2(w, x0, x1, x2, x3, x4, x5, x6, x7, MAGIC: tl.constexpr):
 
 def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K, SPLIT_K, stride_wn, stride_sn,
                        GROUP: tl.constexpr, GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, SERIAL: tl.constexpr,
-                       MAGIC: tl.constexpr, HALF2: tl.constexpr, STAGES: tl.constexpr):
+                       MAGIC: tl.constexpr, HALF2: tl.constexpr, STAGES: tl.constexpr, PREFETCH: tl.constexpr,
+                       TILED: tl.constexpr):
     """One row of x (decode at batch 1) on CUDA cores, ``GROUPS`` groups per step: every thread sums its
     rows' codes in registers (no reduction across threads per word), then ``acc += s·(Σ x·q − z·Σ x)``
     per group. ``STAGES`` > 1: the next steps' words are already on their way (asynchronous copies)
     while this one is summed. ``HALF2``: the codes centred, ``acc += s·(Σ x·(q−8) − (z−8)·Σ x)``, two
     per instruction in fp16 (:func:`_word_dot_half2`) — in fp32 for any step whose ``|x|`` exceeds
-    :data:`HALF2_X_LIMIT`, so a large activation costs time, never a wrong sum."""
+    :data:`HALF2_X_LIMIT`, so a large activation costs time, never a wrong sum. ``PREFETCH``: the next
+    step's words are loaded into registers before this step's are summed. ``TILED``: the words re-packed
+    by :func:`tile_gemv_words` so that each program's step reads one contiguous block."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     WPG: tl.constexpr = GROUP // 8                    # int32 words per row and group
@@ -153,16 +166,31 @@ def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K
     offs_w = tl.arange(0, WPS)
     offs_g = tl.arange(0, GROUPS)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    span = (K // (GROUP * GROUPS)) // SPLIT_K
+    steps = K // (GROUP * GROUPS)
+    span = steps // SPLIT_K
+    if TILED:   # [N/BN, steps, BN, WPS]: the block of (this program's rows, step) is contiguous (rows padded)
+        w_ptrs = w_ptr + (pid_n * steps * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]) * WPS + offs_w[None, :]
+        w_step = BLOCK_N * WPS
+        w_mask = tl.full((BLOCK_N, WPS), 1, tl.int1)
+    else:
+        w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :]
+        w_step = WPS
+        w_mask = mask_n[:, None] & (offs_w[None, :] < WPS)
+    if PREFETCH:
+        w_next = tl.load(w_ptrs + pid_k * span * w_step, mask=w_mask, other=0, eviction_policy="evict_first")
+        n0, n1, n2, n3, n4, n5, n6, n7 = _load_x(x_ptr, pid_k * span, offs_w, WPS)
     for step in tl.range(pid_k * span, (pid_k + 1) * span, num_stages=STAGES):
-        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + (step * WPS + offs_w)[None, :], mask=mask_n[:, None],
-                    other=0, eviction_policy="evict_first")                            # [BN, WPS] int32
-        # x_j: the input column of nibble j of each word, loaded where the words' columns already are
-        col = x_ptr + step * WPS * 8 + offs_w * 8
-        x0, x1, x2, x3 = (tl.load(col).to(tl.float32), tl.load(col + 1).to(tl.float32),
-                          tl.load(col + 2).to(tl.float32), tl.load(col + 3).to(tl.float32))
-        x4, x5, x6, x7 = (tl.load(col + 4).to(tl.float32), tl.load(col + 5).to(tl.float32),
-                          tl.load(col + 6).to(tl.float32), tl.load(col + 7).to(tl.float32))
+        if PREFETCH:   # this step's words arrived during the last step; the next step's are on their way
+            w = w_next
+            more = tl.full((BLOCK_N, WPS), step + 1, tl.int32) < (pid_k + 1) * span   # not past this split
+            w_next = tl.load(w_ptrs + (step + 1) * w_step, mask=w_mask & more, other=0, eviction_policy="evict_first")
+        else:
+            w = tl.load(w_ptrs + step * w_step, mask=w_mask, other=0, eviction_policy="evict_first")   # [BN, WPS]
+        if PREFETCH:
+            x0, x1, x2, x3, x4, x5, x6, x7 = n0, n1, n2, n3, n4, n5, n6, n7
+            n0, n1, n2, n3, n4, n5, n6, n7 = _load_x(x_ptr, tl.minimum(step + 1, K // (GROUP * GROUPS) - 1), offs_w, WPS)
+        else:
+            x0, x1, x2, x3, x4, x5, x6, x7 = _load_x(x_ptr, step, offs_w, WPS)
         xw = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))                    # [WPS] Σ x per word
         xs = tl.sum(tl.reshape(xw, (GROUPS, WPG)), axis=1)                            # [G] ... per group
         if HALF2:
@@ -304,10 +332,11 @@ def _kernel(name: str):
     return _KERNELS[name]
 
 
-GEMV_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "MAGIC", "HALF2", "num_warps", "num_stages"}
+GEMV_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "MAGIC", "HALF2", "PREFETCH", "TILED", "num_warps",
+             "num_stages"}
 TC_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "DEQUANT", "SWAP", "REDUCE", "num_warps", "num_stages"}
-DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, GROUPS=1, SPLIT_K=1, MAGIC=True, HALF2=False, num_warps=4,
-                      num_stages=1)
+DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, GROUPS=1, SPLIT_K=1, MAGIC=True, HALF2=False, PREFETCH=False,
+                      TILED=False, num_warps=4, num_stages=1)
 GEMV_CTAS_PER_SM = 8   # split-K target of the GEMV (gemv_split): programs per multiprocessor
 TC_DEFAULTS = dict(KERNEL="tc", BLOCK_N=64, GROUPS=1, SPLIT_K=1, DEQUANT="lop3", SWAP=True, REDUCE="serial",
                    num_warps=4, num_stages=3)   # the family benchmarks/kernels.py chose on the H200
@@ -347,7 +376,8 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
         if not _pow2(p.group_size):
             raise ValueError(f"KERNEL='gemv' needs a power-of-2 group_size (one group per step), got {p.group_size}")
         cfg["MAGIC"] = v.flag(cfg["MAGIC"], "config MAGIC")
-        cfg["HALF2"] = v.flag(cfg["HALF2"], "config HALF2")
+        for key in ("HALF2", "PREFETCH", "TILED"):
+            cfg[key] = v.flag(cfg[key], f"config {key}")
         if not _pow2(cfg["GROUPS"]):
             raise ValueError(f"config GROUPS must be a power of 2, got {cfg['GROUPS']!r}")
         step = p.group_size * cfg["GROUPS"]
@@ -399,16 +429,16 @@ def gemv_config(p: W4Weight, sms: int | None = None, **fixed) -> dict:
 def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     """A config chosen from the shape alone, by the rule the H200 measurements support
     (``results/h200/kernels.json``): one row runs the CUDA-core GEMV (128 rows per program, 256 codes
-    of each row per step, two codes per instruction in fp16 (``HALF2``; ``family={"HALF2": False}``: the
-    fp32 magic-number codes), ``K`` split by :func:`gemv_split`); more rows run
+    of each row per step, the fp32 magic-number codes (``family`` may set the GEMV's ``HALF2`` and
+    ``PREFETCH``), ``K`` split by :func:`gemv_split`); more rows run
     the tensor-core kernel with 256 input columns per step (fewer where the groups do not divide ``K``), ``K`` split in four only where the output
     tiles cannot occupy three quarters of the multiprocessors. ``family`` overrides
     :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is lowered until it divides ``K``)."""
     n, k = p.shape
     sms = _sms(p)
     if m == 1 and _pow2(p.group_size) and (family is None or family.get("KERNEL", "gemv") == "gemv"):
-        return gemv_config(p, sms=sms, HALF2=(family or {}).get("HALF2", not _interpreted()))
-    family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL", "HALF2")}
+        return gemv_config(p, sms=sms, **{key: family[key] for key in ("HALF2", "PREFETCH") if key in (family or {})})
+    family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL", "HALF2", "PREFETCH")}
     groups = family.pop("GROUPS", max(1, 256 // p.group_size))
     while groups > 1 and k % (p.group_size * groups):   # SmolLM2's 576 columns: 9 groups of 64, one per step
         groups //= 2
@@ -430,8 +460,20 @@ def _locks(locks: torch.Tensor | None, tiles: int, device) -> torch.Tensor:
     return locks
 
 
+def tile_gemv_words(p: W4Weight, config: dict) -> torch.Tensor:
+    """``p``'s words re-packed for the GEMV with ``config`` (``TILED=True``): ``[N/BN, steps, BN, WPS]``
+    with ``BN`` = ``BLOCK_N`` rows (the last tile padded with zero words) and ``WPS`` = the words of one
+    step (``group_size · GROUPS / 8``), so the block a program reads per step is contiguous in memory
+    (the idea of Marlin's and tinygemm's load-time layouts, here for the one-row kernel)."""
+    cfg = _check_config({**config, "KERNEL": "gemv", "TILED": True}, p)
+    n, k = p.shape
+    bn, wps = cfg["BLOCK_N"], p.group_size * cfg["GROUPS"] // 8
+    words = torch.nn.functional.pad(p.words, (0, 0, 0, -n % bn))
+    return words.view(-1, bn, k // 8 // wps, wps).permute(0, 2, 1, 3).contiguous()
+
+
 def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_dtype=None,
-                 locks: torch.Tensor | None = None) -> torch.Tensor:
+                 locks: torch.Tensor | None = None, tiled: torch.Tensor | None = None) -> torch.Tensor:
     """``x[M, K] @ dequantize(p).T`` by a Triton kernel (fp32 accumulation; output in ``out_dtype``,
     default ``x.dtype``).
 
@@ -472,11 +514,20 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
         y = torch.empty(m, n, dtype=out_dtype, device=x.device)
         ws = torch.empty(split, n, dtype=torch.float32, device=x.device) if split > 1 else y
         locks = _locks(locks, grid[0], x.device) if split > 1 else y
-        _kernel("gemv")[grid](x, p.words, p.scale, p.zero, y, ws, locks, n, k, split, p.words.stride(0),
+        words = p.words
+        if cfg["TILED"]:
+            want = (triton.cdiv(n, cfg["BLOCK_N"]), k // (p.group_size * cfg["GROUPS"]), cfg["BLOCK_N"],
+                    p.group_size * cfg["GROUPS"] // 8)
+            if not isinstance(tiled, torch.Tensor) or tuple(tiled.shape) != want or tiled.dtype != torch.int32 \
+                    or tiled.device != x.device:
+                raise ValueError(f"TILED=True needs tiled= the words from tile_gemv_words(p, config): int32 {want} "
+                                 f"on {x.device}, got {getattr(tiled, 'shape', tiled)}")
+            words = tiled
+        _kernel("gemv")[grid](x, words, p.scale, p.zero, y, ws, locks, n, k, split, p.words.stride(0),
                               p.scale.stride(0), GROUP=p.group_size, GROUPS=cfg["GROUPS"], BLOCK_N=cfg["BLOCK_N"],
                               SERIAL=split > 1,
                               MAGIC=cfg["MAGIC"] and not _interpreted(), HALF2=cfg["HALF2"],
-                              STAGES=cfg["num_stages"], **extra)
+                              STAGES=cfg["num_stages"], PREFETCH=cfg["PREFETCH"], TILED=cfg["TILED"], **extra)
         return y
     bm, split = block_rows(m), cfg["SPLIT_K"]
     reduce = "none" if split == 1 else cfg["REDUCE"]
@@ -508,9 +559,9 @@ def candidate_configs(p: W4Weight, m: int) -> list[dict]:
                  num_warps=4, num_stages=3)
             for bn in (64, 128) for gs in (1, 2) for sk in (1, 2, 4, 8, 16) for sw in (False, True)]
     if m == 1:
-        grid += [dict(KERNEL="gemv", BLOCK_N=bn, GROUPS=gs, SPLIT_K=sk, MAGIC=True, HALF2=h2, num_warps=nw,
+        grid += [dict(KERNEL="gemv", BLOCK_N=bn, GROUPS=gs, SPLIT_K=sk, MAGIC=True, PREFETCH=pf, num_warps=nw,
                       num_stages=1)
-                 for h2 in (False, True) for bn, nw in ((128, 4), (256, 8)) for gs in (1, 2, 4) for sk in (2, 4, 8, 16, 32)]
+                 for pf in (False, True) for bn, nw in ((128, 4), (256, 8)) for gs in (1, 2, 4) for sk in (2, 4, 8, 16, 32)]
     out = []
     for cfg in grid:
         try:

@@ -33,14 +33,15 @@ DIVISIBLE = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "y_ptr", "ws_ptr", "lock_ptr", 
 
 
 def gemv_sass(group: int = 128, groups: int = 2, block_n: int = 128, warps: int = 4, arch: int = 90,
-              magic: bool = True, half2: bool = False) -> str:
+              magic: bool = True, half2: bool = False, prefetch: bool = False,
+              tiled: bool = False) -> str:
     """The SASS of :func:`helpers.w4_kernel._w4a16_gemv_kernel` compiled for ``sm_{arch}`` (in a child
     process where ``TRITON_INTERPRET=1``: Triton's interpreter, chosen at import, cannot also compile)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         args = [sys.executable, __file__, "--print-sass", "--group", str(group), "--groups", str(groups),
                 "--block-n", str(block_n), "--warps", str(warps), "--arch", str(arch)] + ([] if magic else ["--no-magic"]) \
-            + (["--half2"] if half2 else [])
+            + (["--half2"] if half2 else []) + (["--prefetch"] if prefetch else []) + (["--tiled"] if tiled else [])
         return subprocess.run(args, capture_output=True, text=True, check=True, env=env).stdout
     import triton
     from triton.backends.compiler import GPUTarget
@@ -51,7 +52,8 @@ def gemv_sass(group: int = 128, groups: int = 2, block_n: int = 128, warps: int 
     from helpers import w4_kernel
     fn = JITFunction(w4_kernel._w4a16_gemv_kernel)   # compiled, even where TRITON_INTERPRET=1 makes jit interpret
     names = fn.arg_names
-    constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_N=block_n, SERIAL=True, MAGIC=magic, HALF2=half2, STAGES=1)
+    constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_N=block_n, SERIAL=True, MAGIC=magic, HALF2=half2, STAGES=1,
+                      PREFETCH=prefetch, TILED=tiled)
     signature = {**GEMV_SIGNATURE, **{name: "constexpr" for name in constexprs}}
     src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()},
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in DIVISIBLE})
@@ -104,9 +106,12 @@ def main():
     ap.add_argument("--arch", type=int, default=90, help="compute capability ×10 (90: H100/H200, 80: A100)")
     ap.add_argument("--no-magic", action="store_true", help="the int→float conversion instead of the lop3 codes")
     ap.add_argument("--half2", action="store_true", help="two codes per instruction in fp16 (HALF2)")
+    ap.add_argument("--prefetch", action="store_true", help="the next step's words loaded before this one is summed")
+    ap.add_argument("--tiled", action="store_true", help="the words re-packed so each step reads one block")
     ap.add_argument("--print-sass", action="store_true", help="print the whole SASS only")
     args = ap.parse_args()
-    sass = gemv_sass(args.group, args.groups, args.block_n, args.warps, args.arch, not args.no_magic, args.half2)
+    sass = gemv_sass(args.group, args.groups, args.block_n, args.warps, args.arch, not args.no_magic, args.half2,
+                     args.prefetch, args.tiled)
     if args.print_sass:
         print(sass)
         return

@@ -31,7 +31,10 @@ def test_bytes_are_half_a_byte_plus_group_params():
 GEMV_CONFIGS = [dict(KERNEL="gemv", BLOCK_N=16, SPLIT_K=1, MAGIC=False),
                 dict(KERNEL="gemv", BLOCK_N=16, GROUPS=2, SPLIT_K=2, MAGIC=False),
                 dict(KERNEL="gemv", BLOCK_N=32, SPLIT_K=2, MAGIC=True),
-                dict(KERNEL="gemv", BLOCK_N=256, SPLIT_K=4, MAGIC=True, num_warps=8)]
+                dict(KERNEL="gemv", BLOCK_N=256, SPLIT_K=4, MAGIC=True, num_warps=8),
+                dict(KERNEL="gemv", BLOCK_N=16, SPLIT_K=2, MAGIC=True, PREFETCH=True),
+                dict(KERNEL="gemv", BLOCK_N=32, GROUPS=2, SPLIT_K=2, MAGIC=True, TILED=True),
+                dict(KERNEL="gemv", BLOCK_N=16, SPLIT_K=4, MAGIC=True, PREFETCH=True, TILED=True)]
 
 
 @pytest.mark.parametrize("cfg", GEMV_CONFIGS)
@@ -42,10 +45,11 @@ def test_gemv_matches_reference(cfg, group):
     p = w4_format.pack_w4(weight(40, 512, seed=group).to(DEV), group)
     for dtype in (torch.float32, torch.float16, torch.bfloat16) if group == 128 else (torch.bfloat16,):
         x = torch.randn(1, 512, generator=torch.Generator().manual_seed(1)).to(dtype).to(DEV)
-        got = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
+        tiled = w4_kernel.tile_gemv_words(p, cfg) if cfg.get("TILED") else None
+        got = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32, tiled=tiled)
         ref = w4_format.reference_matmul(x.float(), p)
         assert (got - ref).abs().max() <= 1e-5 * ref.abs().max(), (dtype, cfg)
-    y = w4_kernel.w4a16_matmul(x, p, cfg)
+    y = w4_kernel.w4a16_matmul(x, p, cfg, tiled=tiled)
     assert y.dtype == torch.bfloat16 and y.shape == (1, 40)       # written once, in the activations' dtype
 
 
@@ -84,6 +88,18 @@ def test_half2_steps_with_large_activations_are_summed_in_fp32(cfg):
     assert w4_kernel.HALF2_X_LIMIT * 4 * 8 <= 65504                   # 4 products of |q − 8| ≤ 8 per fp16 half
 
 
+def test_tiled_words_are_contiguous_blocks_and_refused_when_missing():
+    p = w4_format.pack_w4(weight(40, 512), 64)
+    cfg = dict(KERNEL="gemv", BLOCK_N=16, GROUPS=2, SPLIT_K=1, TILED=True)
+    t = w4_kernel.tile_gemv_words(p, cfg)
+    assert t.shape == (3, 4, 16, 16)                                  # 40 rows → 3 tiles of 16 (8 padded), 4 steps
+    assert torch.equal(t[1, 2], p.words[16:32, 32:48]) and not t[2, :, 8:].any()
+    with pytest.raises(ValueError, match="TILED=True needs tiled="):
+        w4_kernel.w4a16_matmul(torch.randn(1, 512), p, cfg)
+    with pytest.raises(ValueError, match="TILED=True needs tiled="):
+        w4_kernel.w4a16_matmul(torch.randn(1, 512), p, {**cfg, "BLOCK_N": 32}, tiled=t)
+
+
 def test_gemv_split_divides_the_steps_nearest_the_target():
     assert w4_kernel.gemv_split(tiles=112, steps=16, sms=132) == 8       # 8B gate/up g64: 9.4 per SM wanted
     assert w4_kernel.gemv_split(tiles=224, steps=32, sms=132) == 4       # 70B gate/up g64: 4.7
@@ -112,7 +128,8 @@ def test_tensor_core_kernel_matches_reference_every_group_and_row_count(group, m
             y = torch.full((m, 40), float("nan"))                      # every output must be written
             y = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
             assert not y.isnan().any()
-            assert (y - ref).abs().max() <= 1e-5 * ref.abs().max(), (dtype, cfg)
+            half2 = w4_kernel.auto_config(p, m).get("HALF2") if cfg is None else False   # fp16 sums: 2e-3
+            assert (y - ref).abs().max() <= (2e-3 if half2 else 1e-5) * ref.abs().max(), (dtype, cfg)
 
 
 def test_serial_reduction_leaves_its_counters_at_zero():
@@ -274,9 +291,10 @@ def test_gemv_config_reproduces_every_config_the_h200_run_chose():
         p = w4_format.W4Weight(torch.zeros(n, k // 8, dtype=torch.int32), torch.zeros(n, k // g, dtype=torch.float16),
                                torch.zeros(n, k // g, dtype=torch.float16), g, (n, k))
         want = dict(r["config"])
-        want.setdefault("HALF2", False)         # rows timed before the fp16-pair GEMV existed ran without it
-        fixed = {"MAGIC": want["MAGIC"], "HALF2": want["HALF2"]}   # the interpreter here turns both off by default
+        for key in ("HALF2", "PREFETCH", "TILED"):   # rows timed before these options existed ran without them
+            want.setdefault(key, False)
+        fixed = {"MAGIC": want["MAGIC"]}        # the interpreter here turns MAGIC off by default
         if r["kernel"].startswith("gemv step"):   # what the step fixes, as benchmarks.kernels.step_config reads it
-            step = {"GROUPS": 1, **dict(STEPS)[r["kernel"]], "num_warps": 4}
-            fixed |= {key: v for key, v in step.items() if v is not None and key not in ("MAGIC", "HALF2")}
+            step = {"GROUPS": 1, "num_warps": 4, **dict(STEPS)[r["kernel"]]}
+            fixed |= {key: v for key, v in step.items() if v is not None and key != "MAGIC"}
         assert w4_kernel.gemv_config(p, sms=132, **fixed) == want, (r["kernel"], r["shape"], g)
