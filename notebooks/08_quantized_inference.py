@@ -281,7 +281,7 @@ if kern_file.exists():
     kraw = json.loads(kern_file.read_text())
     kern = pd.DataFrame([r for r in kraw["rows"] if "ms" in r])
     graph = kern[kern.timing == "cudagraph"].copy()
-    copy_bw = kraw["meta"]["runs"]["2026-12-02"]["copy_GBps"]
+    copy_bw = kraw["meta"]["runs"]["2026-12-03"]["copy_GBps"]
     one = graph[(graph.M == 1) & graph.phase.isin(["G", "G-auto"])]
     names = {"bf16 cuBLAS": "bf16 cuBLAS", "tinygemm (torchao int4)": "tinygemm",
              "ours (Triton GEMV, auto_config)": "ours (auto_config)", "ours (Triton GEMV)": "ours (best candidate)"}
@@ -359,7 +359,15 @@ if kern_file.exists():
 # 128 rows per program (step 4: `x` and the scales reused across rows) and 256 codes of each row per
 # step (step 5: 128 contiguous bytes per row instead of 32 or 64). Keeping the next steps' words in
 # flight by asynchronous copies (Triton's `num_stages`, the "tried" row) measured slower: the copies
-# go through shared memory and cost the occupancy they were meant to buy. For the tensor-core kernel
+# go through shared memory and cost the occupancy they were meant to buy. Three more "tried" rows, each
+# aimed at one suspect: two codes per instruction in fp16 (`HALF2`, a third fewer instructions per
+# word), the next step's words and `x` fetched into registers while this step is summed (`PREFETCH`),
+# and a layout re-packed once so that each program's step is one contiguous block (`TILED`). None
+# moves the time by more than a few percent: the kernel is limited neither by its arithmetic alone
+# nor by where its bytes sit. A profiler says why (Nsight Compute, `results/h200/ncu_gemv_*.txt`, in
+# the README): the registers each thread holds leave room for only a few programs per multiprocessor,
+# too few warps to hide the memory's latency, and the grid ends in a partial wave — what the next
+# round of this kernel attacks. For the tensor-core kernel
 # (the last table): building two 16-bit codes per `lop3` instruction (`(b & 0x000F000F) | 0x64006400`
 # is the fp16 pair `1024 + q`) beat unpacking each nibble by shifts (phase A1 — though its one
 # `shift` variant also read one group per step, not two, so the comparison is not clean), and
@@ -393,16 +401,8 @@ if kern_file.exists():
 # is several times slower than bf16: it is not a bandwidth kernel at decode sizes. Neither is what
 # the 8-bit formats can do; both are what a learner gets by calling them this way.
 #
-# What mattered, measured (the tables above, reference run). For the CUDA-core GEMV: reading four
-# groups per loop step as wide int32 loads (step 2) was the big win on every shape; what splitting
-# `K` (step 3) and the cheaper conversion of step 4 do depends on the shape — on the 8B down
-# projection each step helps, on 8B gate/up split-K alone is slower and pays back only with step 4,
-# and on 70B gate/up neither beats step 2. Step 4 is the exponent trick `0x4B000000 | q`, which
-# *is* the float `2^23 + q`, instead of an int→float instruction. For the tensor-core kernel:
-# building two 16-bit codes per `lop3` instruction (`(b & 0x000F000F) | 0x64006400` is the fp16 pair
-# `1024 + q`) beat unpacking each nibble by shifts (phase A1 — though its one `shift` variant also
-# read one group per step, not two, so the comparison is not clean), and multiplying `W · xᵀ` — the weight tile as the MMA's 64-row operand, the
-# 16 rows of `x` as the narrow one — beat `x · Wᵀ`. Neither kernel reaches the bandwidth bf16 does;
+# What mattered for the two int4 kernels is in the step tables and the paragraph after them. Neither
+# kernel reaches the bandwidth bf16 does;
 # the course's targets for this kernel (README, "Reference results": 70 % of the copy bandwidth at `M = 1`, 1.3× tinygemm, never
 # slower than bf16 up to 16 rows) are not met yet, and `w4_kernel.auto_config` follows the
 # measurements: the GEMV for one row, the tensor-core kernel for more.
