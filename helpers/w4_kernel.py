@@ -333,7 +333,7 @@ def _kernel(name: str):
 
 
 GEMV_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "MAGIC", "HALF2", "PREFETCH", "TILED", "num_warps",
-             "num_stages"}
+             "num_stages", "maxnreg"}
 TC_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "DEQUANT", "SWAP", "REDUCE", "num_warps", "num_stages"}
 DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, GROUPS=1, SPLIT_K=1, MAGIC=True, HALF2=False, PREFETCH=False,
                       TILED=False, num_warps=4, num_stages=1)
@@ -368,6 +368,8 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
     cfg["SPLIT_K"] = v.positive_int(cfg["SPLIT_K"], "config SPLIT_K", "programs along K")
     if "num_stages" in cfg:
         cfg["num_stages"] = v.positive_int(cfg["num_stages"], "config num_stages")
+    if cfg.get("maxnreg") is not None:   # a register cap per thread (ptxas spills what does not fit)
+        cfg["maxnreg"] = v.positive_int(cfg["maxnreg"], "config maxnreg", "registers per thread")
     if "num_warps" in cfg and not _pow2(cfg["num_warps"]):
         raise ValueError(f"config num_warps must be a power of 2, got {cfg['num_warps']!r}")
     if kind == "gemv":
@@ -507,7 +509,8 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
                            "(or export TRITON_INTERPRET=1); or call reference_matmul")
     out_dtype = out_dtype or x.dtype
     x = x.contiguous()
-    extra = {key: cfg[key] for key in ("num_warps", "num_stages") if key in cfg and x.device.type == "cuda"}
+    extra = {key: cfg[key] for key in ("num_warps", "num_stages", "maxnreg")
+             if cfg.get(key) is not None and x.device.type == "cuda"}
     if cfg["KERNEL"] == "gemv":
         split = cfg["SPLIT_K"]
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)
@@ -559,9 +562,13 @@ def candidate_configs(p: W4Weight, m: int) -> list[dict]:
                  num_warps=4, num_stages=3)
             for bn in (64, 128) for gs in (1, 2) for sk in (1, 2, 4, 8, 16) for sw in (False, True)]
     if m == 1:
-        grid += [dict(KERNEL="gemv", BLOCK_N=bn, GROUPS=gs, SPLIT_K=sk, MAGIC=True, PREFETCH=pf, num_warps=nw,
+        # rows per thread set the registers, and the registers how many programs share a multiprocessor
+        # (scripts/kernel_sass.py: 128 rows on 4 warps use 126 per thread, 64 rows on 4 warps or 128 on 8 about 70)
+        grid += [dict(KERNEL="gemv", BLOCK_N=bn, GROUPS=gs, SPLIT_K=sk, MAGIC=True, HALF2=h2, num_warps=nw,
                       num_stages=1)
-                 for pf in (False, True) for bn, nw in ((128, 4), (256, 8)) for gs in (1, 2, 4) for sk in (2, 4, 8, 16, 32)]
+                 for bn, nw, h2 in ((128, 4, False), (256, 8, False), (64, 4, False), (128, 8, False), (32, 2, False),
+                                    (64, 4, True), (128, 8, True))
+                 for gs in (1, 2, 4) for sk in (1, 2, 4, 8, 16, 32)]
     out = []
     for cfg in grid:
         try:

@@ -32,16 +32,25 @@ GEMV_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": 
 DIVISIBLE = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "y_ptr", "ws_ptr", "lock_ptr", "N", "K", "stride_wn")
 
 
+SWITCHES = {"MAGIC": True, "HALF2": False, "PREFETCH": False, "TILED": False}   # the GEMV's on/off constexprs
+
+
 def gemv_sass(group: int = 128, groups: int = 2, block_n: int = 128, warps: int = 4, arch: int = 90,
-              magic: bool = True, half2: bool = False, prefetch: bool = False,
-              tiled: bool = False) -> str:
-    """The SASS of :func:`helpers.w4_kernel._w4a16_gemv_kernel` compiled for ``sm_{arch}`` (in a child
-    process where ``TRITON_INTERPRET=1``: Triton's interpreter, chosen at import, cannot also compile)."""
+              maxnreg: int | None = None, **switches) -> str:
+    """The SASS of :func:`helpers.w4_kernel._w4a16_gemv_kernel` compiled for ``sm_{arch}`` with the
+    :data:`SWITCHES` given (e.g. ``HALF2=True``) and, optionally, a register cap (``maxnreg``: ptxas
+    spills what does not fit) — in a child process where ``TRITON_INTERPRET=1`` (Triton's
+    interpreter, chosen at import, cannot also compile)."""
+    unknown = set(switches) - set(SWITCHES)
+    if unknown:
+        raise ValueError(f"unknown GEMV switches {sorted(unknown)}; known: {sorted(SWITCHES)}")
+    switches = {**SWITCHES, **switches}
     if os.environ.get("TRITON_INTERPRET") == "1":
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         args = [sys.executable, __file__, "--print-sass", "--group", str(group), "--groups", str(groups),
-                "--block-n", str(block_n), "--warps", str(warps), "--arch", str(arch)] + ([] if magic else ["--no-magic"]) \
-            + (["--half2"] if half2 else []) + (["--prefetch"] if prefetch else []) + (["--tiled"] if tiled else [])
+                "--block-n", str(block_n), "--warps", str(warps), "--arch", str(arch)] \
+            + (["--maxnreg", str(maxnreg)] if maxnreg else []) \
+            + [f"--{'on' if on else 'off'}={name}" for name, on in switches.items()]
         return subprocess.run(args, capture_output=True, text=True, check=True, env=env).stdout
     import triton
     from triton.backends.compiler import GPUTarget
@@ -52,12 +61,11 @@ def gemv_sass(group: int = 128, groups: int = 2, block_n: int = 128, warps: int 
     from helpers import w4_kernel
     fn = JITFunction(w4_kernel._w4a16_gemv_kernel)   # compiled, even where TRITON_INTERPRET=1 makes jit interpret
     names = fn.arg_names
-    constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_N=block_n, SERIAL=True, MAGIC=magic, HALF2=half2, STAGES=1,
-                      PREFETCH=prefetch, TILED=tiled)
+    constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_N=block_n, SERIAL=True, STAGES=1, **switches)
     signature = {**GEMV_SIGNATURE, **{name: "constexpr" for name in constexprs}}
     src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()},
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in DIVISIBLE})
-    kernel = triton_compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=1))
+    kernel = triton_compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=1, maxnreg=maxnreg))
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "kernel.cubin")
@@ -92,6 +100,11 @@ def memory_ops(sass: str) -> collections.Counter:
     return collections.Counter(re.findall(r"\b((?:LDG|STG|LDS|STS|LDL|STL|LDGSTS)[A-Z0-9._]*)", sass))
 
 
+def registers(sass: str) -> int:
+    """Registers per thread the kernel uses: the highest general register it names, plus one."""
+    return 1 + max((int(r) for r in re.findall(r"\bR(\d+)\b", sass)), default=-1)
+
+
 def words_per_thread(group: int, groups: int, block_n: int, warps: int) -> float:
     """int32 words of codes one thread reads per loop step: ``block_n`` rows × ``group·groups / 8`` words."""
     return block_n * group * groups / 8 / (32 * warps)
@@ -104,14 +117,13 @@ def main():
     ap.add_argument("--block-n", type=int, default=128)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--arch", type=int, default=90, help="compute capability ×10 (90: H100/H200, 80: A100)")
-    ap.add_argument("--no-magic", action="store_true", help="the int→float conversion instead of the lop3 codes")
-    ap.add_argument("--half2", action="store_true", help="two codes per instruction in fp16 (HALF2)")
-    ap.add_argument("--prefetch", action="store_true", help="the next step's words loaded before this one is summed")
-    ap.add_argument("--tiled", action="store_true", help="the words re-packed so each step reads one block")
+    ap.add_argument("--on", action="append", default=[], choices=sorted(SWITCHES), help="switch one on (repeatable)")
+    ap.add_argument("--off", action="append", default=[], choices=sorted(SWITCHES), help="switch one off")
+    ap.add_argument("--maxnreg", type=int, help="cap the registers per thread (ptxas spills the rest)")
     ap.add_argument("--print-sass", action="store_true", help="print the whole SASS only")
     args = ap.parse_args()
-    sass = gemv_sass(args.group, args.groups, args.block_n, args.warps, args.arch, not args.no_magic, args.half2,
-                     args.prefetch, args.tiled)
+    sass = gemv_sass(args.group, args.groups, args.block_n, args.warps, args.arch, args.maxnreg,
+                     **{name: True for name in args.on}, **{name: False for name in args.off})
     if args.print_sass:
         print(sass)
         return
@@ -123,6 +135,7 @@ def main():
           f"{sum(ops.values()) / words:.1f} per word of 8 codes")
     print("by opcode:", ", ".join(f"{k} {v}" for k, v in ops.most_common(12)))
     print("loads and stores in the loop:", dict(memory_ops(loop)))
+    print("registers per thread (highest R used + 1):", registers(sass))
     print("spills to local memory anywhere:", sum(v for k, v in memory_ops(sass).items() if k[:3] in ("STL", "LDL")))
 
 

@@ -29,7 +29,7 @@ def test_the_gemv_streams_wide_loads_and_spends_one_ffma_per_code():
 def test_the_half2_gemv_makes_two_codes_per_instruction():
     """HALF2: per word 4 lop3 (two fp16 codes each) and 4 HFMA2/HMUL2 (two products each); the loop also
     holds the fp32 path taken by steps whose |x| is too large for fp16 sums."""
-    sass = ks.gemv_sass(group=128, groups=2, block_n=128, warps=4, half2=True)
+    sass = ks.gemv_sass(group=128, groups=2, block_n=128, warps=4, HALF2=True)
     loop = ks.inner_loop(sass)
     ops, mem = ks.opcodes(loop), ks.memory_ops(loop)
     words = ks.words_per_thread(128, 2, 128, 4)
