@@ -59,17 +59,38 @@ def mlp_ops(name: str, s: Shape, lay: Layout, n: int, b: int, mlp_bytes: int) ->
     (``act`` and ``up`` dropped), ``down``'s output (the product dropped) — at most ``n·(h + 3·I)·b``,
     the :func:`~helpers.budget_activations.block_transients` peak ``mlp_bytes``, in separate blocks the
     allocator can place apart (the recorded prefill of Qwen2.5-0.5B SDPA 8192 × 2 makes four 152 MiB
-    segments there, ``results/h200/alloc_events_points_2026-12-02.json.gz``). Other MLPs (fused
-    gate|up, ungated, post-norm, experts): one block of ``mlp_bytes``."""
+    segments there, ``results/h200/alloc_events_points_2026-12-02.json.gz``). A fused gate|up MLP
+    (:attr:`~helpers.budget_layout.Layout.fused_gate_up`: one ``gate_up_proj``, read from the model's
+    modules — Phi-3, GLM, GLM-4 in transformers 5.17; ``Phi3MLP.forward`` in ``modeling_phi3.py``:
+    ``up_states = gate_up_proj(x)``, ``gate, up_states = up_states.chunk(2, dim=-1)``, ``up_states =
+    up_states * act(gate)``, ``down_proj(up_states)``) as :func:`fused_mlp_ops`: one ``2·I`` block,
+    whose ``gate`` view keeps it alive until the MLP returns. Other MLPs (ungated, post-norm, experts):
+    one block of ``mlp_bytes``."""
     I_b, h_b = n * s.intermediate * b, n * s.hidden * b
-    if not (s.has_dense_mlp and lay.gated_mlp and lay.pre_norm and not lay.fused_gate_up
-            and mlp_bytes == 3 * I_b + h_b):
+    dense_gated = s.has_dense_mlp and lay.gated_mlp and lay.pre_norm
+    if dense_gated and lay.fused_gate_up and mlp_bytes == 4 * I_b + h_b:
+        return fused_mlp_ops(name, n * s.hidden, I_b, h_b, b)
+    if not (dense_gated and not lay.fused_gate_up and mlp_bytes == 3 * I_b + h_b):
         return [["alloc", name, mlp_bytes], ["free", name]]
     t = {k: f"{name}.{k}" for k in ("normed", "gate", "act", "up", "prod", "down")}
     return norm_ops(t["normed"], n * s.hidden, b) + [
         ["alloc", t["gate"], I_b], ["alloc", t["act"], I_b], ["free", t["gate"]],
         ["alloc", t["up"], I_b], ["alloc", t["prod"], I_b], ["free", t["act"]], ["free", t["up"]],
         ["alloc", t["down"], h_b], ["free", t["prod"]], ["free", t["normed"]], ["free", t["down"]]]
+
+
+def fused_mlp_ops(name: str, n_h: int, I_b: int, h_b: int, b: int) -> list:
+    """A pre-norm MLP with one fused gate|up projection (``I_b`` = ``n·I·b`` bytes per half) as
+    ``Phi3MLP.forward`` makes and drops its tensors: the norm (:func:`norm_ops`), ``gate_up`` (``2·I_b``;
+    ``gate`` and ``up`` are views of it), ``act(gate)``, the product (``act`` dropped; the product
+    rebinds ``up_states``, but ``gate`` still holds ``gate_up``), ``down``'s output, then on return the
+    product and ``gate_up``; the normed input is dropped as the layer rebinds it. At most
+    ``h_b + 4·I_b`` (:func:`~helpers.budget_activations.block_transients`' fused MLP), in a ``2·I`` block
+    and two ``I`` blocks where an unfused MLP has four ``I`` blocks (:func:`mlp_ops`)."""
+    t = {k: f"{name}.{k}" for k in ("normed", "gate_up", "act", "prod", "down")}
+    return norm_ops(t["normed"], n_h, b) + [
+        ["alloc", t["gate_up"], 2 * I_b], ["alloc", t["act"], I_b], ["alloc", t["prod"], I_b], ["free", t["act"]],
+        ["alloc", t["down"], h_b], ["free", t["prod"]], ["free", t["gate_up"]], ["free", t["normed"]], ["free", t["down"]]]
 
 
 def score_ops(l: int, S: int, b: int, softcap: bool = False) -> list:
@@ -158,7 +179,8 @@ def generation_ops(config, prompt_len: int, new_tokens: int, batch: int = 1, att
     by the cache), the MLP transients — then every decode step's
     ``torch.cat`` of each layer's K and V one position longer (a new block, the old one freed). Each
     attention comes with its RMSNorm's fp32 copies (:func:`norm_ops`: before it, or after it in a
-    post-norm layer), and a dense gated MLP is its separate tensors (:func:`mlp_ops`). The
+    post-norm layer), and a dense gated MLP is its separate tensors (:func:`mlp_ops`; a fused
+    ``gate_up_proj``'s one ``2·I`` block, :func:`fused_mlp_ops`). The
     sizes come from :func:`block_transients` and the KV storage; what the simulator adds is the
     *order*, hence which blocks the caching allocator can reuse and which make it reserve more."""
     prompt_len, new_tokens = positive_int(prompt_len, "prompt_len"), positive_int(new_tokens, "new_tokens")

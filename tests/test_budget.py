@@ -428,6 +428,33 @@ def test_eager_ops_follow_the_score_copies():
 
 
 
+def test_fused_gate_up_mlp_ops_are_one_double_block():
+    """Phi-3's MLP (modeling_phi3.py Phi3MLP: gate_up_proj, chunk, up * act(gate)) as the replay makes
+    it: after the norm, one 2·I block (gate_up), then act(gate) and the product (I each), down's output;
+    the unfused MLP of a Llama-layout model (SmolLM2) is four I blocks. Both peak at the tensor-level
+    MLP transient (block_transients) and leave nothing alive."""
+    from helpers.budget_activations import block_transients
+    from helpers.budget_shape import Shape
+    n, b = 2 * 64, 2
+    for arch, sizes in (("Phi-3-mini", [2, 1, 1]), ("SmolLM2-135M", [1, 1, 1, 1])):
+        c = models.architecture_config(arch)
+        s, lay = Shape.from_config(c), Layout.from_config(c)
+        assert lay.fused_gate_up == (arch == "Phi-3-mini")
+        ops = generation_ops(c, 64, 1, 2, "sdpa")
+        mlp = [op for op in ops if op[1].startswith("mlp0.") and not op[1].startswith("mlp0.normed")]
+        I_b = n * s.intermediate * b
+        assert [op[2] // I_b for op in mlp if op[0] == "alloc" and op[2] >= I_b] == sizes
+        tensors = [op for op in ops if op[1].startswith("mlp0.") and ".normed." not in op[1]]   # not the norm's fp32 copies
+        live, peak = {}, 0
+        for kind, name, *size in tensors:
+            if kind == "alloc":
+                live[name] = size[0]
+            else:
+                del live[name]
+            peak = max(peak, sum(live.values()))
+        assert peak == block_transients(s, lay, 64, 2, torch.bfloat16, "sdpa", "cuda")["mlp"] and not live
+
+
 def _live_peak(ops):
     from helpers.allocator_sim import simulate
     return max(a for a, _ in simulate(ops)["trace"])
