@@ -20,6 +20,7 @@ CPU peaks are resident-set peaks of this process (Linux ``VmHWM``, reset through
 """
 from __future__ import annotations
 
+import ctypes
 import gc
 import mmap
 import os
@@ -62,12 +63,22 @@ def _hwm() -> int:
     raise OSError("no VmHWM line in /proc/self/status")
 
 
+def _release_free_heap() -> None:
+    """Hand the heap's free pages back to the OS (glibc's ``malloc_trim(0)``; nothing elsewhere), so
+    the resident set measured next grows with what is allocated, not only past what was freed before."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def peak_rss_during(fn):
     """``(fn(), peak resident bytes above the start)`` for this process while ``fn`` runs."""
     if not callable(fn):
         raise TypeError(f"fn must be a function of no arguments (e.g. lambda: load_lazy(folder)), got "
                         f"{type(fn).__name__}")
     gc.collect()
+    _release_free_heap()   # else the load reuses pages an earlier job freed, and the resident set never grows
     base = _rss()
     if _reset_hwm():
         result = fn()
