@@ -136,7 +136,8 @@ def main():
                         peak_bytes=peak, **({} if inner == "default" else {"gptq_inner": inner}),
                         **({"profiled": profiled} if profiled else {}),
                         **({"calib_tokens": 0} if method == "rtn" else {}),
-                        **({"search_dtype": info["search_dtype"]} if "search_dtype" in info else {}))
+                        **({"search_dtype": info["search_dtype"]} if "search_dtype" in info else {}),
+                        **({"calib_batch": info["batch_size"]} if "batch_size" in info else {}))
                     del m
                     if cuda:
                         torch.cuda.empty_cache()

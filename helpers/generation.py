@@ -172,18 +172,21 @@ def tokens_until_oom(model, kind: str, batch: int, prompt_len: int, max_new: int
                      trace: list | None = None) -> dict:
     """Prefill a random prompt, then decode one token at a time until ``max_new`` tokens or an OOM.
 
-    Returns ``{"generated": n, "oom": bool, "phase": "prefill"|"decode"|None}``; memory is freed
-    before returning (the OOM is caught). ``trace``, a list, receives ``memory_allocated`` after the
-    prefill and after every decoded token (CUDA): the memory-over-time line of a plot."""
+    Returns ``{"generated": n, "oom": bool, "phase": "prefill"|"decode"|None, "decode_s"}``
+    (``decode_s``: the decode loop's wall time, what the hunt costs); memory is freed before
+    returning (the OOM is caught). ``trace``, a list, receives ``memory_allocated`` after the prefill
+    and after every decoded token (CUDA): the memory-over-time line of a plot."""
     dev = next(model.parameters()).device
     ids = random_ids(model.config.vocab_size, (batch, prompt_len), seed=seed, device=dev)
     cache, n, phase = make_cache(kind, model.config), 0, "prefill"
     record = trace is not None and dev.type == "cuda"
+    t0 = time.perf_counter()
     try:
         nxt = prefill(model, ids, cache)
         phase = "decode"
         if record:
             trace.append(torch.cuda.memory_allocated(dev))
+        t0 = time.perf_counter()
         for _ in islice(greedy_tokens(model, cache, nxt), max_new):
             n += 1                                  # tokens decoded so far (read after an OOM)
             if record:
@@ -191,6 +194,9 @@ def tokens_until_oom(model, kind: str, batch: int, prompt_len: int, max_new: int
         result = {"generated": n, "oom": False, "phase": None}
     except torch.OutOfMemoryError:
         result = {"generated": n, "oom": True, "phase": phase}
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    result["decode_s"] = round(time.perf_counter() - t0, 3) if phase == "decode" else 0.0
     del cache, ids
     free_memory()
     return result

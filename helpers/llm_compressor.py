@@ -32,6 +32,7 @@ from .data import random_ids
 from .gptq import GPTQOptions
 from .models import model_from_config, unreadable_safetensors
 from .qspec import QuantSpec
+from .validate import positive_int
 
 # _LAZY: llmcompressor, compressed-tensors and datasets are imported inside the functions that use
 # them: they are optional (the course extra) and llmcompressor alone takes seconds to import.
@@ -239,16 +240,24 @@ def library_options(method: str, options: GPTQOptions | AWQOptions | None = None
 
 
 def oneshot_quantize(model, calib: torch.Tensor, method: str = "gptq", spec: QuantSpec | None = None,
-                     options: GPTQOptions | AWQOptions | None = None, tokenizer=None, **spec_kw) -> dict:
+                     options: GPTQOptions | AWQOptions | None = None, tokenizer=None,
+                     batch_size: int = C.CalibSpec.batch_size, **spec_kw) -> dict:
     """Quantize ``model`` in place with llm-compressor's ``oneshot`` (sequential pipeline), same
     calibration tokens as ours. ``method``: ``"rtn"`` (data-free), ``"gptq"`` or ``"awq"`` (AWQ
     scaling + RTN, as the library does it); ``options`` its settings in the course's options
     dataclass, mapped by :func:`library_options` (None: the library's defaults). Returns
-    ``{"seconds", "calib_tokens"}``. The calibration set is already tokenized, so no tokenizer is
-    needed; ``oneshot`` insists on a processor object, and without one it tries to load one from the
-    model's path, so a placeholder stands in."""
+    ``{"seconds", "calib_tokens", "batch_size"}``. The calibration set is already tokenized, so no
+    tokenizer is needed; ``oneshot`` insists on a processor object, and without one it tries to load
+    one from the model's path, so a placeholder stands in.
+
+    ``batch_size``: calibration windows per forward, the same as ours (:class:`~helpers.calib.CalibSpec`).
+    The library's own default is 1 — one forward of each layer per window, and for AWQ per window and
+    grid point. The loss AWQ minimises (a sum of squared errors over all tokens, divided by their count)
+    and GPTQ's Hessian (Σ x xᵀ over all tokens) do not depend on how the windows are batched, so the
+    result is batch 1's up to float rounding (tests/test_llm_compressor.py)."""
     options = library_options(method, options)
     spec = QuantSpec.of(spec, **spec_kw)
+    batch_size = positive_int(batch_size, "batch_size")
     C.check_calib(model, calib)
     with quiet_logs():  # importing the modifiers logs "No accelerator available!" three times on a CPU
         from llmcompressor import oneshot  # optional heavy dependency (see _LAZY)
@@ -273,10 +282,10 @@ def oneshot_quantize(model, calib: torch.Tensor, method: str = "gptq", spec: Qua
             oneshot(model=model, dataset=_dataset(calib), recipe=recipe, max_seq_length=calib.shape[1],
                     processor=tokenizer if tokenizer is not None else _PreTokenized(),
                     num_calibration_samples=len(calib), shuffle_calibration_samples=False,
-                    pipeline="sequential")
+                    batch_size=min(batch_size, len(calib)), pipeline="sequential")
     secs = time.perf_counter() - t0
     bake(model)
-    return {"seconds": secs, "calib_tokens": C.tokens_of(calib)}
+    return {"seconds": secs, "calib_tokens": C.tokens_of(calib), "batch_size": batch_size}
 
 
 @torch.no_grad()

@@ -107,7 +107,7 @@ def apply_quantizer(model, calib, method: str, impl: str = "ours", spec: QuantSp
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return {"seconds": time.perf_counter() - t0, "calib_tokens": 0 if calib is None else int(calib.numel()),
-            **{k: v for k, v in info.items() if k in ("alphas", "search_dtype")}}
+            **{k: v for k, v in info.items() if k in ("alphas", "search_dtype", "batch_size")}}
 
 
 # ---------------------------------------------------------------------------------------- store

@@ -82,7 +82,7 @@ print(growth.assign(kv_GB=growth.kv_cache / 1e9, total_GB=growth.total / 1e9)[
 # and the decode runs out somewhere after `EXTRA` tokens (the prefill's freed activations are room too):
 
 # %%
-EXTRA = 256
+EXTRA, OOM_BATCH, OOM_PROMPT = 64, 64, 128   # many short sequences: the OOM comes after few decode steps
 tokens = list(range(0, 16385, 512))
 pred = {kv: [budget.budget(llama8b, "bf16", seq_len=max(1, t), batch=4, kv_dtype=kv)["total"] for t in tokens]
         for kv in ("bf16", "fp8")}
@@ -95,14 +95,14 @@ ax.set(xlabel="context (tokens), batch 4", ylabel="GB", title="Llama-3.1-8B bf16
 ax.legend(fontsize=8)
 if cuda:
     gm = models.model_from_config("SmolLM2-135M", device="cuda", dtype=torch.bfloat16)
-    case1 = generation.oom_points(gm, batch=16, prompt_len=512, extra=EXTRA, max_new=pick(full=8192, ci=4096),
+    case1 = generation.oom_points(gm, batch=OOM_BATCH, prompt_len=OOM_PROMPT, extra=EXTRA, max_new=4096,
                                   kinds=("baseline", "fp8-e4m3"), traces=True)
     for r in case1["rows"]:
         print(f"{r['kv']:>9}: decoded {r['generated']} tokens" + (" before running out" if r["oom"] else " (no OOM)"))
     key_numbers.record("09_clinic", case1={"cap_gib": case1["cap_gib"],
                                            "rows": [{k: v for k, v in r.items() if k != "trace"} for r in case1["rows"]]})
     plots.memory_lines({f"{r['kv']} cache": r["trace"] for r in case1["rows"]}, ax=axes[0][1],
-                       cap=case1["cap_gib"] * GiB, xlabel="decoded tokens (batch 16, prompt 512)",
+                       cap=case1["cap_gib"] * GiB, xlabel=f"decoded tokens (batch {OOM_BATCH}, prompt {OOM_PROMPT})",
                        title=f"SmolLM2 on this GPU: allocated until the OOM (cap {case1['cap_gib']:.2f} GiB)")
     del gm
     measure.free_memory()

@@ -89,7 +89,8 @@ def run(nbs: list[Path], out: Path, profile: str, timeout: int = 3600, progress:
         peak_mib = peak.stop()
         nbformat.write(nb, out / nb_path.name)
         save_plots(nb, out / "plots", nb_path.stem)
-        rows.append({"name": nb_path.name, "seconds": round(secs, 1), "ok": ok, "error": err, "peak_gpu_mib": peak_mib})
+        rows.append({"name": nb_path.name, "seconds": round(secs, 1), "ok": ok, "error": err, "peak_gpu_mib": peak_mib,
+                     "slowest_cells": slowest_cells(nb)})
         kn = out / "key_numbers.json"
         report["key_numbers"] = json.loads(kn.read_text()) if kn.exists() else {}
         (out / "run_all.json").write_text(json.dumps(report, indent=1))
@@ -179,6 +180,26 @@ class GpuPeak:
         if self.thread.is_alive():
             self.thread.join()
         return self.peak
+
+
+def cell_seconds(cell) -> float | None:
+    """A code cell's run time from the timestamps nbclient records (``execute_input`` to
+    ``execute_reply``); None for a cell that did not run."""
+    from datetime import datetime
+
+    t = cell.get("metadata", {}).get("execution", {})
+    start, end = t.get("iopub.execute_input"), t.get("shell.execute_reply")
+    if not (start and end):
+        return None
+    return (datetime.fromisoformat(end.replace("Z", "+00:00")) - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds()
+
+
+def slowest_cells(nb, n: int = 5) -> list[dict]:
+    """The ``n`` longest code cells of an executed notebook: index, seconds and first source line —
+    where a learner waits."""
+    rows = [{"cell": k, "seconds": round(s, 1), "source": cell.source.strip().splitlines()[0][:80] if cell.source.strip() else ""}
+            for k, cell in enumerate(nb.cells) if cell.cell_type == "code" and (s := cell_seconds(cell)) is not None]
+    return sorted(rows, key=lambda r: -r["seconds"])[:n]
 
 
 def save_plots(nb, folder: Path, stem: str) -> None:

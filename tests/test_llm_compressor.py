@@ -42,6 +42,28 @@ def test_quantize_save_reload_tiny(method, tiny_llama, tiny_calib, tmp_path):
     assert torch.allclose(out, ref, atol=1e-3)
 
 
+def test_batched_calibration_matches_batch_one(tiny_llama, tiny_calib):
+    """The course's batches of 8 windows give the library's batch-1 AWQ up to float rounding: the
+    same scales chosen, so nearly every code the same."""
+    import copy
+
+    one, batched = copy.deepcopy(tiny_llama), copy.deepcopy(tiny_llama)
+    assert llmc.oneshot_quantize(one, tiny_calib, "awq", QuantSpec(4, 32), batch_size=1)["batch_size"] == 1
+    assert llmc.oneshot_quantize(batched, tiny_calib, "awq", QuantSpec(4, 32))["batch_size"] == 8
+    a, b = dict(one.named_parameters()), dict(batched.named_parameters())
+    off = total = 0
+    for name, p in a.items():
+        q = b[name].data.to(p.device)
+        off += int((~torch.isclose(p.data, q, rtol=1e-3, atol=1e-3 * float(p.data.abs().max()))).sum())
+        total += p.numel()
+    assert off <= total // 500, f"{off} of {total} values differ: more than rounding ties"
+
+
+def test_batch_size_must_be_a_positive_int(tiny_llama, tiny_calib):
+    with pytest.raises(ValueError, match="batch_size"):
+        llmc.oneshot_quantize(tiny_llama, tiny_calib, "awq", QuantSpec(4, 32), batch_size=0)
+
+
 def test_roundtrip_reports_bytes_and_agreement(tiny_llama, tiny_calib, tmp_path):
     llmc.oneshot_quantize(tiny_llama, tiny_calib, "gptq", bits=4, group_size=32)
     r = llmc.roundtrip(tiny_llama, None, tmp_path / "ckpt", tiny_calib[:1])

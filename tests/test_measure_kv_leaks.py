@@ -152,3 +152,15 @@ def test_greedy_tokens_is_the_hand_written_loop():
             tok = out.logits[:, -1:].argmax(-1)
             want.append(tok)
     assert all(torch.equal(a, b) for a, b in zip(got, want)) and cache.get_seq_length() == 12 + 5
+
+
+@pytest.mark.parametrize("kind", ["baseline", "fp8-e4m3"])
+def test_tokens_until_oom_without_a_cap_decodes_max_new_and_times_it(kind):
+    """No cap on a CPU: every format decodes all ``max_new`` tokens; the decode loop's time is kept
+    (what a hunt costs per step), and a run that never decodes reports none."""
+    model = tiny().eval()
+    with torch.no_grad():
+        r = generation.tokens_until_oom(model, kind, batch=2, prompt_len=8, max_new=6)
+        none = generation.tokens_until_oom(model, kind, batch=2, prompt_len=8, max_new=0)
+    assert r["generated"] == 6 and not r["oom"] and r["phase"] is None and r["decode_s"] > 0
+    assert none["generated"] == 0 and none["decode_s"] >= 0

@@ -29,6 +29,21 @@ def test_save_plots_writes_every_png(tmp_path):
     assert (tmp_path / "plots" / "99_demo_cell1.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_slowest_cells_read_the_recorded_timestamps(tmp_path):
+    """Executed for real by nbclient: the two sleeps are the slowest cells, in order, with their seconds."""
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("text"), nbformat.v4.new_code_cell("import time; time.sleep(0.3)"),
+                nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("time.sleep(0.6)  # the longest")]
+    NotebookClient(nb, timeout=60, kernel_name="python3").execute()
+    rows = run_all.slowest_cells(nb, n=2)
+    assert [r["cell"] for r in rows] == [3, 1]
+    assert rows[0]["source"] == "time.sleep(0.6)  # the longest"
+    assert 0.55 <= rows[0]["seconds"] < 5 and 0.25 <= rows[1]["seconds"] < rows[0]["seconds"]
+    assert run_all.cell_seconds(nbformat.v4.new_code_cell("never run")) is None
+
+
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi")
 def test_gpu_peak_is_none_without_nvidia_smi():
     assert run_all.GpuPeak().stop() is None
