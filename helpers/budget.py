@@ -201,7 +201,7 @@ def kv_bytes(config, seq_len: int, batch: int = 1, kv_dtype="bf16", layout: KVLa
 
 # --------------------------------------------------------------------------- 3. activations
 def activation_bytes(config, positions: int, batch: int = 1, act_dtype="bf16", attention: str = "sdpa",
-                     keep_all_logits: bool = False, device: str = "cuda") -> dict:
+                     keep_all_logits: bool = False, device: str = "cuda", cached: bool = False) -> dict:
     """Transient bytes at the widest point of one forward over ``positions`` tokens.
 
     With ``n = batch · positions`` tokens and ``b`` bytes per element, for a Llama block: the
@@ -212,22 +212,27 @@ def activation_bytes(config, positions: int, batch: int = 1, act_dtype="bf16", a
     projections, experts, latent attention: :func:`helpers.budget_activations.block_transients`). Logits:
     ``batch·vocab·(b + 4)`` for the last position (model output + fp32 copy in generate), or
     ``batch·positions·vocab·(b + 4)`` when all positions are kept (training, perplexity).
-    Checked on the CPU by tests/test_budget_measured.py and on a GPU by ``benchmarks/budget_accuracy.py``.
+    ``cached``: a forward of ``generate``, whose cache takes each layer's K and V before the attention
+    runs (those bytes are the KV cache's, :func:`generation_peak`); without a cache they are
+    transients. Checked on the CPU by tests/test_budget_measured.py and on a GPU by ``benchmarks/budget_accuracy.py``.
     """
     positions, batch = positive_int(positions, "positions"), positive_int(batch, "batch")
     s = Shape.from_config(config)
-    return _activations(s, Layout.from_config(config), positions, batch, act_dtype, attention, keep_all_logits, device)
+    if not isinstance(cached, bool):
+        raise ValueError(f"cached must be True or False, got {cached!r}")
+    return _activations(s, Layout.from_config(config), positions, batch, act_dtype, attention, keep_all_logits, device,
+                        cached)
 
 
 def _activations(s: Shape, lay: Layout, positions, batch, act_dtype, attention, keep_all_logits=False,
-                 device="cuda") -> dict:
+                 device="cuda", cached: bool = False) -> dict:
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be 'sdpa' or 'eager' (the implementations budget models), got {attention!r}")
     choice(device, "device", DEVICES)
     if not isinstance(keep_all_logits, bool):
         raise ValueError(f"keep_all_logits must be True or False, got {keep_all_logits!r}")
     b = dtype_bytes(act_dtype)
-    t = block_transients(s, lay, positions, batch, act_dtype, attention, device)
+    t = block_transients(s, lay, positions, batch, act_dtype, attention, device, cached)
     logits = batch * (positions if keep_all_logits else 1) * s.vocab * (b + 4)
     block = t["residual"] + max(t["mlp"], t["attention"])
     return {**t, "logits": logits, "peak": max(block, t["residual"] + logits)}
@@ -263,9 +268,10 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     lay = Layout.from_config(config)
     total = prompt_len + new_tokens - (1 if cache == "dynamic" else 0)
     kv_full = kv_bytes(config, total, batch, kv_dtype, cache=cache)
-    act = _activations(s, lay, prompt_len, batch, act_dtype, attention, device=device)
+    # with a cache: the attention reads K and V from it, the projected k and v already handed over
+    act = _activations(s, lay, prompt_len, batch, act_dtype, attention, device=device, cached=True)
     carried = batch * s.vocab * 4  # the previous step's fp32 next-token logits, alive in generate's loop
-    one = _activations(s, lay, 1, batch, act_dtype, "sdpa", device=device)
+    one = _activations(s, lay, 1, batch, act_dtype, "sdpa", device=device, cached=True)
     # generate decodes MoE layers with batched_mm on a GPU: gathered expert weights, alive in the MLP
     gather = decode_gather(s, lay, batch, dtype_bytes(act_dtype)) if device == "cuda" else 0
 

@@ -118,7 +118,7 @@ def repeat_kv_bytes(s: Shape, n: int, b: float) -> float:
 
 
 def block_transients(s: Shape, lay: Layout, positions: int, batch: int, act_dtype, attention: str,
-                     device: str) -> dict:
+                     device: str, cached: bool = False) -> dict:
     """The transient bytes of one decoder block over ``positions`` tokens (``n = batch · positions``,
     ``b`` bytes per element), as ``{"residual", "mlp", "attention"}``:
 
@@ -140,7 +140,18 @@ def block_transients(s: Shape, lay: Layout, positions: int, batch: int, act_dtyp
       (:data:`EAGER_SOFTMAX_COPIES` for the models whose softmax stays in their dtype);
       and, alive beside the MLP too, the additive masks the model built once for the whole forward
       (``batch·positions²·b`` per kind of layer: full, sliding, chunked) and the layer's returned
-      attention weights (``batch·H·positions²·b``, bound to ``_`` until the layer returns)."""
+      attention weights (``batch·H·positions²·b``, bound to ``_`` until the layer returns). In a
+      post-norm layer (OLMo-2) the attention reads the residual itself: one hidden-size tensor
+      fewer, ``−n·h·b``, while it runs.
+
+    ``cached``: a forward of ``generate``, whose cache takes this layer's K and V — ``cache.update``
+    stores copies (``torch.cat`` into the dynamic layer, ``index_copy_`` into the static one) and the
+    projected k and v are freed as the attention rebinds them to what it returns. So at the
+    eager attention's scores k and v (``2·n·K·d·b``) are no transients: they are the KV bytes; the
+    rotation before it still holds them. Measured on the CPU with a cache (tests/test_budget_measured.py).
+    Eager only: SDPA's widest point in the H200 rows is the MLP, and on a CPU its kernel's own
+    buffers hide the difference. (Separate projections; a fused ``qkv_proj``'s output stays alive
+    through v's view, and MLA is computed as transformers does: both unchanged.)"""
     b = dtype_bytes(act_dtype)
     n = batch * positions
     rope_dim = s.mla.rope_dim if s.mla else s.head_dim
@@ -164,6 +175,8 @@ def block_transients(s: Shape, lay: Layout, positions: int, batch: int, act_dtyp
         repeated = repeat_kv_bytes(s, n, b)
         # q.float(), k.float(), then q·cos, rotate_half(q), rotate_half(q)·sin: before the attention itself
         rotation = n * ((s.heads + s.kv_heads) + 3 * s.heads) * s.head_dim * 4 if s.model_type in ROTARY_IN_FP32 else 0
+    # k and v handed to the cache (its copies are the KV bytes) by the time the attention runs
+    stored = 2 * n * s.kv_heads * s.head_dim * b if cached and not (s.mla or lay.fused_qkv) else 0
     if attention == "sdpa":
         attn = qkv + qk + max(out, rotation)
         # a window SDPA's is_causal cannot express (masking_utils._ignore_causal_mask_sdpa keeps the
@@ -175,5 +188,7 @@ def block_transients(s: Shape, lay: Layout, positions: int, batch: int, act_dtyp
         residual += len(kinds) * batch * positions**2 * b
         mlp += batch * s.heads * positions**2 * b
         scores = batch * s.heads * positions**2 * score_bytes(s, act_dtype, device)
-        attn = max(qkv + rotation, qkv + qk + repeated + scores)
+        attn = max(qkv + rotation, qkv - stored + qk + repeated + scores)
+    if not lay.pre_norm:       # no normed copy of the residual beside the attention
+        attn -= n * s.hidden * b
     return {"residual": residual, "mlp": mlp, "attention": attn}

@@ -190,7 +190,7 @@ def generation_ops(config, prompt_len: int, new_tokens: int, batch: int = 1, att
     model = meta_model(config, dtype)
     lay = Layout.from_model(model, s)
     b = int(dtype_bytes(dtype))
-    act = block_transients(s, lay, prompt_len, batch, dtype, attention, "cuda")
+    act = block_transients(s, lay, prompt_len, batch, dtype, attention, "cuda", cached=True)
     logits = batch * s.vocab * (b + 4)
     per_pos = position_bytes(s, b) * batch / 2                          # K (or V) bytes per position
     pos0 = storage_positions(s, prompt_len, 0)                            # the prefill's storage
@@ -199,9 +199,12 @@ def generation_ops(config, prompt_len: int, new_tokens: int, batch: int = 1, att
     S = batch * s.heads * prompt_len**2                                    # eager's score elements
     for l in range(s.layers):
         if attention == "eager":
+            # q and what else the attention holds beside its scores (none left in a post-norm MHA layer:
+            # k and v are the cache's, and the hidden-size tensor it reads is the residual's)
             rest = int(act["attention"] - S * score_bytes(s, dtype, "cuda"))
-            attn = ([["alloc", f"qkv{l}", rest]] + eager_ops(config, l, batch * s.heads * prompt_len, prompt_len, dtype)
-                    + [["free", f"qkv{l}"]])
+            held = [["alloc", f"qkv{l}", rest]] if rest > 0 else []
+            attn = held + eager_ops(config, l, batch * s.heads * prompt_len, prompt_len, dtype) + \
+                [["free", f"qkv{l}"]] * len(held)
             mlp = int(act["mlp"] - S * b)
         else:
             attn = [["alloc", f"qkv{l}", int(act["attention"])], ["free", f"qkv{l}"]]

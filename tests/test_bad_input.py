@@ -1097,6 +1097,7 @@ BUDGET_NEWER_ERRORS = [
     (lambda: budget.kv_bytes(CFG, 512, 1, "fp7"), ValueError, r"unknown dtype 'fp7'"),
     (lambda: budget.kv_bytes(CFG, 512, 1, "int4", budget.KVLayout(group_size=0)), ValueError, r"group_size must be a positive"),
     (lambda: budget.activation_bytes(CFG, 512, 1, attention="flashy"), ValueError, r"attention must be 'sdpa' or 'eager'"),
+    (lambda: budget.activation_bytes(CFG, 512, 1, cached="yes"), ValueError, r"cached must be True or False"),
     (lambda: budget.generation_peak(CFG, 512, -1, 1), ValueError, r"new_tokens must be a positive integer"),
     (lambda: budget.budget(CFG, "bf16", 512, 1, kv_dtype="fp9"), ValueError, r"unknown dtype 'fp9'"),
     (lambda: budget.weight_bytes(CFG, "int5"), ValueError, r"unknown weight format 'int5'"),

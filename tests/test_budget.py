@@ -126,7 +126,7 @@ def test_eager_decode_counts_repeat_kv_of_the_whole_cache():
     s = B.Shape.from_config(cfg)
     sdpa, eager = (B.generation_peak(cfg, 8192, 32, 1, attention=a)["decode"] for a in ("sdpa", "eager"))
     repeated = 2 * s.heads * (8192 + 31) * s.head_dim * 2
-    one = B.activation_bytes(cfg, 1, 1)
+    one = B.activation_bytes(cfg, 1, 1, cached=True)
     kv_full = B.kv_bytes(cfg, 8192 + 31, 1)
     assert eager == kv_full + 1 * cfg.vocab_size * 4 + one["residual"] + one["attention"] + repeated
     assert eager > sdpa

@@ -196,3 +196,25 @@ def test_sdpa_window_mask_and_per_type_rotary_are_in_the_peak():
     assert abs(pred - meas) <= 0.05 * meas, f"predicted {pred:,.0f} B, measured {meas:,.0f} B"
     within = budget.activation_bytes(cfg, 127, 1, attention="sdpa", device="cpu")     # no mask below the window
     assert within["residual"] == 3 * 127 * 256 * 2 + 2 * 127 * 32 * 2 * 2
+
+
+@pytest.mark.parametrize("family", ["llama (MHA)", "olmo2 (MHA, post-norms)"])
+def test_eager_prefill_with_a_cache_holds_k_and_v_once(family):
+    """A prefill with a cache, as ``generate`` runs it: the cache keeps copies of each layer's K and V
+    and the projected k and v are freed before the scores, so at eager's widest point they are the
+    KV bytes, not transients too. Measured peak = ``activation_bytes(cached=True)`` + the KV bytes;
+    without ``cached`` the prediction counts them twice (MHA: K = H, where it shows)."""
+    mha = {**BASE, "num_key_value_heads": 8}
+    cfg = T.LlamaConfig(**mha, head_dim=32) if family.startswith("llama") else T.Olmo2Config(**mha)
+    torch.manual_seed(0)
+    model = T.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    for positions, batch in POINTS:
+        ids = torch.randint(3, 1000, (batch, positions), generator=torch.Generator().manual_seed(0))
+        mask = ids.new_ones(ids.shape)
+        meas = host_alloc.peak_bytes(lambda: model(ids, attention_mask=mask, past_key_values=T.DynamicCache(config=cfg),
+                                                   use_cache=True, logits_to_keep=1).logits)["peak"]
+        kv = budget.kv_bytes(cfg, positions, batch)
+        cached, uncached = (budget.activation_bytes(cfg, positions, batch, attention="eager", device="cpu", cached=c)["peak"] + kv
+                            for c in (True, False))
+        assert abs(cached - meas) <= 0.02 * meas, f"{family} {positions}×{batch}: {cached:,.0f} B vs measured {meas:,.0f} B"
+        assert abs(cached - meas) < abs(uncached - meas)
