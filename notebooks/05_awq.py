@@ -213,7 +213,7 @@ speed = pd.DataFrame([
 speed["AWQ / GPTQ"] = speed["AWQ s"] / speed["GPTQ s"]
 print("times are those of the runs that built each variant (this profile, this machine or the one that cached it)")
 for r in speed.itertuples():
-    print(f"{r.impl}: AWQ takes {r._4:.1f}× the time of GPTQ here ({'slower' if r._4 > 1 else 'faster'})")
+    print(f"{r.impl}: AWQ takes {r._4:.1f}× the time of GPTQ here at W{BITS} g{G} ({'slower' if r._4 > 1 else 'faster'})")
 import json, pathlib
 for p in (results_path("cpu", "quantizers.json"), results_path("h200", "quantizers.json")):   # the recorded runs
     if p.exists():
@@ -232,7 +232,8 @@ speed.round(2)
 # hardware. The cost of AWQ is 20 forward passes of each block part per mapping; the cost of GPTQ is
 # a sequential column loop. Which wins depends on the implementation and the device — measure.
 #
-# Times above are for *this* run (a cached variant keeps the time it was made in). A real
+# The live times above are those of the runs that built each variant (a cached variant keeps the time
+# it was made in); the recorded tables are W4. A real
 # compressed AWQ checkpoint, saved and reloaded, is the same two calls as in notebook 04:
 
 # %%

@@ -162,14 +162,14 @@ ckpt
 # (raise `MAX_NEW` to find it — each token is one more decode step).
 
 # %%
-# one decode step per token (its cost: the `ms per step` column): many short sequences fill the
-# cache in fewer steps than a few long ones, so the hunt is short
+# one decode step per token: many short sequences fill the cache in fewer steps than a few long
+# ones, so the hunt is short (`decode_s`: each format's hunt, the work near the cap and the OOM included)
 BATCH, PROMPT, EXTRA, MAX_NEW = pick(full=(64, 128, 32, 1024), ci=(8, 256, 128, 1024))
 if cuda:
     oom = generation.oom_points(model, BATCH, PROMPT, EXTRA, MAX_NEW)
     cap_gib, rows = oom["cap_gib"], oom["rows"]
     print(f"cap {cap_gib:.2f} GiB (baseline prefill peak + bf16 KV of {EXTRA} tokens), batch {BATCH}, prompt {PROMPT}")
-    display(pd.DataFrame(rows).assign(**{"ms per step": lambda d: 1e3 * d.decode_s / d.generated.clip(lower=1)}).round(2))
+    display(pd.DataFrame(rows))
     base_n = next(r["generated"] for r in rows if r["kv"] == "baseline")
     print("tokens decoded on the same budget, relative to bf16:",
           ", ".join(f"{r['kv']} {r['generated'] / max(1, base_n):.1f}×" + ("" if r["oom"] else " (no OOM: at least)")

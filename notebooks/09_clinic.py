@@ -75,8 +75,8 @@ print(growth.assign(kv_GB=growth.kv_cache / 1e9, total_GB=growth.total / 1e9)[
 # %% [markdown]
 # The KV cache is `2 · layers · kv_heads · head_dim · bytes` per token and sequence (128 KiB for
 # this model in bf16): it grows linearly in both context and batch, and past a few thousand tokens
-# it, not the weights, decides the fit. The fixes, each visible in the table: a shorter context, a
-# smaller batch, an FP8 KV cache (half the bytes). On a GPU, the same story measured — decode until
+# it, not the weights, decides the fit. The fixes: a shorter context or an FP8 KV cache (half the
+# bytes), both in the table, or a smaller batch (the KV is linear in it). On a GPU, the same story measured — decode until
 # the OOM under one cap for both caches. The cap is notebook 07's rule: what the bf16 baseline's
 # prefill reserved at its peak, plus the bf16 KV of `EXTRA` more tokens — so the prefill always fits
 # and the decode runs out somewhere after `EXTRA` tokens (the prefill's freed activations are room too):
