@@ -295,7 +295,8 @@ print(f"vLLM on an 80 GiB card, utilization 0.9: both engines hold {0.9 * 80:.0f
 
 # %% [markdown]
 # 1. **Embeddings and the LM head stay 16-bit.** On a small model with a large vocabulary they are a
-#    big share (the `int4/bf16` column: far above 0.25 for SmolLM2, close to it for an 8B model).
+#    big share (the `int4/bf16` column: far above the 0.25 of 4 bits over 16 for SmolLM2, and still
+#    above it for an 8B model, whose embedding and LM head stay 16-bit too).
 # 2. **Engines pre-allocate.** vLLM takes `gpu_memory_utilization × total` whatever the weights;
 #    quantization moves memory from weights to the KV pool (more concurrent sequences), it does not
 #    make `nvidia-smi` smaller. Lower `--gpu-memory-utilization` for that.
