@@ -100,7 +100,9 @@ class _LibraryBars(io.TextIOBase):
             k, n = map(int, layers[-1])
             if self.bar is None:
                 from tqdm import tqdm
-                self.bar = tqdm(desc=self.desc, unit="layer", total=n, file=self.bar_file)
+                # position 0: the libraries' own bars are open too, and tqdm would stack ours below
+                # them with cursor moves (ESC[A) that a notebook's output shows as stray lines
+                self.bar = tqdm(desc=self.desc, unit="layer", total=n, file=self.bar_file, position=0)
             self.bar.total = n
             self.bar.update(k - self.bar.n)
         return len(s)

@@ -157,6 +157,24 @@ def test_library_bars_are_dropped_and_counted_other_text_passes():
     assert ours.n == 4
 
 
+def test_our_bar_stays_on_one_line_while_a_library_bar_is_open():
+    """The library's bars are open while ours runs: ours is drawn at position 0 with carriage returns
+    only, no cursor moves (ESC[A) or newlines a notebook would show as stray lines."""
+    import io
+
+    from tqdm import tqdm
+
+    drawn = io.StringIO()
+    err = llmc._LibraryBars(io.StringIO(), "ours", bar_file=drawn)
+    library = tqdm(total=2, desc="Calibrating", file=err)          # open, as the library's is
+    for k in range(1, 4):
+        err.write(f"\r({k}/3): Calibrating:   0%|          | 0/2")
+    library.close()
+    err.close()
+    out = drawn.getvalue()
+    assert "\x1b[A" not in out and out.count("\n") <= 1 and "3/3" in out
+
+
 def test_quiet_logs_uses_the_libraries_switches_and_restores_them(capsys, monkeypatch):
     import os
     import sys
