@@ -240,7 +240,8 @@ def _activations(s: Shape, lay: Layout, positions, batch, act_dtype, attention, 
 
 # --------------------------------------------------------------------------- the total: generate, budget, fits
 def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, act_dtype="bf16",
-                    kv_dtype="bf16", cache: str = "dynamic", attention: str = "sdpa", device: str = "cuda") -> dict:
+                    kv_dtype="bf16", cache: str = "dynamic", attention: str = "sdpa", device: str = "cuda",
+                    score_copies: int = 0) -> dict:
     """Predicted peak memory *over the weights* during ``generate`` (prefill, then decode).
 
     prefill: the KV storage of the prompt + the prefill activations; decode ends with the KV of
@@ -258,9 +259,14 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     are small next to the KV cache and are not counted, but eager's ``repeat_kv`` copies the layer's
     whole K and V to every query head at each step, ``2·batch·heads·positions·head_dim·b`` when
     ``kv_heads < heads`` (positions: what the layer attends to at the last step fed), which outgrows
-    one layer's ``torch.cat``.
+    one layer's ``torch.cat``. ``score_copies``: the fp32 ``batch·vocab`` copies generate's logits
+    processors make of each step's scores and hold into the next step (0 for plain greedy decoding;
+    1 with ``min_new_tokens``, whose processor returns ``torch.where(eos, −inf, scores)`` — how the
+    course's measurements force their token count).
     """
     prompt_len = positive_int(prompt_len, "prompt_len")
+    if not (isinstance(score_copies, int) and not isinstance(score_copies, bool) and score_copies >= 0):
+        raise ValueError(f"score_copies must be an int ≥ 0 (logits processors' copies of the scores), got {score_copies!r}")
     new_tokens, batch = positive_int(new_tokens, "new_tokens"), positive_int(batch, "batch")
     if cache not in CACHES:
         raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
@@ -271,6 +277,10 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     # with a cache: the attention reads K and V from it, the projected k and v already handed over
     act = _activations(s, lay, prompt_len, batch, act_dtype, attention, device=device, cached=True)
     carried = batch * s.vocab * 4  # the previous step's fp32 next-token logits, alive in generate's loop
+    # ... and its processors' copies of them, alive through the next forward (the H200's recorded
+    # blocks at an eager decode peak: generate's fp32 logits and MinNewTokens' where(); at the logits
+    # stage the measured peaks hold one copy, as without processors)
+    processed = batch * s.vocab * 4 * score_copies
     one = _activations(s, lay, 1, batch, act_dtype, "sdpa", device=device, cached=True)
     # generate decodes MoE layers with batched_mm on a GPU: gathered expert weights, alive in the MLP
     gather = decode_gather(s, lay, batch, dtype_bytes(act_dtype)) if device == "cuda" else 0
@@ -278,7 +288,8 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     def step(cat, repeated):
         """One decode step over the cache: the attention (with a layer's torch.cat or eager's
         repeated K and V, one after the other), the MLP (with the gathered experts) or the logits."""
-        return carried + one["residual"] + max(one["attention"] + max(cat, repeated), one["mlp"] + gather, one["logits"])
+        return carried + one["residual"] + max(processed + one["attention"] + max(cat, repeated),
+                                               processed + one["mlp"] + gather, one["logits"])
 
     b = dtype_bytes(act_dtype)
     eager = attention == "eager" and new_tokens > 1        # a step fed back to the model, whose attention repeats K, V

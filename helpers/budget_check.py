@@ -143,8 +143,10 @@ def predicted_vs_measured(points=None, out: Path | None = None, echo: bool = Tru
 
 def _predictions(cfg, p: Point) -> dict:
     """The generation predictions of a row (:func:`helpers.budget.generation_peak`, dynamic and static cache)."""
-    dyn = budget.generation_peak(cfg, p.seq_len, p.new_tokens, p.batch, attention=p.attention)
-    static = budget.generation_peak(cfg, p.seq_len, p.new_tokens, p.batch, cache="static", attention=p.attention)
+    # measure_generate forces its token count with min_new_tokens: one processor copy of the scores
+    dyn = budget.generation_peak(cfg, p.seq_len, p.new_tokens, p.batch, attention=p.attention, score_copies=1)
+    static = budget.generation_peak(cfg, p.seq_len, p.new_tokens, p.batch, cache="static", attention=p.attention,
+                                    score_copies=1)
     return {"kv_pred": int(dyn["kv"]), "peak_pred": int(dyn["peak"]), "prefill_pred": int(dyn["prefill"]),
             "decode_pred": int(dyn["decode"]), "static_peak_pred": int(static["peak"])}
 

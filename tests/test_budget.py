@@ -679,3 +679,20 @@ def test_sdpa_window_mask_from_the_window_on_and_rope_tables_per_present_type():
     one_type = models.architecture_config("Gemma-3-1B")
     one_type.layer_types = ["full_attention"] * one_type.num_hidden_layers
     assert B.Shape.from_config(one_type).rope_tables == 1
+
+
+def test_score_copies_are_held_through_the_next_forward_not_at_the_logits():
+    """A logits processor's copy of the scores (min_new_tokens: ``torch.where(eos, −inf, scores)``)
+    is alive through the next step's forward: an eager decode step whose peak is its repeated K and V
+    grows by ``batch·vocab·4`` per copy; a step whose widest point is the logits does not."""
+    from helpers import budget as B
+    from helpers.models import architecture_config
+
+    cfg = architecture_config("Qwen2.5-0.5B")
+    plain, forced = (B.generation_peak(cfg, 8192, 32, 2, attention="eager", score_copies=c)["decode"] for c in (0, 1))
+    assert forced - plain == 2 * cfg.vocab_size * 4
+    tiny_ctx = [B.generation_peak(cfg, 8, 4, 1, score_copies=c)["decode"] for c in (0, 1)]
+    assert tiny_ctx[0] == tiny_ctx[1]          # 8 positions: the 151,936-entry logits are the widest point
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="score_copies must be an int"):
+            B.generation_peak(cfg, 512, 4, 1, score_copies=bad)

@@ -44,7 +44,7 @@ def test_repredict_rewrites_only_the_predictions(tmp_path):
     assert kept == error and json.loads(path.read_text()) == [row, error]
     assert {k: row[k] for k in RECORDED} == RECORDED                        # the measured fields as measured
     cfg = models.architecture_config("SmolLM2-135M")
-    gen = budget.generation_peak(cfg, 512, 32, 1)
+    gen = budget.generation_peak(cfg, 512, 32, 1, score_copies=1)    # measure_generate's min_new_tokens
     foot = budget_replay.device_footprint(cfg, 512, 32, 1, RECORDED["non_torch"], workspace_bytes=RECORDED["cublas_workspace"])
     assert (row["peak_pred"], row["kv_pred"], row["decode_pred"]) == (int(gen["peak"]), int(gen["kv"]), int(gen["decode"]))
     assert (row["reserved_pred"], row["smi_pred"]) == (foot["reserved"], foot["total"])
