@@ -202,9 +202,8 @@ def generation_ops(config, prompt_len: int, new_tokens: int, batch: int = 1, att
             # q and what else the attention holds beside its scores (none left in a post-norm MHA layer:
             # k and v are the cache's, and the hidden-size tensor it reads is the residual's)
             rest = int(act["attention"] - S * score_bytes(s, dtype, "cuda"))
-            held = [["alloc", f"qkv{l}", rest]] if rest > 0 else []
-            attn = held + eager_ops(config, l, batch * s.heads * prompt_len, prompt_len, dtype) + \
-                [["free", f"qkv{l}"]] * len(held)
+            scores = eager_ops(config, l, batch * s.heads * prompt_len, prompt_len, dtype)
+            attn = [["alloc", f"qkv{l}", rest], *scores, ["free", f"qkv{l}"]] if rest > 0 else scores
             mlp = int(act["mlp"] - S * b)
         else:
             attn = [["alloc", f"qkv{l}", int(act["attention"])], ["free", f"qkv{l}"]]
