@@ -18,6 +18,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -42,12 +43,12 @@ def is_oom(error: str | None) -> bool:
     return bool(error) and ("OutOfMemoryError" in error or "out of memory" in error.lower())
 
 
-def summarize(runs: dict[str, list[dict]], hours: float) -> dict:
-    """Per notebook, over the participants' rows (``runs``: participant → run_all.json rows): the
-    slowest seconds, how many finished, which ran out of memory; the series' sum of the slowest and
-    its share of ``hours``. A participant without a row for a notebook (its run stopped before) has
-    not finished it."""
-    names = [r["name"] for r in max(runs.values(), key=len)]
+def summarize(runs: dict[str, list[dict]], hours: float, names: list[str] | None = None) -> dict:
+    """Per notebook (``names``, default: the longest report's), over the participants' rows (``runs``:
+    participant → run_all.json rows): the slowest seconds, how many finished, which ran out of memory;
+    the series' sum of the slowest and its share of ``hours``. A participant without a row for a
+    notebook (its run stopped before) has not finished it."""
+    names = names or [r["name"] for r in max(runs.values(), key=len)]
     per_nb = []
     for name in names:
         rows = {p: next((r for r in rows if r["name"] == name), None) for p, rows in runs.items()}
@@ -68,6 +69,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cap-gib", type=float, default=15.0, help="COURSE_GPU_CAP_GIB of every participant")
     ap.add_argument("--hours", type=float, default=3.0, help="the session's length, for the agenda check")
     ap.add_argument("--out", default=str(ROOT / "build" / "workshop"))
+    ap.add_argument("--time-limit-s", type=float, default=None,
+                    help="stop every participant after this many seconds and report what had finished")
     ap.add_argument("--skip-cache-check", action="store_true",
                     help="start without the prebuilt variants (participants then quantize themselves)")
     ap.add_argument("notebooks", nargs="*", help=f"default: {NOTEBOOKS[0]} … {NOTEBOOKS[-1]} in notebooks/")
@@ -78,6 +81,8 @@ def main(argv=None) -> int:
         ap.error(f"--cap-gib must be > 0 GiB, got {args.cap_gib}")
     if not args.hours > 0:
         ap.error(f"--hours must be > 0, got {args.hours}")
+    if args.time_limit_s is not None and not args.time_limit_s > 0:
+        ap.error(f"--time-limit-s must be > 0 seconds, got {args.time_limit_s}")
     books = [Path(n) for n in args.notebooks] or [ROOT / "notebooks" / n for n in NOTEBOOKS]
     missing = [str(b) for b in books if not b.exists()]
     if missing:
@@ -97,11 +102,21 @@ def main(argv=None) -> int:
         log = open(out / f"p{k}.log", "w")
         procs[f"p{k}"] = (subprocess.Popen([sys.executable, str(ROOT / "scripts" / "run_all.py"), "--profile", "workshop",
                                             "--out", str(out / f"p{k}"), *map(str, books)],
-                                           env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT), log)
-    for proc, log in procs.values():
-        proc.wait()
+                                           env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                           start_new_session=True), log)
+    stopped = []
+    for name, (proc, log) in procs.items():
+        left = None if args.time_limit_s is None else max(0.0, args.time_limit_s - (time.perf_counter() - t0))
+        try:
+            proc.wait(timeout=left)
+        except subprocess.TimeoutExpired:   # the notebook it was in has no row: not finished
+            os.killpg(proc.pid, signal.SIGKILL)   # run_all.py and its notebook's kernel
+            proc.wait()
+            stopped.append(name)
         log.close()
     wall = time.perf_counter() - t0
+    if stopped:
+        print(f"stopped at the time limit ({args.time_limit_s:g} s): {stopped}")
     runs = {}
     for p in procs:
         f = out / p / "run_all.json"
@@ -110,12 +125,13 @@ def main(argv=None) -> int:
         print(f"no participant wrote a report: see {out}/p0.log")
         return 1
     report = {"participants": args.participants, "cap_gib": args.cap_gib, "date": time.strftime("%Y-%m-%d"),
-              "wall_s": round(wall, 1), "device_peak_mib": peak.stop(),
-              **summarize(runs, args.hours), "runs": runs}
+              "wall_s": round(wall, 1), "device_peak_mib": peak.stop(), "stopped_at_limit": stopped,
+              **summarize(runs, args.hours, [b.name for b in books]), "runs": runs}
     (out / "workshop.json").write_text(json.dumps(report, indent=1))
     for r in report["notebooks"]:
         note = (f"  out of memory: {r['oom']}" if r["oom"] else "") + (f"  failed: {r['failed']}" if r["failed"] else "")
-        print(f"{r['name']:<36} slowest {r['slowest_s']:7.1f} s  finished {r['ok']}/{r['of']}{note}")
+        slowest = "      —" if r["slowest_s"] is None else f"{r['slowest_s']:7.1f}"
+        print(f"{r['name']:<36} slowest {slowest} s  finished {r['ok']}/{r['of']}{note}")
     print(f"series {report['series_s']:.0f} s = {report['share']:.0%} of a {args.hours:g}-hour session "
           f"(target ≤ {SHARE_TARGET:.0%}); wall {wall:.0f} s; device peak {report['device_peak_mib']} MiB")
     return 0 if report["everyone_finished"] else 1

@@ -55,3 +55,16 @@ def test_bad_arguments_and_an_empty_cache_are_refused(tmp_path, monkeypatch, cap
     assert "notebooks not found" in capsys.readouterr().err
     assert workshop_run.main(["--out", str(tmp_path / "w")]) == 2
     assert "run `python scripts/prebuild.py`" in capsys.readouterr().out
+
+
+def test_a_time_limit_stops_the_participants_and_reports_what_finished(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path / "cache"))
+    a = _nb(tmp_path / "00_a.ipynb", "x = 1")
+    b = _nb(tmp_path / "01_b.ipynb", "import time; time.sleep(120)")
+    out = tmp_path / "ws"
+    code = workshop_run.main(["--participants", "2", "--out", str(out), "--skip-cache-check",
+                              "--time-limit-s", "25", str(a), str(b)])
+    rep = json.loads((out / "workshop.json").read_text())
+    assert code == 1 and sorted(rep["stopped_at_limit"]) == ["p0", "p1"] and rep["wall_s"] < 60
+    assert [(r["name"], r["ok"]) for r in rep["notebooks"]] == [("00_a.ipynb", 2), ("01_b.ipynb", 0)]
+    assert rep["notebooks"][1]["slowest_s"] is None and not rep["everyone_finished"]
