@@ -194,7 +194,9 @@ def demo_state(mib=64, layers=16, dtype=torch.bfloat16) -> dict:
 
 def write_both_formats(state, folder) -> Path:
     """Save ``state`` (a dict of tensors) as ``folder/model.safetensors`` and ``folder/pytorch_model.bin``
-    (``torch.save``), both flushed to disk (so that their pages can later be dropped from the cache)."""
+    (``torch.save``), both flushed to disk (so that their pages can later be dropped from the cache).
+    Each file is written under a name of this process's and then renamed into place (``os.replace``,
+    atomic): processes sharing ``folder`` (a workshop's cache) read a whole file, never one half-written."""
     from safetensors.torch import save_file
     if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise TypeError(f"state must be a non-empty dict of tensors (e.g. loading.demo_state(64) or "
@@ -204,14 +206,20 @@ def write_both_formats(state, folder) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in state.items()}
-    save_file(state, str(folder / "model.safetensors"))
-    torch.save(state, folder / "pytorch_model.bin")
-    for f in ("model.safetensors", "pytorch_model.bin"):
-        fd = os.open(folder / f, os.O_RDONLY)
+    writers = {"model.safetensors": lambda path: save_file(state, str(path)),
+               "pytorch_model.bin": lambda path: torch.save(state, path)}
+    for name, write in writers.items():
+        part = folder / f".{name}.{os.getpid()}.part"
         try:
-            os.fsync(fd)
+            write(part)
+            fd = os.open(part, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(part, folder / name)
         finally:
-            os.close(fd)
+            part.unlink(missing_ok=True)
     return folder
 
 

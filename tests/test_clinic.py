@@ -157,3 +157,28 @@ def test_gpu_share_command_and_result_line():
     assert gpu_share.last_json('noise\n{"a": 1}\n{"b": 2}\n') == {"b": 2} and gpu_share.last_json("none") is None
     with pytest.raises(ValueError, match="role must be"):
         gpu_share.command("sleep")
+
+
+def test_the_device_full_case_is_refused_on_a_shared_card(monkeypatch):
+    from helpers import device
+    mib = lambda n: n * MiB
+    monkeypatch.setattr(device, "cap_gib", lambda: None)
+    monkeypatch.setattr(device, "nvml_info", lambda index=0: {"nvml_used": mib(600 + 900)})
+    monkeypatch.setattr(device, "process_memory", lambda index=0: device.ProcessMemory(mib(900), "NVML"))
+    assert clinic.why_not_fill_the_card() is None                   # alone: the driver's 600 MiB only
+    monkeypatch.setattr(device, "nvml_info", lambda index=0: {"nvml_used": mib(900) + 5 * GiB})
+    assert "other processes hold 5.0 GiB" in clinic.why_not_fill_the_card()
+    assert clinic.why_not_fill_the_card(others_gib=6) is None
+    monkeypatch.setattr(device, "process_memory", lambda index=0: device.ProcessMemory(None, "unavailable"))
+    assert clinic.why_not_fill_the_card() is None                   # nothing to judge by: NVML cannot say
+    monkeypatch.setattr(device, "cap_gib", lambda: 15.0)
+    assert "COURSE_GPU_CAP_GIB=15" in clinic.why_not_fill_the_card()
+    with pytest.raises(ValueError, match="others_gib"):
+        clinic.why_not_fill_the_card(others_gib=0)
+
+
+@cuda
+def test_the_device_full_case_is_refused_beside_another_process():
+    assert clinic.why_not_fill_the_card() is None
+    with clinic.other_process(4.0):
+        assert "other processes hold" in clinic.why_not_fill_the_card()

@@ -1,5 +1,6 @@
 """Loading peaks and times (helpers.loading), the roofline (helpers.timing), llama.cpp (helpers.gguf_run)."""
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -173,3 +174,21 @@ def test_llama_cpp_perplexity_agrees_with_ours(offline_model, text_available):
             gguf_run.perplexity(llm, ids, seq_len=4096)
     assert theirs["scored_tokens"] == ours["scored_tokens"]
     assert abs(math.log(theirs["ppl"] / ours["ppl"])) < 0.02                 # within 2 %
+
+
+def test_a_write_that_fails_halfway_leaves_the_earlier_files_whole(tmp_path, monkeypatch):
+    """A workshop's participants share the cache folder: a file is renamed into place only once whole."""
+    state = {"w": torch.arange(4096, dtype=torch.float32)}
+    folder = loading.write_both_formats(state, tmp_path / "f")
+    before = (folder / "pytorch_model.bin").read_bytes()
+
+    def dies_halfway(obj, path):
+        Path(path).write_bytes(before[: len(before) // 2])
+        raise OSError("disk full")
+
+    monkeypatch.setattr(loading.torch, "save", dies_halfway)
+    with pytest.raises(OSError, match="disk full"):
+        loading.write_both_formats({"w": torch.zeros(4096)}, folder)
+    assert (folder / "pytorch_model.bin").read_bytes() == before
+    assert torch.load(folder / "pytorch_model.bin", weights_only=True)["w"].equal(state["w"])
+    assert sorted(p.name for p in folder.iterdir()) == ["model.safetensors", "pytorch_model.bin"]
