@@ -6,8 +6,9 @@
 
 Rows: model, attention (sdpa | eager), seq_len, batch, weights_pred/meas, kv_pred/meas,
 peak_pred/meas (bytes; peaks are over the weights, during ``generate`` with a dynamic bf16 cache),
-the same peak split into the prefill (first forward) and decode (later forwards) phases, the
-static-cache peak, and the device-level footprint smi_pred/smi_meas (NVML's per-process memory)
+the same peak split into the prefill (first forward) and decode (later forwards) phases (the decode
+peak twice: in the tensors' bytes, ``decode_pred`` vs ``decode_requested``, and in the allocator's
+blocks, ``decode_blocks_pred`` from the replay vs ``decode_meas``), the static-cache peak, and the device-level footprint smi_pred/smi_meas (NVML's per-process memory)
 beside reserved_meas. Seventeen architectures by default (``helpers.budget_check.ARCHS``: the ten of
 issue 16 and Gemma-3, OLMo-2, SmolLM3, Qwen3-MoE, GPT-OSS, Cohere2, Granite; ``--archs`` picks some,
 e.g. ``--archs Gemma-3-1B OLMo-2-1B SmolLM3-3B Qwen3-30B-A3B gpt-oss-20b Command-R7B Granite-3.1-2B
@@ -54,7 +55,8 @@ def main():
             if not r.get("peak_meas"):       # an error or OOM row: nothing measured to compare with
                 continue
             print(r["model"], r.get("attention", "sdpa"), r["seq_len"], r["batch"], f"peak {100 * (r['peak_pred'] / r['peak_meas'] - 1):+.2f}%",
-                  f"decode {100 * (r['decode_pred'] / r['decode_meas'] - 1):+.2f}%")
+                  f"decode {100 * (r['decode_blocks_pred'] / r['decode_meas'] - 1):+.2f}% (blocks)"
+                  if r.get("decode_blocks_pred") else "")
         return
     if not torch.cuda.is_available():
         sys.exit("budget_accuracy needs a CUDA device (it measures real allocations)")

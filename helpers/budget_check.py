@@ -152,10 +152,13 @@ def _predictions(cfg, p: Point) -> dict:
 
 
 def _footprint(cfg, p: Point, non_torch: int | None, workspace: int | None) -> dict:
-    """The device-level predictions of a row (:func:`helpers.budget_replay.device_footprint`)."""
+    """The device-level predictions of a row (:func:`helpers.budget_replay.device_footprint`): reserved,
+    nvidia-smi's, and the decode forwards' peak in the allocator's blocks (``decode_blocks_pred``,
+    against ``decode_meas``; the tensor-level ``decode_pred`` is checked against ``decode_requested``)."""
     foot = budget_replay.device_footprint(cfg, p.seq_len, p.new_tokens, p.batch, non_torch or 0, p.attention,
-                                          workspace_bytes=workspace or 0)
-    return {"reserved_pred": int(foot["reserved"]), "smi_pred": int(foot["total"]) if non_torch is not None else None}
+                                          workspace_bytes=workspace or 0, score_copies=1)   # min_new_tokens' copy
+    return {"reserved_pred": int(foot["reserved"]), "smi_pred": int(foot["total"]) if non_torch is not None else None,
+            "decode_blocks_pred": int(foot["decode_allocated"])}
 
 
 def _point(model, p: Point, base: Baseline) -> dict:
@@ -172,6 +175,7 @@ def _point(model, p: Point, base: Baseline) -> dict:
                prefill_meas=int(m["prefill_meas"]), decode_meas=int(m["decode_meas"]),
                prefill_requested=int(m["prefill_requested"]), decode_requested=int(m["decode_requested"]),
                reserved_meas=int(m["reserved"]), reserved_pred=foot["reserved_pred"], non_torch=base.non_torch,
+               decode_blocks_pred=foot["decode_blocks_pred"],
                smi_pred=foot["smi_pred"], smi_meas=m.get("process_gpu_bytes"),
                new_tokens_generated=int(m["new_tokens"]))
     s = measure.oom_guard(generation.measure_generate, model, p.seq_len, p.batch, p.new_tokens, cache="static")
@@ -192,7 +196,7 @@ def _echo(row: dict) -> None:
     pct = lambda a, b: f"{100 * (row[a] / row[b] - 1):+.1f}%" if row.get(a) is not None and row.get(b) else "n/a"
     print(f"{head}  w {pct('weights_pred', 'weights_meas')}  kv {row['kv_pred'] - row['kv_meas']:+d} B  "
           f"peak {pct('peak_pred', 'peak_meas')}  prefill {pct('prefill_pred', 'prefill_meas')}  "
-          f"decode {pct('decode_pred', 'decode_meas')} (tensors {pct('decode_pred', 'decode_requested')})  reserved {pct('reserved_pred', 'reserved_meas')}  "
+          f"decode {pct('decode_blocks_pred', 'decode_meas')} (tensors {pct('decode_pred', 'decode_requested')})  reserved {pct('reserved_pred', 'reserved_meas')}  "
           f"smi {pct('smi_pred', 'smi_meas')}", flush=True)
 
 

@@ -3,7 +3,8 @@ caching-allocator simulator of notebook 02.
 
 :func:`weight_ops` / :func:`weight_allocation` (the parameters and buffers in creation order),
 :func:`eager_ops` (eager attention's score copies, per model type's ``eager_attention_forward``),
-:func:`generation_ops` (the prefill layer by layer, then every decode step's ``torch.cat``), and
+:func:`generation_ops` (the prefill layer by layer, then every decode step's transients and
+``torch.cat``), :func:`decode_allocated` (the decode forwards' peak in the allocator's blocks) and
 :func:`device_footprint` (what ``nvidia-smi`` should show). The sizes come from
 :mod:`helpers.budget_activations` and :mod:`helpers.budget_kv`; the simulator adds the order, hence
 which blocks the allocator can reuse. Source: PyTorch's ``CUDACachingAllocator.cpp`` through
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .allocator_sim import simulate
-from .budget_activations import block_transients, decode_gather, score_bytes
+from .budget_activations import block_transients, decode_gather, repeat_kv_bytes, score_bytes
 from .budget_inputs import ATTENTIONS, choice, dtype_bytes, is_fp16, non_negative_int, positive_int
 from .budget_kv import position_bytes, storage_positions
 from .budget_layout import Layout, meta_model
@@ -171,31 +172,48 @@ def eager_ops(config, l: int, rows: int, k: int, dtype=torch.bfloat16) -> list:
 
 
 def generation_ops(config, prompt_len: int, new_tokens: int, batch: int = 1, attention: str = "sdpa",
-                   dtype=torch.bfloat16) -> list:
-    """The allocations of one ``generate`` call with a dynamic cache, as allocator-simulator ops: the
-    weights (:func:`weight_ops`), then the prefill layer by layer — the attention transients
-    (eager: the score matrix's copies in the order the model type's ``eager_attention_forward`` makes
-    them, :func:`eager_ops`, the returned weights kept while the MLP runs), the layer's K and V (kept
-    by the cache), the MLP transients — then every decode step's
-    ``torch.cat`` of each layer's K and V one position longer (a new block, the old one freed). Each
-    attention comes with its RMSNorm's fp32 copies (:func:`norm_ops`: before it, or after it in a
-    post-norm layer), and a dense gated MLP is its separate tensors (:func:`mlp_ops`; a fused
-    ``gate_up_proj``'s one ``2·I`` block, :func:`fused_mlp_ops`). The
-    sizes come from :func:`block_transients` and the KV storage; what the simulator adds is the
-    *order*, hence which blocks the caching allocator can reuse and which make it reserve more."""
+                   dtype=torch.bfloat16, score_copies: int = 0) -> list:
+    """The allocations of one ``generate`` call with a dynamic cache, as allocator-simulator ops:
+    :func:`weight_ops`, then :func:`prefill_ops`, then :func:`decode_ops` — the three phases of
+    :func:`generation_phases`, joined."""
+    return [op for phase in generation_phases(config, prompt_len, new_tokens, batch, attention, dtype,
+                                              score_copies) for op in phase]
+
+
+def generation_phases(config, prompt_len: int, new_tokens: int, batch: int = 1, attention: str = "sdpa",
+                      dtype=torch.bfloat16, score_copies: int = 0) -> tuple[list, list, list]:
+    """One ``generate`` with a dynamic cache as three lists of allocator-simulator ops: the weights
+    (:func:`weight_ops`), the prefill (:func:`prefill_ops`) and the decode steps (:func:`decode_ops`).
+    ``score_copies``: the logits processors' fp32 copies of each step's scores
+    (:func:`helpers.budget.generation_peak`)."""
     prompt_len, new_tokens = positive_int(prompt_len, "prompt_len"), positive_int(new_tokens, "new_tokens")
     batch, attention = positive_int(batch, "batch"), choice(attention, "attention", ATTENTIONS)
+    score_copies = non_negative_int(score_copies, "score_copies")
     dtype = parse_dtype(dtype)
     s = Shape.from_config(config)
     model = meta_model(config, dtype)
     lay = Layout.from_model(model, s)
+    return (_tensor_ops(model), prefill_ops(config, s, lay, prompt_len, batch, attention, dtype, score_copies),
+            decode_ops(s, lay, prompt_len, new_tokens, batch, attention, dtype, score_copies))
+
+
+def prefill_ops(config, s: Shape, lay: Layout, prompt_len: int, batch: int, attention: str, dtype,
+                score_copies: int = 0) -> list:
+    """The prefill layer by layer — the attention transients (eager: the score matrix's copies in the
+    order the model type's ``eager_attention_forward`` makes them, :func:`eager_ops`, the returned
+    weights kept while the MLP runs), the layer's K and V (kept by the cache), the MLP transients —
+    then the last position's logits and their fp32 copy (``carried0``, held into the first decode
+    step, with ``score_copies`` processed copies). Each attention comes with its RMSNorm's fp32
+    copies (:func:`norm_ops`: before it, or after it in a post-norm layer), and a dense gated MLP is
+    its separate tensors (:func:`mlp_ops`; a fused ``gate_up_proj``'s one ``2·I`` block,
+    :func:`fused_mlp_ops`). The sizes come from :func:`block_transients` and the KV storage; what the
+    simulator adds is the *order*, hence which blocks the caching allocator can reuse and which make
+    it reserve more."""
     b = int(dtype_bytes(dtype))
     act = block_transients(s, lay, prompt_len, batch, dtype, attention, "cuda", cached=True)
-    logits = batch * s.vocab * (b + 4)
     per_pos = position_bytes(s, b) * batch / 2                          # K (or V) bytes per position
     pos0 = storage_positions(s, prompt_len, 0)                            # the prefill's storage
-    ops = _tensor_ops(model)
-    ops.append(["alloc", "residual", int(act["residual"])])
+    ops = [["alloc", "residual", int(act["residual"])]]
     S = batch * s.heads * prompt_len**2                                    # eager's score elements
     for l in range(s.layers):
         if attention == "eager":
@@ -216,30 +234,102 @@ def generation_ops(config, prompt_len: int, new_tokens: int, batch: int = 1, att
         ops += mlp_ops(f"mlp{l}", s, lay, batch * prompt_len, b, mlp)
         if attention == "eager":
             ops.append(["free", f"weights{l}"])
-    ops += [["alloc", "logits", int(logits)], ["free", "logits"], ["free", "residual"]]
+    return ops + _logits_ops(0, s, batch, b, score_copies) + [["free", "residual"]]
+
+
+def _logits_ops(t: int, s: Shape, batch: int, b: int, score_copies: int) -> list:
+    """Step ``t``'s last-position logits in the model dtype, generate's fp32 copy ``carried{t}`` and the
+    processors' ``score_copies`` copies of it (``torch.where``), the previous step's freed as they are
+    rebound; the logits themselves are freed with the model's output."""
+    fp32 = batch * s.vocab * 4
+    ops = [["alloc", f"logits{t}", batch * s.vocab * b], ["alloc", f"carried{t}", fp32]]
+    if t:
+        ops.append(["free", f"carried{t - 1}"])
+    for c in range(score_copies):
+        ops.append(["alloc", f"processed{t}.{c}", fp32])
+        if t:
+            ops.append(["free", f"processed{t - 1}.{c}"])
+    return ops + [["free", f"logits{t}"]]
+
+
+def decode_ops(s: Shape, lay: Layout, prompt_len: int, new_tokens: int, batch: int, attention: str, dtype,
+               score_copies: int = 0) -> list:
+    """Every decode step fed back to the model (``new_tokens − 1``; the last generated token never is):
+    its one-position residual, per layer the step's attention transients with ``torch.cat`` of the
+    layer's K and V one position longer (a new block, the old one freed; eager's ``repeat_kv`` copy
+    of the whole K and V when ``kv_heads < heads``, :func:`repeat_kv_bytes`) and the MLP's (with a
+    mixture of experts' gathered weights, :func:`decode_gather`), then :func:`_logits_ops`. The
+    generate's scores are freed after the last step."""
+    b = int(dtype_bytes(dtype))
+    one = block_transients(s, lay, 1, batch, dtype, "sdpa", "cuda", cached=True)
+    per_pos = position_bytes(s, b) * batch / 2
     gather = int(decode_gather(s, lay, batch, b))
-    for t in range(1, new_tokens):        # the last generated token is never fed back
+    ops = []
+    for t in range(1, new_tokens):
         pos = storage_positions(s, prompt_len, t)
-        if gather:             # batched_mm's gathered expert weights: gate|up, then down while gate|up is bound
-            up = gather * 2 // 3
-            ops += [["alloc", f"moe_up{t}", up], ["alloc", f"moe_down{t}", gather - up],
-                    ["free", f"moe_up{t}"], ["free", f"moe_down{t}"]]
-        for l in (l for l in range(s.layers) if pos[l]):
-            for kv in "KV":
-                ops += [["alloc", f"{kv}{l}_{t}", int(per_pos * pos[l])], ["free", f"{kv}{l}_{t - 1}"]]
-    return ops
+        ops.append(["alloc", f"res{t}", int(one["residual"])])
+        for l in range(s.layers):
+            ops.append(["alloc", f"att{t}.{l}", int(one["attention"])])
+            if pos[l]:
+                for kv in "KV":
+                    ops += [["alloc", f"{kv}{l}_{t}", int(per_pos * pos[l])], ["free", f"{kv}{l}_{t - 1}"]]
+            rep = int(repeat_kv_bytes(s, batch * (pos[l] or max(pos)), b)) if attention == "eager" else 0
+            if rep:
+                ops += [["alloc", f"rep{t}.{l}", rep], ["free", f"rep{t}.{l}"]]
+            ops += [["free", f"att{t}.{l}"], ["alloc", f"mlp{t}.{l}", int(one["mlp"])]]
+            if gather and l in s.moe.sparse_layers:   # batched_mm's gathered expert weights: gate|up, then down
+                up = gather * 2 // 3
+                ops += [["alloc", f"moe_up{t}.{l}", up], ["alloc", f"moe_down{t}.{l}", gather - up],
+                        ["free", f"moe_up{t}.{l}"], ["free", f"moe_down{t}.{l}"]]
+            ops.append(["free", f"mlp{t}.{l}"])
+        ops += _logits_ops(t, s, batch, b, score_copies) + [["free", f"res{t}"]]
+    last = new_tokens - 1
+    return ops + [["free", f"carried{last}"]] + [["free", f"processed{last}.{c}"] for c in range(score_copies)]
+
+
+def decode_allocated(config, prompt_len: int, new_tokens: int, batch: int = 1, attention: str = "sdpa",
+                     dtype=torch.bfloat16, score_copies: int = 0) -> int:
+    """The simulated peak of ``max_memory_allocated`` inside the decode steps' forward calls over what
+    was allocated when ``generate`` started (the weights) — what ``measure_generate``'s
+    ``decode_meas`` reads with hooks on the model: the allocator's *blocks* (a large-pool block is
+    split only when more than 1 MiB would remain, so a K or V just over 1 MiB can take a whole
+    remainder), which the budget's tensor-level ``decode`` (:func:`helpers.budget.generation_peak`)
+    does not see."""
+    return _replay(config, prompt_len, new_tokens, batch, attention, dtype, score_copies)["decode_allocated"]
+
+
+def _replay(config, prompt_len, new_tokens, batch, attention, dtype, score_copies) -> dict:
+    """One simulation of :func:`generation_phases`: the reserved memory at the end and the decode
+    forwards' allocated peak over the weights (a step's forward runs from its ``res{t}`` to its
+    ``logits{t}``; generate's fp32 copies are made between forwards)."""
+    w, pre, dec = generation_phases(config, prompt_len, new_tokens, batch, attention, dtype, score_copies)
+    sim = simulate(w + pre + dec)
+    trace = sim["trace"]
+    start = trace[len(w) - 1][0] if w else 0
+    peak, inside = start, False
+    for op, (allocated, _) in zip(dec, trace[len(w) + len(pre):]):
+        if op[0] == "alloc" and op[1].startswith("res"):
+            inside = True
+        if inside:
+            peak = max(peak, allocated)
+        if op[0] == "alloc" and op[1].startswith("logits"):
+            inside = False
+    return {"reserved": sim["reserved"], "decode_allocated": peak - start}
 
 
 def device_footprint(config, prompt_len: int, new_tokens: int, batch: int = 1, non_torch_bytes: int = 0,
-                     attention: str = "sdpa", dtype=torch.bfloat16, workspace_bytes: int = 0) -> dict:
+                     attention: str = "sdpa", dtype=torch.bfloat16, workspace_bytes: int = 0,
+                     score_copies: int = 0) -> dict:
     """What ``nvidia-smi`` should show for the process after ``generate``: the memory outside PyTorch's
     allocator (CUDA context, loaded kernels, library handles: ``non_torch_bytes``, measured once per
     process after a warm-up, :func:`helpers.measure.non_torch_bytes` — vLLM's "non-torch memory")
     plus the allocator's *reserved* memory: the cuBLAS/cuBLASLt workspaces the first matmuls took
     through the allocator (``workspace_bytes``, :func:`helpers.measure.warmup_cublas`) and the replay
     of :func:`generation_ops` through the allocator simulator (the weights, the prefill's blocks, the
-    KV cache growing by ``torch.cat``).
-    Checked by ``benchmarks/budget_accuracy.py`` (``smi_pred`` vs ``smi_meas``)."""
+    KV cache growing by ``torch.cat``, every decode step's transients and generate's fp32 scores,
+    ``score_copies`` of them processed). Also ``decode_allocated`` from the same replay
+    (:func:`decode_allocated`). Checked by ``benchmarks/budget_accuracy.py`` (``smi_pred`` vs
+    ``smi_meas``, ``decode_blocks_pred`` vs ``decode_meas``)."""
     for name, v in (("non_torch_bytes", non_torch_bytes), ("workspace_bytes", workspace_bytes)):
         try:
             non_negative_int(v, name)
@@ -248,5 +338,7 @@ def device_footprint(config, prompt_len: int, new_tokens: int, batch: int = 1, n
                              f"{'non_torch_bytes' if name == 'non_torch_bytes' else 'warmup_cublas'}), "
                              f"got {v!r}") from None
     non_torch_bytes, workspace_bytes = int(non_torch_bytes), int(workspace_bytes)
-    reserved = workspace_bytes + simulate(generation_ops(config, prompt_len, new_tokens, batch, attention, dtype))["reserved"]
-    return {"non_torch": non_torch_bytes, "reserved": reserved, "total": non_torch_bytes + reserved}
+    replay = _replay(config, prompt_len, new_tokens, batch, attention, dtype, score_copies)
+    reserved = workspace_bytes + replay["reserved"]
+    return {"non_torch": non_torch_bytes, "reserved": reserved, "total": non_torch_bytes + reserved,
+            "decode_allocated": replay["decode_allocated"]}

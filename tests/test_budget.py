@@ -696,3 +696,40 @@ def test_score_copies_are_held_through_the_next_forward_not_at_the_logits():
     for bad in (-1, True, 1.5):
         with pytest.raises(ValueError, match="score_copies must be an int"):
             B.generation_peak(cfg, 512, 4, 1, score_copies=bad)
+
+
+def test_decode_ops_hold_generate_scores_across_steps_and_free_them_at_the_end():
+    """Each decode step: its residual, per layer the attention's transients with K's and V's torch.cat,
+    the MLP's, then the logits with generate's fp32 copy (and each processor copy) rebound — the
+    previous step's freed only once the new one exists; after the last step nothing of them is left."""
+    from helpers.budget_replay import generation_phases
+    c = models.architecture_config("SmolLM2-135M")
+    w, pre, dec = generation_phases(c, 64, 4, 2, "sdpa", score_copies=1)
+    names = [op[1] for op in dec if op[0] == "alloc"]
+    assert names.count("res1") == 1 and sum(n.startswith("att1.") for n in names) == c.num_hidden_layers
+    assert [op for op in pre if op[1].startswith(("carried", "processed"))] == [
+        ["alloc", "carried0", 2 * c.vocab_size * 4], ["alloc", "processed0.0", 2 * c.vocab_size * 4]]
+    assert dec.index(["alloc", "carried1", 2 * c.vocab_size * 4]) < dec.index(["free", "carried0"])
+    alive = {}
+    for kind, name, *size in w + pre + dec:
+        if kind == "alloc":
+            alive[name] = size[0]
+        else:
+            del alive[name]
+    assert not any(n.startswith(("carried", "processed", "logits", "res", "att", "mlp")) for n in alive)
+
+
+def test_decode_allocated_sees_the_blocks_the_tensor_budget_does_not():
+    """A layer's K and V just over 1 MiB (8 KV heads × 128 × 512 positions in bf16, as Mistral-7B): the
+    allocator hands out blocks with their remainders, so the replay's decode peak exceeds the tensors'
+    bytes of budget.generation_peak; with small K and V (SmolLM2 at 64 positions) the two agree."""
+    from helpers.budget_replay import decode_allocated
+    big = LlamaConfig(hidden_size=1024, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8,
+                      num_key_value_heads=8, head_dim=128, vocab_size=32000)
+    tensors = B.generation_peak(big, 512, 8, 1, score_copies=1)["decode"]
+    assert decode_allocated(big, 512, 8, 1, score_copies=1) > 1.05 * tensors
+    small = models.architecture_config("SmolLM2-135M")
+    assert decode_allocated(small, 64, 4, 2, score_copies=1) == pytest.approx(
+        B.generation_peak(small, 64, 4, 2, score_copies=1)["decode"], rel=0.05)
+    with pytest.raises(ValueError, match="score_copies"):
+        decode_allocated(small, 64, 4, 2, score_copies=-1)
