@@ -53,6 +53,8 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
 
 
 HALF2_X_LIMIT = 2047.0   # |x| up to which the fp16 pair sums cannot overflow: 4 products of |q − 8| ≤ 8 per half
+# the same number as the kernels read it (a jit'ed function reads module globals only as constexprs)
+_X_LIMIT = tl.constexpr(HALF2_X_LIMIT) if triton is not None else HALF2_X_LIMIT
 
 
 def _device(fn):
@@ -196,7 +198,7 @@ def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K
         if HALF2:
             big = tl.max(tl.maximum(tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3))),
                                     tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7)))))
-            if big > 2047.0:   # HALF2_X_LIMIT
+            if big > _X_LIMIT:
                 part = _word_dot_f32(w, x0, x1, x2, x3, x4, x5, x6, x7, MAGIC) - 8.0 * xw[None, :]
             else:
                 part = _word_dot_half2(w, x0, x1, x2, x3, x4, x5, x6, x7, MAGIC)

@@ -122,6 +122,9 @@ def main():
     ap.add_argument("--maxnreg", type=int, help="cap the registers per thread (ptxas spills the rest)")
     ap.add_argument("--print-sass", action="store_true", help="print the whole SASS only")
     args = ap.parse_args()
+    both = sorted(set(args.on) & set(args.off))
+    if both:
+        ap.error(f"switched both on and off: {both} (give each switch once, with --on or --off)")
     sass = gemv_sass(args.group, args.groups, args.block_n, args.warps, args.arch, args.maxnreg,
                      **{name: True for name in args.on}, **{name: False for name in args.off})
     if args.print_sass:

@@ -36,3 +36,10 @@ def test_the_half2_gemv_makes_two_codes_per_instruction():
     assert mem["LDG.E.EF.128"] == words / 4
     assert ops["HFMA2"] + ops["HMUL2"] >= 4 * words and ops["LOP3"] >= 4 * words
     assert not any(k[:3] in ("STL", "LDL") for k in ks.memory_ops(sass))
+
+
+def test_a_switch_both_on_and_off_is_refused_by_name(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["kernel_sass.py", "--on", "HALF2", "--off", "HALF2"])
+    with pytest.raises(SystemExit):
+        ks.main()
+    assert "switched both on and off: ['HALF2']" in capsys.readouterr().err
