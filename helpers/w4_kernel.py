@@ -470,10 +470,16 @@ def tile_gemv_words(p: W4Weight, config: dict) -> torch.Tensor:
     step (``group_size · GROUPS / 8``), so the block a program reads per step is contiguous in memory
     (the idea of Marlin's and tinygemm's load-time layouts, here for the one-row kernel)."""
     cfg = _check_config({**config, "KERNEL": "gemv", "TILED": True}, p)
+    tiles, steps, bn, wps = _tiled_shape(p, cfg)
+    words = torch.nn.functional.pad(p.words, (0, 0, 0, -p.shape[0] % bn))
+    return words.view(tiles, bn, steps, wps).permute(0, 2, 1, 3).contiguous()
+
+
+def _tiled_shape(p: W4Weight, cfg: dict) -> tuple[int, int, int, int]:
+    """The shape of :func:`tile_gemv_words`'s words: ``(⌈N/BN⌉, K / (group·GROUPS), BN, group·GROUPS/8)``."""
     n, k = p.shape
-    bn, wps = cfg["BLOCK_N"], p.group_size * cfg["GROUPS"] // 8
-    words = torch.nn.functional.pad(p.words, (0, 0, 0, -n % bn))
-    return words.view(-1, bn, k // 8 // wps, wps).permute(0, 2, 1, 3).contiguous()
+    step = p.group_size * cfg["GROUPS"]
+    return -(-n // cfg["BLOCK_N"]), k // step, cfg["BLOCK_N"], step // 8
 
 
 def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_dtype=None,
@@ -521,8 +527,7 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
         locks = _locks(locks, grid[0], x.device) if split > 1 else y
         words = p.words
         if cfg["TILED"]:
-            want = (triton.cdiv(n, cfg["BLOCK_N"]), k // (p.group_size * cfg["GROUPS"]), cfg["BLOCK_N"],
-                    p.group_size * cfg["GROUPS"] // 8)
+            want = _tiled_shape(p, cfg)
             if not isinstance(tiled, torch.Tensor) or tuple(tiled.shape) != want or tiled.dtype != torch.int32 \
                     or tiled.device != x.device:
                 raise ValueError(f"TILED=True needs tiled= the words from tile_gemv_words(p, config): int32 {want} "
