@@ -86,6 +86,20 @@ def grid_points(archs=ARCHS, shapes=GRID, attentions=ATTENTION, new_tokens: int 
             for arch in archs for attention in attentions for seq, batch in shapes]
 
 
+SETS_CACHE_ASIDE = frozenset({"phi3", "phimoe", "phi4_multimodal"})
+"""Model types whose ``prepare_inputs_for_generation`` sets the given cache aside (``past_key_values =
+None``) when the prompt reaches ``original_max_position_embeddings + 1`` tokens while the cache holds
+no more than that — at the prefill, so the model decodes with a dynamic cache of its own (transformers
+5.17 ``modeling_phi3.py``: the switch between short and long RoPE factors invalidates a cache)."""
+
+
+def sets_cache_aside(config, prompt_len: int) -> bool:
+    """Whether ``generate`` on this config sets a given cache aside for a ``prompt_len``-token prompt
+    (:data:`SETS_CACHE_ASIDE`): a static cache asked for is then not what runs."""
+    limit = getattr(config, "original_max_position_embeddings", None)
+    return getattr(config, "model_type", "") in SETS_CACHE_ASIDE and limit is not None and prompt_len >= limit + 1
+
+
 def predicted_vs_measured(points=None, out: Path | None = None, echo: bool = True) -> list[dict]:
     """For each :class:`Point` (default: :func:`grid_points` over :data:`ARCHS`, :data:`ATTENTION`,
     :data:`GRID`): predicted and measured weights, KV cache, generation peaks (prefill, decode, whole;
@@ -163,7 +177,8 @@ def _footprint(cfg, p: Point, non_torch: int | None, workspace: int | None) -> d
 
 def _point(model, p: Point, base: Baseline) -> dict:
     cfg = models.architecture_config(p.arch)
-    row = {**p.key_fields(), "new_tokens": p.new_tokens, **base.fields()}
+    row = {**p.key_fields(), "new_tokens": p.new_tokens, **base.fields(),
+           "given_cache_set_aside": sets_cache_aside(cfg, p.seq_len)}
     pred = _predictions(cfg, p)
     r = measure.oom_guard(generation.measure_generate, model, p.seq_len, p.batch, p.new_tokens, cache="baseline")
     if not r["ok"]:
@@ -179,7 +194,10 @@ def _point(model, p: Point, base: Baseline) -> dict:
                smi_pred=foot["smi_pred"], smi_meas=m.get("process_gpu_bytes"),
                new_tokens_generated=int(m["new_tokens"]))
     s = measure.oom_guard(generation.measure_generate, model, p.seq_len, p.batch, p.new_tokens, cache="static")
-    if s["ok"]:
+    if s["ok"] and not s["result"]["cache_used"]:
+        row["static_error"] = ("generate set the static cache aside and decoded with a dynamic one "
+                               "(the model's prepare_inputs_for_generation)")
+    elif s["ok"]:
         row.update(static_kv_meas=int(s["result"]["kv_meas"]), static_peak_meas=int(s["result"]["peak_meas"]),
                    static_peak_pred=pred["static_peak_pred"])
     return row
@@ -225,7 +243,8 @@ def merge_rows(rows: list[dict], newer: list[dict]) -> list[dict]:
 
 def repredict(path: Path) -> list[dict]:
     """Recompute every ``*_pred`` field of a recorded file from the current formulas (CPU only; the
-    measured fields are left as they were measured). Keeps a file honest after a formula changes."""
+    measured fields are left as they were measured) and the flag ``given_cache_set_aside``
+    (:func:`sets_cache_aside`). Keeps a file honest after a formula changes."""
     rows = read_json(path)
     for r in rows:
         if "error" in r:             # nothing was measured: nothing to predict against
@@ -233,7 +252,8 @@ def repredict(path: Path) -> list[dict]:
         p = Point.from_row(r)
         cfg = models.architecture_config(p.arch)
         r.update(weights_pred=int(budget_replay.weight_allocation(cfg)),
-                 weights_formula=int(budget.weight_bytes(cfg, "bf16")), **_predictions(cfg, p))
+                 weights_formula=int(budget.weight_bytes(cfg, "bf16")), **_predictions(cfg, p),
+                 given_cache_set_aside=sets_cache_aside(cfg, p.seq_len))
         if "reserved_meas" in r:
             r.update(_footprint(cfg, p, r.get("non_torch"), r.get("cublas_workspace")))
     path.write_text(json.dumps(rows, indent=1))

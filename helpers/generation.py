@@ -68,7 +68,10 @@ def measure_generate(model, seq_len: int, batch: int, new_tokens: int = 16, cach
                      seed: int = 0) -> dict:
     """Run ``generate`` on random prompts and measure the KV cache and the peak over the weights.
 
-    Returns kv_meas (bytes the cache object stores), peak_meas (max_memory_allocated during the call
+    Returns kv_meas (bytes the cache ``generate`` ended with stores), cache_used (whether that is the
+    cache passed in: Phi-3's ``prepare_inputs_for_generation`` sets it aside for a prompt longer than
+    ``original_max_position_embeddings`` and the model builds its own dynamic cache — so a static
+    cache asked for there is not what ran), peak_meas (max_memory_allocated during the call
     minus allocated before it, prompt included), prefill_meas / decode_meas (the same peak restricted
     to the first forward call and to the later ones, read by hooks on the model; forward_peaks: every
     call's; prefill_requested / decode_requested: the same peaks in the bytes the tensors asked for,
@@ -99,20 +102,22 @@ def measure_generate(model, seq_len: int, batch: int, new_tokens: int = 16, cach
     try:
         with meter:
             out = model.generate(ids, attention_mask=mask, past_key_values=kv, max_new_tokens=new_tokens,
-                                 min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, disable_compile=True)
+                                 min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, disable_compile=True,
+                                 return_dict_in_generate=True)
     finally:
         for h in hooks:
             h.remove()
     secs = time.perf_counter() - t0
-    res = {"kv_meas": stored_bytes(kv), "seconds": secs, "tokens_per_s": batch * new_tokens / secs,
-           "new_tokens": out.shape[1] - seq_len}
+    used = out.past_key_values      # the cache generate ended with: a model may set the given one aside
+    res = {"kv_meas": stored_bytes(used) if used is not None else 0, "cache_used": used is kv, "seconds": secs,
+           "tokens_per_s": batch * new_tokens / secs, "new_tokens": out.sequences.shape[1] - seq_len}
     if meter.cuda:
         between[0] = max(between[0], meter.peak)
         res.update(prefill_meas=calls[0], decode_meas=max(calls[1:], default=0), forward_peaks=calls,
                    prefill_requested=requested[0], decode_requested=max(requested[1:], default=0),
                    peak_meas=max(calls + between), reserved=torch.cuda.memory_reserved(),
                    process_gpu_bytes=process_gpu_bytes(dev.index or 0))   # nvidia-smi's number, cache still held
-    del out, kv
+    del out, kv, used
     free_memory()
     return res
 

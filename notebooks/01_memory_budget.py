@@ -286,6 +286,13 @@ if ref_path.exists():
     ref["kv err B"] = ref.kv_pred - ref.kv_meas
     ref["peak err %"] = 100 * (ref.peak_pred / ref.peak_meas - 1)
     ref["static peak err %"] = 100 * (ref.static_peak_pred / ref.static_peak_meas - 1)
+    if "given_cache_set_aside" in ref:   # Phi-3 past original_max_position_embeddings: generate's own cache ran
+        aside = ref.given_cache_set_aside.fillna(False).astype(bool)
+        ref.loc[aside, ["kv err B", "static peak err %"]] = float("nan")
+        if aside.any():
+            print(f"{int(aside.sum())} rows where generate set the given cache aside ("
+                  + ", ".join(sorted({f"{m} at {int(s_)} tokens" for m, s_ in ref[aside][["model", "seq_len"]].values}))
+                  + "): the KV and static-cache columns are blank there — the recorded cache was not the one that ran")
     cols = ["model", "seq_len", "batch", "weights err %", "kv err B", "peak err %", "static peak err %"]
     if "prefill_meas" in ref:  # the peak split by phase: first forward call vs the decode steps
         ref["prefill err %"] = 100 * (ref.prefill_pred / ref.prefill_meas - 1)
@@ -363,7 +370,12 @@ else:
 #   some tensors occupy up to 1 MiB more than their bytes. Replaying the parameters through the
 #   allocator simulator predicts the measured value to within a few hundred bytes.
 # * *KV cache*: exact, once you count `prompt + new_tokens − 1` positions for a dynamic cache (the last
-#   generated token is never fed back) and `prompt + new_tokens` for a static cache.
+#   generated token is never fed back) and `prompt + new_tokens` for a static cache. One trap the
+#   measurement fell into: transformers' Phi-3 **sets a given cache aside** when the prompt passes
+#   its `original_max_position_embeddings` (its `prepare_inputs_for_generation`, to switch RoPE
+#   factors) and decodes with a dynamic cache of its own — a static cache you pass there never runs.
+#   `generation.measure_generate` now reads the cache `generate` ended with and says whether it was
+#   yours (`cache_used`); the rows recorded before that are blanked above.
 # * *Peak*: the first run of any matmul makes cuBLAS allocate its **workspace**
 #   through the caching allocator (its size, printed above, depends on the GPU and the cuBLAS
 #   version) — it looked like a large error at the smallest point until the

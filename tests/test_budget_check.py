@@ -123,3 +123,25 @@ def test_mlp_ops_split_a_gated_mlp_and_keep_the_formula_peak():
         peak, final, _ = live_bytes(ops)
         assert (len(ops) > 2) == split and final == 0
         assert peak == (max(mlp, 8 * 128 * s.hidden) if split else mlp)
+
+
+def test_phi3_sets_a_long_prompts_given_cache_aside_and_kv_is_read_from_the_one_used():
+    """transformers' Phi-3 drops a given cache when the prompt passes original_max_position_embeddings
+    (here 32): measure_generate reads the KV bytes of the cache generate ended with and says it was not
+    the one passed in — a static cache asked for there does not run. sets_cache_aside predicts it."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    from helpers import generation
+    cfg = Phi3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=4, max_position_embeddings=32, original_max_position_embeddings=32,
+                     sliding_window=15, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = Phi3ForCausalLM(cfg).eval()
+    for prompt in (20, 40):
+        for cache in ("baseline", "static"):
+            m = generation.measure_generate(model, prompt, 1, 4, cache=cache)
+            assert m["cache_used"] == (not budget_check.sets_cache_aside(cfg, prompt)) == (prompt < 33)
+            assert m["kv_meas"] > 0 and m["new_tokens"] == 4
+    assert not budget_check.sets_cache_aside(models.architecture_config("Phi-3-mini"), 4096)
+    assert budget_check.sets_cache_aside(models.architecture_config("Phi-3-mini"), 8192)
+    assert not budget_check.sets_cache_aside(models.architecture_config("Mistral-7B"), 8192)
