@@ -8,10 +8,11 @@
 #   decode                python -m benchmarks.decode (whole-model decode, 8B architecture)  -> $OUT/decode.json
 #   notebooks             the notebooks in $NOTEBOOKS (default: all), one at a time, full profile
 #                         (COURSE_PROFILE to change it) -> $OUT/notebooks/*.ipynb, $OUT/run_all.json
-#   prebuild              scripts/prebuild.py (03-09 in the workshop profile, cache COURSE_CACHE, default /tmp/course-cache-workshop)
-#                         -> $OUT/prebuild/
+#   prebuild              scripts/prebuild.py (03-09 in the workshop profile, cache COURSE_CACHE, default /tmp/course-cache-workshop;
+#                         PREBUILD_ONLY="07 08 09" for some) -> $OUT/prebuild/
 #   workshop              the prebuild unless the cache holds it, then scripts/workshop_run.py (PARTICIPANTS, default 4,
-#                         under CAP_GIB, default 15, started together; one cache) -> $OUT/workshop/workshop.json
+#                         under CAP_GIB, default 15, started together; one cache; NOTEBOOKS="notebooks/08_….ipynb …" for
+#                         some) -> $OUT/workshop/workshop.json
 #   budget [ARCH ...]     python -m benchmarks.budget_accuracy               -> $OUT/budget_accuracy.json
 #   allocator             python -m benchmarks.allocator_agreement --random 40 (SEED_START=40 for held-out seeds)
 #   quantizers            python -m benchmarks.quantizers (GPTQ/AWQ peak and time, ours vs llm-compressor; QUANT_ARGS adds options)
@@ -50,11 +51,11 @@ run_part() {
     notebooks) COURSE_PROFILE=${COURSE_PROFILE:-full} timeout "$T" python3 scripts/run_all.py --out "$OUT/notebooks" \
                  ${NOTEBOOKS:-} 2>&1 | tee "$OUT/notebooks.log" | tail -30 ;;
     prebuild) COURSE_CACHE=${COURSE_CACHE:-/tmp/course-cache-workshop} timeout "$T" python3 scripts/prebuild.py \
-                --out "$OUT/prebuild" 2>&1 | tee "$OUT/prebuild.log" | tail -12 ;;
+                --out "$OUT/prebuild" ${PREBUILD_ONLY:+--only $PREBUILD_ONLY} 2>&1 | tee "$OUT/prebuild.log" | tail -12 ;;
     workshop) export COURSE_CACHE=${COURSE_CACHE:-/tmp/course-cache-workshop}
               python3 scripts/prebuild.py --check >/dev/null 2>&1 || run_part prebuild
               timeout "$T" python3 scripts/workshop_run.py --participants "${PARTICIPANTS:-4}" --cap-gib "${CAP_GIB:-15}" \
-                --time-limit-s "$(( T - 15 ))" --out "$OUT/workshop" 2>&1 | tee "$OUT/workshop.log" | tail -14 ;;
+                --time-limit-s "$(( T - 15 ))" --out "$OUT/workshop" ${NOTEBOOKS:-} 2>&1 | tee "$OUT/workshop.log" | tail -14 ;;
     budget) timeout "$T" python3 -m benchmarks.budget_accuracy --out "$OUT/budget_accuracy.json" ${1:+--archs "$@"} 2>&1 \
               | tee "$OUT/budget_accuracy.log" | tail -40 ;;
     allocator) timeout "$T" python3 -m benchmarks.allocator_agreement --random "${RANDOM_N:-40}" --seed-start "${SEED_START:-0}" \

@@ -3,6 +3,7 @@ use into one shared course cache, so that during the session no notebook quantiz
 
     COURSE_CACHE=/shared/course-cache python scripts/prebuild.py          # the workshop profile
     COURSE_CACHE=/shared/course-cache python scripts/prebuild.py --check  # is everything there?
+    COURSE_CACHE=/shared/course-cache python scripts/prebuild.py --only 08  # again, after 08 changed
 
 It runs notebooks 03–09 headless in the ``workshop`` profile (the same code, so exactly the variants
 the participants' notebooks will ask for: ours and llm-compressor's GPTQ and AWQ, RTN, the W4
@@ -41,18 +42,36 @@ def stored_variants(profile: str = "workshop") -> list[dict]:
     return rows
 
 
+def select_builders(only: list[str] | None) -> list[str]:
+    """The notebooks of :data:`BUILDERS` to run: all, or those whose names start with one of ``only``
+    (``["07", "08"]`` or whole names) — to rebuild what one notebook uses after it changed."""
+    if not only:
+        return list(BUILDERS)
+    unknown = [o for o in only if not any(b.startswith(o) for b in BUILDERS)]
+    if unknown:
+        raise ValueError(f"--only {unknown}: not notebooks the prebuild runs; they are {BUILDERS} "
+                         "(give their numbers, e.g. --only 07 08)")
+    return [b for b in BUILDERS if any(b.startswith(o) for o in only)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only list what the cache holds for the profile")
     ap.add_argument("--profile", default="workshop")
     ap.add_argument("--out", default=str(ROOT / "build" / "prebuild"))
+    ap.add_argument("--only", nargs="+", default=None, metavar="NN",
+                    help="run only these of the prebuild's notebooks (their numbers: --only 07 08 09)")
     args = ap.parse_args(argv)
+    try:
+        builders = select_builders(args.only)
+    except ValueError as e:
+        ap.error(str(e))
     if not args.check:
         spec = importlib.util.spec_from_file_location("run_all", ROOT / "scripts" / "run_all.py")
         run_all = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(run_all)
         print(f"building into {cache_root()} (profile {args.profile}) …")
-        rows = run_all.run([ROOT / "notebooks" / f"{n}.ipynb" for n in BUILDERS], Path(args.out), args.profile,
+        rows = run_all.run([ROOT / "notebooks" / f"{n}.ipynb" for n in builders], Path(args.out), args.profile,
                            progress=True)
         failed = [r["name"] for r in rows if not r["ok"]]
         if failed:
