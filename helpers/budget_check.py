@@ -88,16 +88,20 @@ def grid_points(archs=ARCHS, shapes=GRID, attentions=ATTENTION, new_tokens: int 
 
 SETS_CACHE_ASIDE = frozenset({"phi3", "phimoe", "phi4_multimodal"})
 """Model types whose ``prepare_inputs_for_generation`` sets the given cache aside (``past_key_values =
-None``) when the prompt reaches ``original_max_position_embeddings + 1`` tokens while the cache holds
-no more than that — at the prefill, so the model decodes with a dynamic cache of its own (transformers
-5.17 ``modeling_phi3.py``: the switch between short and long RoPE factors invalidates a cache)."""
+None``) at the step whose input sequence reaches ``original_max_position_embeddings + 1`` tokens while
+the cache holds no more than that: at the prefill of a longer prompt, or at the decode step that
+crosses the limit (the whole sequence recomputed) — and the model goes on with a dynamic cache of its
+own (transformers 5.17 ``modeling_phi3.py``; its comment: switching between short and long RoPE
+factors invalidates a cache — the test reads only the lengths, whatever the config's RoPE)."""
 
 
-def sets_cache_aside(config, prompt_len: int) -> bool:
-    """Whether ``generate`` on this config sets a given cache aside for a ``prompt_len``-token prompt
-    (:data:`SETS_CACHE_ASIDE`): a static cache asked for is then not what runs."""
+def sets_cache_aside(config, prompt_len: int, new_tokens: int = 1) -> bool:
+    """Whether ``generate`` of ``new_tokens`` on a ``prompt_len``-token prompt sets a given cache aside
+    (:data:`SETS_CACHE_ASIDE`): the longest sequence fed is ``prompt_len + new_tokens − 1`` (the last
+    token is never fed back). A static cache asked for is then not what runs to the end."""
     limit = getattr(config, "original_max_position_embeddings", None)
-    return getattr(config, "model_type", "") in SETS_CACHE_ASIDE and limit is not None and prompt_len >= limit + 1
+    return (getattr(config, "model_type", "") in SETS_CACHE_ASIDE and limit is not None
+            and prompt_len + new_tokens - 1 >= limit + 1)
 
 
 def predicted_vs_measured(points=None, out: Path | None = None, echo: bool = True) -> list[dict]:
@@ -178,7 +182,7 @@ def _footprint(cfg, p: Point, non_torch: int | None, workspace: int | None) -> d
 def _point(model, p: Point, base: Baseline) -> dict:
     cfg = models.architecture_config(p.arch)
     row = {**p.key_fields(), "new_tokens": p.new_tokens, **base.fields(),
-           "given_cache_set_aside": sets_cache_aside(cfg, p.seq_len)}
+           "given_cache_set_aside": sets_cache_aside(cfg, p.seq_len, p.new_tokens)}
     pred = _predictions(cfg, p)
     r = measure.oom_guard(generation.measure_generate, model, p.seq_len, p.batch, p.new_tokens, cache="baseline")
     if not r["ok"]:
@@ -253,7 +257,7 @@ def repredict(path: Path) -> list[dict]:
         cfg = models.architecture_config(p.arch)
         r.update(weights_pred=int(budget_replay.weight_allocation(cfg)),
                  weights_formula=int(budget.weight_bytes(cfg, "bf16")), **_predictions(cfg, p),
-                 given_cache_set_aside=sets_cache_aside(cfg, p.seq_len))
+                 given_cache_set_aside=sets_cache_aside(cfg, p.seq_len, p.new_tokens))
         if "reserved_meas" in r:
             r.update(_footprint(cfg, p, r.get("non_torch"), r.get("cublas_workspace")))
     path.write_text(json.dumps(rows, indent=1))

@@ -543,10 +543,11 @@ else:
 # same cases alone on an H200 and beside a second process holding 8 GiB
 # (`python -m benchmarks.clinic`, `results/h200/clinic.json`); on the CPU the tree runs on the
 # simulator's numbers at the failing allocation (the `diagnose_oom` column of case 2).
-# The device-full case fills the *whole card* for a moment: on a shared card that is everyone's
-# memory. Under a participant's cap (`COURSE_GPU_CAP_GIB`), or with other processes already holding
-# memory on the card, the cell leaves it out and says why — the course's workshop rehearsal found
-# it the hard way, four participants filling one H200 at once (docs/workshop.md).
+# The device-full case fills the card for a moment, to its last 2 GiB: on a shared card that is
+# everyone's memory. Under a participant's cap (`COURSE_GPU_CAP_GIB`), or where NVML shows other
+# processes holding more than 1 GiB of the card, the cell leaves it out and says why — the course's
+# workshop rehearsal found it the hard way, four participants filling one H200 at once
+# (docs/workshop.md).
 
 # %%
 if cuda:

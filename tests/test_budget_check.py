@@ -142,6 +142,9 @@ def test_phi3_sets_a_long_prompts_given_cache_aside_and_kv_is_read_from_the_one_
             m = generation.measure_generate(model, prompt, 1, 4, cache=cache)
             assert m["cache_used"] == (not budget_check.sets_cache_aside(cfg, prompt)) == (prompt < 33)
             assert m["kv_meas"] > 0 and m["new_tokens"] == 4
-    assert not budget_check.sets_cache_aside(models.architecture_config("Phi-3-mini"), 4096)
-    assert budget_check.sets_cache_aside(models.architecture_config("Phi-3-mini"), 8192)
+    phi3 = models.architecture_config("Phi-3-mini")
+    assert not budget_check.sets_cache_aside(phi3, 4096) and budget_check.sets_cache_aside(phi3, 8192)
+    assert budget_check.sets_cache_aside(phi3, 4090, 8) and not budget_check.sets_cache_aside(phi3, 4090, 7)
+    m = generation.measure_generate(model, 30, 1, 4)          # crosses 32 while decoding: set aside there
+    assert not m["cache_used"] and budget_check.sets_cache_aside(cfg, 30, 4)
     assert not budget_check.sets_cache_aside(models.architecture_config("Mistral-7B"), 8192)
