@@ -328,16 +328,16 @@ def why_not_fill_the_card(index: int = 0, others_gib: float = 1.0) -> str | None
     to the last ``leave_gib``, which on a shared card is everyone's memory. It is refused when this
     process is one participant of a shared card (``COURSE_GPU_CAP_GIB`` set, docs/workshop.md) or when
     other processes already hold more than ``others_gib`` GiB of it (NVML's used memory minus this
-    process's; the driver's own reservation stays under 1 GiB). Where NVML cannot tell this process's
-    memory (:func:`helpers.device.process_memory`), only the cap decides."""
+    process's, :func:`helpers.measure.views`' ``others``; the driver's own reservation stays under
+    1 GiB). Where the driver cannot tell this process's memory (``others`` is None), only the cap decides."""
     from . import device
     others_gib = v.positive_number(others_gib, "others_gib")
     if device.cap_gib() is not None:
         return (f"this process is one participant of a shared card (COURSE_GPU_CAP_GIB={device.cap_gib():g}): "
                 "filling the card would take the other participants' memory")
-    nv, me = device.nvml_info(index), device.process_memory(index)
-    if nv is not None and me.bytes is not None and nv["nvml_used"] - me.bytes > others_gib * GiB:
-        return (f"other processes hold {(nv['nvml_used'] - me.bytes) / GiB:.1f} GiB of this card: filling it "
+    others = measure.views(index).get("others")
+    if others is not None and others > others_gib * GiB:
+        return (f"other processes hold {others / GiB:.1f} GiB of this card: filling it "
                 "would take memory they may be about to use")
     return None
 

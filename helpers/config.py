@@ -85,15 +85,33 @@ def read_json(path: Path | str) -> dict:
                          f"(rm '{path}') and run the cell again to rebuild it.") from None
 
 
-def write_json(path: Path | str, data, indent: int | None = 1, default=None) -> None:
-    """``data`` as JSON at ``path``, whole or not at all: written to a file beside it, then renamed over
-    it (``os.replace`` is atomic), so a run killed mid-write (a timeout) leaves the previous rows, not an
-    empty file. The folder is made if missing."""
+def replace_whole(path: Path | str, write, fsync: bool = False) -> Path:
+    """Write ``path`` whole or not at all: ``write(tmp)`` fills a file of this process's beside it
+    (flushed to disk first when ``fsync``), which is then renamed over ``path`` (``os.replace`` is
+    atomic). A run killed mid-write leaves the previous file, and processes sharing the folder (a
+    workshop's cache) never read a half-written one. The folder is made if missing."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=indent, default=default))
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        if fsync:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def write_json(path: Path | str, data, indent: int | None = 1, default=None) -> None:
+    """``data`` as JSON at ``path``, whole or not at all (:func:`replace_whole`): a run killed mid-write
+    (a timeout) leaves the previous rows, not an empty file. The folder is made if missing."""
+    text = json.dumps(data, indent=indent, default=default)
+    replace_whole(path, lambda tmp: tmp.write_text(text))
 
 
 @contextlib.contextmanager

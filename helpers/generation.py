@@ -69,9 +69,10 @@ def measure_generate(model, seq_len: int, batch: int, new_tokens: int = 16, cach
     """Run ``generate`` on random prompts and measure the KV cache and the peak over the weights.
 
     Returns kv_meas (bytes the cache ``generate`` ended with stores), cache_used (whether that is the
-    cache passed in: Phi-3's ``prepare_inputs_for_generation`` sets it aside for a prompt longer than
-    ``original_max_position_embeddings`` and the model builds its own dynamic cache — so a static
-    cache asked for there is not what ran), peak_meas (max_memory_allocated during the call
+    cache passed in: Phi-3's ``prepare_inputs_for_generation`` sets it aside at the step whose input
+    reaches ``original_max_position_embeddings + 1`` tokens and the model builds its own dynamic
+    cache — :func:`helpers.budget_check.sets_cache_aside` — so a static cache asked for there is not
+    what ran), peak_meas (max_memory_allocated during the call
     minus allocated before it, prompt included), prefill_meas / decode_meas (the same peak restricted
     to the first forward call and to the later ones, read by hooks on the model; forward_peaks: every
     call's; prefill_requested / decode_requested: the same peaks in the bytes the tensors asked for,

@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .config import file_lock, read_json, write_json
+from .config import file_lock, read_json, replace_whole, write_json
 from .measure import PeakMeter
 from .models import parse_dtype, unreadable_safetensors
 from .units import GB, MiB
@@ -195,8 +195,8 @@ def demo_state(mib=64, layers=16, dtype=torch.bfloat16) -> dict:
 def write_both_formats(state, folder) -> Path:
     """Save ``state`` (a dict of tensors) as ``folder/model.safetensors`` and ``folder/pytorch_model.bin``
     (``torch.save``), both flushed to disk (so that their pages can later be dropped from the cache).
-    Each file is written under a name of this process's and then renamed into place (``os.replace``,
-    atomic): processes sharing ``folder`` (a workshop's cache) read a whole file, never one half-written."""
+    Each is written whole or not at all (:func:`helpers.config.replace_whole`): processes sharing
+    ``folder`` (a workshop's cache) read a whole file, never one half-written."""
     from safetensors.torch import save_file
     if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise TypeError(f"state must be a non-empty dict of tensors (e.g. loading.demo_state(64) or "
@@ -206,20 +206,8 @@ def write_both_formats(state, folder) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in state.items()}
-    writers = {"model.safetensors": lambda path: save_file(state, str(path)),
-               "pytorch_model.bin": lambda path: torch.save(state, path)}
-    for name, write in writers.items():
-        part = folder / f".{name}.{os.getpid()}.part"
-        try:
-            write(part)
-            fd = os.open(part, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(part, folder / name)
-        finally:
-            part.unlink(missing_ok=True)
+    replace_whole(folder / "model.safetensors", lambda tmp: save_file(state, str(tmp)), fsync=True)
+    replace_whole(folder / "pytorch_model.bin", lambda tmp: torch.save(state, tmp), fsync=True)
     return folder
 
 

@@ -160,16 +160,16 @@ def test_gpu_share_command_and_result_line():
 
 
 def test_the_device_full_case_is_refused_on_a_shared_card(monkeypatch):
-    from helpers import device
-    mib = lambda n: n * MiB
+    from helpers import device, measure
+    views = lambda used, process: (lambda index=0: {"device_used": used, "process": process,
+                                                    "others": None if process is None else used - process})
     monkeypatch.setattr(device, "cap_gib", lambda: None)
-    monkeypatch.setattr(device, "nvml_info", lambda index=0: {"nvml_used": mib(600 + 900)})
-    monkeypatch.setattr(device, "process_memory", lambda index=0: device.ProcessMemory(mib(900), "NVML"))
+    monkeypatch.setattr(measure, "views", views((600 + 900) * MiB, 900 * MiB))
     assert clinic.why_not_fill_the_card() is None                   # alone: the driver's 600 MiB only
-    monkeypatch.setattr(device, "nvml_info", lambda index=0: {"nvml_used": mib(900) + 5 * GiB})
+    monkeypatch.setattr(measure, "views", views(900 * MiB + 5 * GiB, 900 * MiB))
     assert "other processes hold 5.0 GiB" in clinic.why_not_fill_the_card()
     assert clinic.why_not_fill_the_card(others_gib=6) is None
-    monkeypatch.setattr(device, "process_memory", lambda index=0: device.ProcessMemory(None, "unavailable"))
+    monkeypatch.setattr(measure, "views", views(900 * MiB + 5 * GiB, None))
     assert clinic.why_not_fill_the_card() is None                   # nothing to judge by: NVML cannot say
     monkeypatch.setattr(device, "cap_gib", lambda: 15.0)
     assert "COURSE_GPU_CAP_GIB=15" in clinic.why_not_fill_the_card()
