@@ -65,7 +65,7 @@ def segment_size(size: int) -> int:
     return K_ROUND_LARGE * ((size + K_ROUND_LARGE - 1) // K_ROUND_LARGE)
 
 
-@dataclass
+@dataclass(eq=False)   # identity: blocks are found in their segment's list by `is`, not by value
 class Block:
     offset: int
     size: int
@@ -74,7 +74,7 @@ class Block:
     mapped: bool = True            # expandable segments: is this address range backed by pages?
 
 
-@dataclass
+@dataclass(eq=False)
 class Segment:
     pool: str                      # "small" | "large"
     size: int
@@ -108,6 +108,28 @@ class CachingAllocatorSim:
         self.segments: list[Segment] = []
         self.live: dict[str, tuple[Segment, Block]] = {}
         self.peak_reserved = 0
+
+    @classmethod
+    def from_snapshot(cls, segments: list[dict]) -> CachingAllocatorSim:
+        """A simulator holding the segments of a recorded ``torch.cuda.memory._snapshot()["segments"]``
+        (each ``address``, ``total_size``, ``segment_type`` and ``blocks`` as ``[size, state]``): live
+        blocks named ``seg{i}.{j}``, the others free. Segments are added from the highest address down,
+        so the best fit's ties go to the lowest address as in the real allocator."""
+        sim = cls()
+        for i, sg in enumerate(sorted(segments, key=lambda s: -s["address"])):
+            seg, offset = Segment("small" if sg["segment_type"] == "small" else "large", sg["total_size"]), 0
+            for j, (size, state) in enumerate(sg["blocks"]):
+                blk = Block(offset, size, state != "active_allocated")
+                if not blk.free:
+                    blk.name = f"seg{i}.{j}"
+                    sim.live[blk.name] = (seg, blk)
+                seg.blocks.append(blk)
+                offset += size
+            if offset != seg.size:
+                raise ValueError(f"segment {i}: its blocks add up to {offset} B, not its total_size {seg.size} B")
+            sim.segments.append(seg)
+        sim.peak_reserved = sim.reserved
+        return sim
 
     # ---------------------------------------------------------------- accounting
     @property

@@ -256,14 +256,19 @@ def decode_ops(s: Shape, lay: Layout, prompt_len: int, new_tokens: int, batch: i
                score_copies: int = 0) -> list:
     """Every decode step fed back to the model (``new_tokens − 1``; the last generated token never is):
     its one-position residual, per layer the step's attention transients with ``torch.cat`` of the
-    layer's K and V one position longer (a new block, the old one freed; eager's ``repeat_kv`` copy
-    of the whole K and V when ``kv_heads < heads``, :func:`repeat_kv_bytes`) and the MLP's (with a
+    layer's K and V one position longer (a new block, the old one freed: a full layer's
+    ``DynamicLayer.update`` rebinds ``self.keys`` before V's ``cat``, so the old K is free when the
+    new V is placed; a sliding or chunked layer's ``DynamicSlidingWindowLayer.update`` makes both
+    ``cat`` results before it rebinds either — transformers 5.17, ``cache_utils.py`` lines 146–147
+    and 251–258; eager's ``repeat_kv`` copy of the whole K and V when ``kv_heads < heads``,
+    :func:`repeat_kv_bytes`) and the MLP's (with a
     mixture of experts' gathered weights, :func:`decode_gather`), then :func:`_logits_ops`. The
     generate's scores are freed after the last step."""
     b = int(dtype_bytes(dtype))
     one = block_transients(s, lay, 1, batch, dtype, "sdpa", "cuda", cached=True)
     per_pos = position_bytes(s, b) * batch / 2
     gather = int(decode_gather(s, lay, batch, b))
+    caches = s.check_caches()
     ops = []
     for t in range(1, new_tokens):
         pos = storage_positions(s, prompt_len, t)
@@ -271,8 +276,9 @@ def decode_ops(s: Shape, lay: Layout, prompt_len: int, new_tokens: int, batch: i
         for l in range(s.layers):
             ops.append(["alloc", f"att{t}.{l}", int(one["attention"])])
             if pos[l]:
-                for kv in "KV":
-                    ops += [["alloc", f"{kv}{l}_{t}", int(per_pos * pos[l])], ["free", f"{kv}{l}_{t - 1}"]]
+                new = [["alloc", f"{kv}{l}_{t}", int(per_pos * pos[l])] for kv in "KV"]
+                old = [["free", f"{kv}{l}_{t - 1}"] for kv in "KV"]
+                ops += new + old if caches[l].window is not None else [new[0], old[0], new[1], old[1]]
             rep = int(repeat_kv_bytes(s, batch * (pos[l] or max(pos)), b)) if attention == "eager" else 0
             if rep:
                 ops += [["alloc", f"rep{t}.{l}", rep], ["free", f"rep{t}.{l}"]]

@@ -404,10 +404,13 @@ else:
 #   simulates — and replaying every decode step (each layer's `torch.cat`, the step's transients,
 #   `generate`'s fp32 scores) through that simulator (`budget_replay.decode_allocated`, the
 #   `decode err (replay) %` column) brings more rows within 5 % of the blocks than the tensor formula
-#   does: both counts, and the rows the replay still misses, are printed above. Mistral-7B and
-#   Command-R7B at 512 × 1, whose K and V per layer are just over 1 MiB, stay off: which blocks the
-#   allocator hands each `torch.cat` depends on what the prefill left in its cache, and the replay's
-#   prefill is coarser than the real sequence of blocks. TinyLlama at 2048 × 1 in the archived first run (printed above) is the same effect.
+#   does: both counts, and the rows the replay still misses, are printed above. Which block each
+#   `torch.cat` gets depends on what is free at that moment, so the replay keeps transformers' own
+#   order: a full-attention layer's cache frees the old K before V's `cat`, a sliding layer's makes
+#   both `cat`s first (`cache_utils.py`, `DynamicLayer.update` and `DynamicSlidingWindowLayer.update`)
+#   — on Mistral-7B at 512 × 1, whose K and V per layer are just over 1 MiB, that order alone is 14 %
+#   of the decode peak. TinyLlama at 2048 × 1 in the archived first run (printed above) is the same
+#   block effect, measured before the replay existed.
 #   The rows off by more than 5 % that did not measure the tensors' bytes are printed above too; on
 #   each of them the decode peak is below the prefill's, so the prediction of the whole generate,
 #   which decides an OOM, holds.

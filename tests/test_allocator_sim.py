@@ -69,6 +69,39 @@ def test_replay_of_recorded_events_reproduces_the_real_reserved_bytes():
     assert s.peak_reserved == point["reserved_meas_over_start"] == 15_321_792_512
 
 
+def test_replay_from_a_recorded_state_reproduces_the_real_decode_peak():
+    """Mistral-7B (SDPA, 512 × 1, 32 new tokens) on the H200: started from the segments the allocator
+    held before the call (the weights' blocks and their holes) and fed the call's recorded events, the
+    simulator's allocated bytes inside the decode forwards peak where ``max_memory_allocated`` did
+    (``decode_meas``): a K or V of 1.002 MiB takes a whole free block when less than 1 MiB would remain
+    (results/h200/alloc_events_mistral-7b_sdpa_512x1_2026-12-03.json.gz, benchmarks/alloc_trace.py)."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    from benchmarks.alloc_trace import MARK_BYTES
+    path = Path(__file__).resolve().parents[1] / "results" / "h200" / "alloc_events_mistral-7b_sdpa_512x1_2026-12-03.json.gz"
+    (point,) = json.loads(gzip.decompress(path.read_bytes()))
+    s = A.CachingAllocatorSim.from_snapshot(point["segments_before"])
+    live, forward, now, peak = {}, -1, 0, 0            # now: the blocks' bytes allocated since the start
+    for i, (action, addr, size, _frame) in enumerate(point["events"]):
+        if action == "a":
+            forward += size == MARK_BYTES              # the mark allocated at each forward call's start
+            live[addr] = f"t{i}"
+            s.malloc(size, f"t{i}")
+            now += s.live[f"t{i}"][1].size
+        elif action == "f" and addr in live:
+            now -= s.live[live[addr]][1].size
+            s.free(live.pop(addr))
+        if forward >= 1:
+            peak = max(peak, now)
+    assert peak == pytest.approx(point["decode_meas"], abs=MARK_BYTES // 512 * 512 + 4096)
+    assert peak > 1.4 * point["decode"]["peak"]      # the tensors' own bytes at that peak: the blocks add 36 MiB
+    with pytest.raises(ValueError, match="total_size"):
+        A.CachingAllocatorSim.from_snapshot([{"address": 0, "total_size": 4 * MiB, "segment_type": "large",
+                                              "blocks": [[2 * MiB, "active_allocated"]]}])
+
+
 def test_release_only_wholly_free_segments():
     r = A.simulate(allocator_ops.empty_cache_sequence())
     assert r["reserved"] == 8 * 64 * MiB and r["allocated"] == 64 * MiB
