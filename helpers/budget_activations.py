@@ -111,10 +111,16 @@ def moe_decode_gather_bytes(config, batch: int = 1, act_dtype="bf16") -> float:
 def repeat_kv_bytes(s: Shape, n: int, b: float) -> float:
     """Eager attention's ``repeat_kv``: K and V over ``n = batch · positions`` token positions copied to
     every query head, ``2·n·heads·head_dim·b`` (none when ``kv_heads = heads``, or with MLA, whose
-    heads are not grouped). transformers 5.17 ``eager_attention_forward``."""
+    heads are not grouped). With one KV head (multi-query, Gemma-3-1B) ``expand(...).reshape(...)``
+    is a view with a zero stride, and each ``torch.matmul`` makes its own contiguous copy of that
+    operand, freed when it returns: one ``n·heads·head_dim·b`` at a time (the recorded decode peak of
+    Gemma-3-1B eager 512 × 16 holds V's copy, allocated at ``matmul(attn_weights, value_states)``,
+    and no K copy; ``results/h200/alloc_events_points_2026-12-03.json.gz``). transformers 5.17
+    ``repeat_kv`` and ``eager_attention_forward``."""
     if s.mla or s.kv_heads >= s.heads:
         return 0
-    return 2 * n * s.heads * s.head_dim * b
+    copies = 1 if s.kv_heads == 1 else 2
+    return copies * n * s.heads * s.head_dim * b
 
 
 def block_transients(s: Shape, lay: Layout, positions: int, batch: int, act_dtype, attention: str,

@@ -136,6 +136,20 @@ def test_eager_decode_counts_repeat_kv_of_the_whole_cache():
     assert B.generation_peak(mha, 8192, 32, 1, attention="eager")["decode"] == B.generation_peak(mha, 8192, 32, 1)["decode"]
 
 
+def test_one_kv_head_repeats_as_a_view_and_matmul_copies_one_operand_at_a_time():
+    """With one KV head (Gemma-3-1B) repeat_kv's expand + reshape is a zero-stride view of the cache;
+    each matmul copies its operand, so eager holds one repeated tensor at a time, not K's and V's."""
+    from transformers.models.gemma3.modeling_gemma3 import repeat_kv
+
+    from helpers.budget_activations import repeat_kv_bytes
+    for kv, copies in ((1, 1), (2, 2)):
+        x = torch.randn(2, kv, 16, 8)
+        assert (repeat_kv(x, 8 // kv).data_ptr() == x.data_ptr()) == (kv == 1)
+        cfg = AutoConfig.for_model("gemma3_text", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=8, num_key_value_heads=kv, head_dim=8, vocab_size=100)
+        assert repeat_kv_bytes(Shape.from_config(cfg), 10, 2) == copies * 10 * 8 * 8 * 2
+
+
 @pytest.mark.parametrize("kind,fmt", [("baseline", "fp32"), ("fp8-e4m3", "fp8"), ("int4", "int4")])
 @pytest.mark.parametrize("decode_steps", [0, 5, 16, 21])
 def test_kv_bytes_equal_the_real_caches(kind, fmt, decode_steps):
