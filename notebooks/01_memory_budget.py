@@ -393,7 +393,8 @@ else:
 #   loop still holds while the next forward runs — 9 MiB for Qwen2.5 (vocab 151 936) at batch 16,
 #   the whole of a 10 % error before it was added. Two more mechanisms show in the decode column.
 #   **Eager attention copies the cache at every step**: `repeat_kv` expands the layer's K and V to
-#   every query head before the scores, `2 · batch · heads · positions · head_dim` bytes, far more
+#   every query head before the scores, `2 · batch · heads · positions · head_dim` bytes (with a
+#   single KV head, Gemma-3-1B, the repeat is a view and each matmul copies one of them), far more
 #   than one layer's `torch.cat` on any model with grouped KV heads (Qwen2.5-0.5B's, printed above);
 #   `budget.generation_peak` counts it. **The allocator's blocks are not the tensors' bytes**: a
 #   large-pool block is handed out whole when splitting it would leave less than 1 MiB, so a block
