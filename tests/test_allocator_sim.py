@@ -95,7 +95,7 @@ def test_replay_from_a_recorded_state_reproduces_the_real_decode_peak():
             s.free(live.pop(addr))
         if forward >= 1:
             peak = max(peak, now)
-    assert peak == pytest.approx(point["decode_meas"], abs=MARK_BYTES // 512 * 512 + 4096)
+    assert peak == pytest.approx(point["decode_meas"], rel=1e-3)    # 110.42 vs 110.41 MB
     assert peak > 1.4 * point["decode"]["peak"]      # the tensors' own bytes at that peak: the blocks add 36 MiB
     with pytest.raises(ValueError, match="total_size"):
         A.CachingAllocatorSim.from_snapshot([{"address": 0, "total_size": 4 * MiB, "segment_type": "large",
