@@ -114,7 +114,8 @@ class CachingAllocatorSim:
         """A simulator holding the segments of a recorded ``torch.cuda.memory._snapshot()["segments"]``
         (each ``address``, ``total_size``, ``segment_type`` and ``blocks`` as ``[size, state]``): live
         blocks named ``seg{i}.{j}``, the others free. Segments are added from the highest address down,
-        so the best fit's ties go to the lowest address as in the real allocator."""
+        so the best fit's ties go to the lowest address as in the real allocator. The default allocator's
+        segments only (each a ``cudaMalloc``; no ``expandable_segments`` pages)."""
         sim = cls()
         for i, sg in enumerate(sorted(segments, key=lambda s: -s["address"])):
             seg, offset = Segment("small" if sg["segment_type"] == "small" else "large", sg["total_size"]), 0
