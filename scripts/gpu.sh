@@ -10,7 +10,7 @@
 #                         (COURSE_PROFILE to change it) -> $OUT/notebooks/*.ipynb, $OUT/run_all.json
 #   prebuild              scripts/prebuild.py (03-09 in the workshop profile, cache COURSE_CACHE, default /tmp/course-cache-workshop;
 #                         PREBUILD_ONLY="07 08 09" for some) -> $OUT/prebuild/
-#   workshop              the prebuild unless the cache holds it, then scripts/workshop_run.py (PARTICIPANTS, default 4,
+#   workshop              the prebuild (of $PREBUILD_ONLY when set) unless the cache holds it, then scripts/workshop_run.py (PARTICIPANTS, default 4,
 #                         under CAP_GIB, default 15, started together; one cache; NOTEBOOKS="notebooks/08_….ipynb …" for
 #                         some) -> $OUT/workshop/workshop.json
 #   budget [ARCH ...]     python -m benchmarks.budget_accuracy               -> $OUT/budget_accuracy.json
@@ -53,7 +53,8 @@ run_part() {
     prebuild) COURSE_CACHE=${COURSE_CACHE:-/tmp/course-cache-workshop} timeout "$T" python3 scripts/prebuild.py \
                 --out "$OUT/prebuild" ${PREBUILD_ONLY:+--only $PREBUILD_ONLY} 2>&1 | tee "$OUT/prebuild.log" | tail -12 ;;
     workshop) export COURSE_CACHE=${COURSE_CACHE:-/tmp/course-cache-workshop}
-              python3 scripts/prebuild.py --check >/dev/null 2>&1 || run_part prebuild
+              if [ -n "${PREBUILD_ONLY:-}" ]; then run_part prebuild   # rebuild what those notebooks use first
+              else python3 scripts/prebuild.py --check >/dev/null 2>&1 || run_part prebuild; fi
               timeout "$T" python3 scripts/workshop_run.py --participants "${PARTICIPANTS:-4}" --cap-gib "${CAP_GIB:-15}" \
                 --time-limit-s "$(( T - 15 ))" --out "$OUT/workshop" ${NOTEBOOKS:-} 2>&1 | tee "$OUT/workshop.log" | tail -14 ;;
     budget) timeout "$T" python3 -m benchmarks.budget_accuracy --out "$OUT/budget_accuracy.json" ${1:+--archs "$@"} 2>&1 \
