@@ -53,10 +53,12 @@ run_part() {
     prebuild) COURSE_CACHE=${COURSE_CACHE:-/tmp/course-cache-workshop} timeout "$T" python3 scripts/prebuild.py \
                 --out "$OUT/prebuild" ${PREBUILD_ONLY:+--only $PREBUILD_ONLY} 2>&1 | tee "$OUT/prebuild.log" | tail -12 ;;
     workshop) export COURSE_CACHE=${COURSE_CACHE:-/tmp/course-cache-workshop}
-              if [ -n "${PREBUILD_ONLY:-}" ]; then run_part prebuild   # rebuild what those notebooks use first
-              else python3 scripts/prebuild.py --check >/dev/null 2>&1 || run_part prebuild; fi
+              # with PREBUILD_ONLY, rebuild what those notebooks use first (the variants check is then skipped:
+              # 07-09 read checkpoints, not the variants of 03-06)
+              if [ -n "${PREBUILD_ONLY:-}" ]; then run_part prebuild; skip=--skip-cache-check
+              else python3 scripts/prebuild.py --check >/dev/null 2>&1 || run_part prebuild; skip=; fi
               timeout "$T" python3 scripts/workshop_run.py --participants "${PARTICIPANTS:-4}" --cap-gib "${CAP_GIB:-15}" \
-                --time-limit-s "$(( T - 15 ))" --out "$OUT/workshop" ${NOTEBOOKS:-} 2>&1 | tee "$OUT/workshop.log" | tail -14 ;;
+                --time-limit-s "$(( T - 15 ))" --out "$OUT/workshop" $skip ${NOTEBOOKS:-} 2>&1 | tee "$OUT/workshop.log" | tail -14 ;;
     budget) timeout "$T" python3 -m benchmarks.budget_accuracy --out "$OUT/budget_accuracy.json" ${1:+--archs "$@"} 2>&1 \
               | tee "$OUT/budget_accuracy.log" | tail -40 ;;
     allocator) timeout "$T" python3 -m benchmarks.allocator_agreement --random "${RANDOM_N:-40}" --seed-start "${SEED_START:-0}" \
@@ -66,6 +68,11 @@ run_part() {
     trace) timeout "$T" python3 -m benchmarks.alloc_trace --out "$OUT/alloc_trace.json" ${TRACE_ARGS:-} 2>&1 | tee "$OUT/alloc_trace.log" | tail -6 ;;
     *) echo "unknown part $part (see the header of scripts/gpu.sh)"; return 2 ;;
   esac
+  # the device tool brings back a limited number of files: a folder of many (executed notebooks, plots,
+  # run_all.json) also comes back whole as one tarball
+  for d in notebooks workshop prebuild; do
+    [ "$part" = "$d" ] && [ -d "$OUT/$d" ] && tar czf "$OUT/$d.tgz" -C "$OUT" "$d"
+  done
   echo "=== $part done in $(( $(date +%s) - t0 )) s"
 }
 [ $# -gt 0 ] || { sed -n '2,20p' "$0"; exit 2; }
