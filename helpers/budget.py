@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from .budget_activations import block_transients, decode_gather, repeat_kv_bytes
+from .budget_activations import block_transients, decode_gather, mla_expand_bytes, repeat_kv_bytes
 from .budget_inputs import (
     ATTENTIONS,
     CACHES,
@@ -259,7 +259,8 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     are small next to the KV cache and are not counted, but eager's ``repeat_kv`` copies the layer's
     whole K and V to every query head at each step, ``2·batch·heads·positions·head_dim·b`` when
     ``kv_heads < heads`` (positions: what the layer attends to at the last step fed), which outgrows
-    one layer's ``torch.cat``. ``score_copies``: the fp32 ``batch·vocab`` copies generate's logits
+    one layer's ``torch.cat``; with MLA (DeepSeek-V2) each step expands the cached latents into every
+    head's keys and values (:func:`~helpers.budget_activations.mla_expand_bytes`). ``score_copies``: the fp32 ``batch·vocab`` copies generate's logits
     processors make of each step's scores and hold into the next step (0 for plain greedy decoding;
     1 with ``min_new_tokens``, whose processor returns ``torch.where(eos, −inf, scores)`` — how the
     course's measurements force their token count).
@@ -293,9 +294,17 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
 
     b = dtype_bytes(act_dtype)
     eager = attention == "eager" and new_tokens > 1        # a step fed back to the model, whose attention repeats K, V
+
+    def expanded(positions):
+        """What a fed step's attention makes from a cache of ``positions``: eager's repeated K and V, or
+        MLA's keys and values expanded from the cached latents (:func:`mla_expand_bytes`)."""
+        if new_tokens == 1:
+            return 0
+        return (repeat_kv_bytes(s, batch * positions, b) if eager else 0) + sum(
+            mla_expand_bytes(s, batch, positions, b, attention))
     # the last step fed: a static layer returns all its allocated positions; a dynamic one what it stores
     seen = prompt_len + new_tokens if cache == "static" else max(storage_positions(s, prompt_len, new_tokens - 1))
-    last = repeat_kv_bytes(s, batch * seen, b) if eager else 0
+    last = expanded(seen)
     first_layer = next(i for i, c in enumerate(s.caches) if c.kind != "none")
     if cache == "static":
         prefill, decode = kv_full + act["peak"], kv_full + step(0, last)
@@ -310,7 +319,7 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
             kv_prompt, first_cat = kv_bytes(config, prompt_len, batch, kv_dtype), 0
         layer_kv = kv_full / s.layers / 2
         prefill = kv_prompt + act["peak"]
-        first_repeated = repeat_kv_bytes(s, batch * storage_positions(s, prompt_len, 1)[first_layer], b) if eager else 0
+        first_repeated = expanded(storage_positions(s, prompt_len, 1)[first_layer])
         decode = max(kv_prompt + step(first_cat, first_repeated), kv_full + step(layer_kv, last))
     return {"prefill": prefill, "decode": decode, "peak": max(prefill, decode), "kv": kv_full}
 

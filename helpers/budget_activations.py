@@ -123,6 +123,24 @@ def repeat_kv_bytes(s: Shape, n: int, b: float) -> float:
     return copies * n * s.heads * s.head_dim * b
 
 
+def mla_expand_bytes(s: Shape, batch: int, positions: int, b: float, attention: str) -> tuple:
+    """The tensors a decode step's MLA attention makes from the cached latents of ``positions``
+    positions, per layer, as ``(kv_b_proj's output, the keys, eager's copy of the values)``:
+    ``batch·positions·heads·(nope + v)·b`` (``kv_b_proj`` over every cached latent; k_nope and the
+    values are views of it), ``batch·positions·heads·(nope + rope)·b`` (``key_states``, a new tensor
+    the two key parts are copied into), and with eager attention at ``batch > 1`` the values'
+    contiguous copy ``batch·positions·heads·v·b``: a value view's batch and head strides do not fold
+    into one, so ``torch.matmul(attn_weights, value_states)`` copies it (at batch 1 they fold and it
+    does not). transformers 5.17 ``DeepseekV2Attention.expand_kv``, run after the cache's
+    ``update`` has returned the latents; the H200's recorded DeepSeek-V2-Lite decode peaks at 8192
+    positions (``results/h200/budget_accuracy.json``). ``()`` without MLA."""
+    if not s.mla:
+        return ()
+    a, n = s.mla, batch * positions
+    values = n * s.heads * a.v_dim * b if attention == "eager" and batch > 1 else 0
+    return (n * s.heads * (a.nope_dim + a.v_dim) * b, n * s.heads * (a.nope_dim + a.rope_dim) * b, values)
+
+
 def block_transients(s: Shape, lay: Layout, positions: int, batch: int, act_dtype, attention: str,
                      device: str, cached: bool = False) -> dict:
     """The transient bytes of one decoder block over ``positions`` tokens (``n = batch · positions``,

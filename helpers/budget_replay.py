@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .allocator_sim import simulate
-from .budget_activations import block_transients, decode_gather, repeat_kv_bytes, score_bytes
+from .budget_activations import block_transients, decode_gather, mla_expand_bytes, repeat_kv_bytes, score_bytes
 from .budget_inputs import ATTENTIONS, choice, dtype_bytes, is_fp16, non_negative_int, positive_int
 from .budget_kv import position_bytes, storage_positions
 from .budget_layout import Layout, meta_model
@@ -261,7 +261,8 @@ def decode_ops(s: Shape, lay: Layout, prompt_len: int, new_tokens: int, batch: i
     new V is placed; a sliding or chunked layer's ``DynamicSlidingWindowLayer.update`` makes both
     ``cat`` results before it rebinds either — transformers 5.17, ``cache_utils.py`` lines 146–147
     and 251–258; eager's ``repeat_kv`` copy of the whole K and V when ``kv_heads < heads``,
-    :func:`repeat_kv_bytes`) and the MLP's (with a
+    :func:`repeat_kv_bytes`; MLA's keys and values expanded from the cached latents, each its own
+    tensor, :func:`mla_expand_bytes`) and the MLP's (with a
     mixture of experts' gathered weights, :func:`decode_gather`), then :func:`_logits_ops`. The
     generate's scores are freed after the last step."""
     b = int(dtype_bytes(dtype))
@@ -282,6 +283,9 @@ def decode_ops(s: Shape, lay: Layout, prompt_len: int, new_tokens: int, batch: i
             rep = int(repeat_kv_bytes(s, batch * (pos[l] or max(pos)), b)) if attention == "eager" else 0
             if rep:
                 ops += [["alloc", f"rep{t}.{l}", rep], ["free", f"rep{t}.{l}"]]
+            expand = [x for x in mla_expand_bytes(s, batch, pos[l] or max(pos), b, attention) if x]
+            ops += [["alloc", f"mla{t}.{l}.{i}", int(x)] for i, x in enumerate(expand)]
+            ops += [["free", f"mla{t}.{l}.{i}"] for i in range(len(expand))]
             ops += [["free", f"att{t}.{l}"], ["alloc", f"mlp{t}.{l}", int(one["mlp"])]]
             if gather and l in s.moe.sparse_layers:   # batched_mm's gathered expert weights: gate|up, then down
                 up = gather * 2 // 3

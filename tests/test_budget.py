@@ -767,3 +767,19 @@ def test_decode_allocated_sees_the_blocks_the_tensor_budget_does_not():
         B.generation_peak(small, 64, 4, 2, score_copies=1)["decode"], rel=0.05)
     with pytest.raises(ValueError, match="score_copies"):
         decode_allocated(small, 64, 4, 2, score_copies=-1)
+
+
+def test_mla_decode_counts_the_latents_expanded_at_the_last_step():
+    """DeepSeek-V2-Lite at 8192 × 1: the last step fed expands 8192 + 31 cached latents into 16 heads'
+    keys (128 + 64) and values' source (kv_b_proj's 128 + 128), which outgrows the MoE gather there;
+    with eager at batch 2 the values are copied too."""
+    from helpers.budget_activations import mla_expand_bytes
+    cfg = models.architecture_config("DeepSeek-V2-Lite")
+    s = Shape.from_config(cfg)
+    positions = 8192 + 32 - 1
+    assert mla_expand_bytes(s, 1, positions, 2, "sdpa") == (positions * 16 * 256 * 2, positions * 16 * 192 * 2, 0)
+    assert mla_expand_bytes(s, 2, positions, 2, "eager")[2] == 2 * positions * 16 * 128 * 2
+    g = B.generation_peak(cfg, 8192, 32, 1)
+    assert g["decode"] >= g["kv"] + positions * 16 * 448 * 2
+    short = B.generation_peak(cfg, 512, 32, 1)      # there the gathered experts are the step's widest stage
+    assert short["decode"] - short["kv"] < positions * 16 * 448 * 2

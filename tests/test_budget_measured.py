@@ -218,3 +218,37 @@ def test_eager_prefill_with_a_cache_holds_k_and_v_once(family):
                             for c in (True, False))
         assert abs(cached - meas) <= 0.02 * meas, f"{family} {positions}×{batch}: {cached:,.0f} B vs measured {meas:,.0f} B"
         assert abs(cached - meas) < abs(uncached - meas)
+
+
+def test_mla_decode_step_expands_the_cached_latents():
+    """A DeepSeek-V2 decode step over a cache of latents: every layer expands all cached positions into
+    each head's keys and values (kv_b_proj's output and the key tensor), and eager attention at
+    batch > 1 also copies the values (their batch and head strides do not fold into one matmul batch).
+    Measured peak of one fed token's forward = :func:`mla_expand_bytes` + a one-token activation; at
+    batch 1 there is no value copy. (Eager only: a CPU's SDPA falls back to the math kernel for MLA.)"""
+    cfg = CONFIGS["deepseek_v2 (MLA + MoE)"]()
+    s = Shape.from_config(cfg)
+    torch.manual_seed(0)
+    model = T.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="eager").eval()
+
+    def step_peak(batch, prompt):
+        g = torch.Generator().manual_seed(0)
+        cache = T.DynamicCache(config=cfg)
+        with torch.no_grad():
+            model(torch.randint(3, 900, (batch, prompt), generator=g), past_key_values=cache, use_cache=True,
+                  logits_to_keep=1)
+        token, mask = torch.randint(3, 900, (batch, 1), generator=g), torch.ones(batch, prompt + 1, dtype=torch.long)
+        return host_alloc.peak_bytes(lambda: model(token, attention_mask=mask, past_key_values=cache, use_cache=True,
+                                                   logits_to_keep=1).logits, warmup=False)["peak"]
+
+    for batch, prompt in [(2, 1024), (3, 512)]:
+        parts = budget_activations.mla_expand_bytes(s, batch, prompt + 1, 2, "eager")
+        assert parts[0] == batch * (prompt + 1) * 8 * (32 + 32) * 2 and parts[2] == batch * (prompt + 1) * 8 * 32 * 2
+        pred = sum(parts) + budget.activation_bytes(cfg, 1, batch, attention="eager", device="cpu", cached=True)["peak"]
+        meas = step_peak(batch, prompt)
+        assert abs(pred - meas) <= 0.03 * meas, f"{batch}×{prompt}: predicted {pred:,.0f} B, measured {meas:,.0f} B"
+    one = budget_activations.mla_expand_bytes(s, 1, 1025, 2, "eager")
+    assert one[2] == 0
+    meas = step_peak(1, 1024)
+    assert sum(one) < meas < sum(one) + 1025 * 8 * 32 * 2      # the expansion, and no value copy at batch 1
+    assert budget_activations.mla_expand_bytes(Shape.from_config(CONFIGS["llama"]()), 2, 100, 2, "eager") == ()
