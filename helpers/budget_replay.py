@@ -17,7 +17,7 @@ import torch
 from .allocator_sim import simulate
 from .budget_activations import block_transients, decode_gather, mla_expand_bytes, repeat_kv_bytes, score_bytes
 from .budget_inputs import ATTENTIONS, choice, dtype_bytes, is_fp16, non_negative_int, positive_int
-from .budget_kv import position_bytes, storage_positions
+from .budget_kv import kv_widths, storage_positions
 from .budget_layout import Layout, meta_model
 from .budget_shape import Shape
 from .models import parse_dtype
@@ -211,7 +211,8 @@ def prefill_ops(config, s: Shape, lay: Layout, prompt_len: int, batch: int, atte
     it reserve more."""
     b = int(dtype_bytes(dtype))
     act = block_transients(s, lay, prompt_len, batch, dtype, attention, "cuda", cached=True)
-    per_pos = position_bytes(s, b) * batch / 2                          # K (or V) bytes per position
+    heads, k_dim, v_dim = kv_widths(s)
+    per_pos = {"K": heads * k_dim * b * batch, "V": heads * v_dim * b * batch}   # bytes per position (MLA: the two latents)
     pos0 = storage_positions(s, prompt_len, 0)                            # the prefill's storage
     ops = [["alloc", "residual", int(act["residual"])]]
     S = batch * s.heads * prompt_len**2                                    # eager's score elements
@@ -230,7 +231,7 @@ def prefill_ops(config, s: Shape, lay: Layout, prompt_len: int, batch: int, atte
         norm = norm_ops(f"ln{l}", batch * prompt_len * s.hidden, b)
         ops += (norm + attn if lay.pre_norm else attn + norm) + [["free", f"ln{l}"]]
         if pos0[l]:               # a layer reading another layer's cache stores nothing
-            ops += [["alloc", f"K{l}_0", int(per_pos * pos0[l])], ["alloc", f"V{l}_0", int(per_pos * pos0[l])]]
+            ops += [["alloc", f"{kv}{l}_0", int(per_pos[kv] * pos0[l])] for kv in "KV"]
         ops += mlp_ops(f"mlp{l}", s, lay, batch * prompt_len, b, mlp)
         if attention == "eager":
             ops.append(["free", f"weights{l}"])
@@ -256,7 +257,8 @@ def decode_ops(s: Shape, lay: Layout, prompt_len: int, new_tokens: int, batch: i
                score_copies: int = 0) -> list:
     """Every decode step fed back to the model (``new_tokens − 1``; the last generated token never is):
     its one-position residual, per layer the step's attention transients with ``torch.cat`` of the
-    layer's K and V one position longer (a new block, the old one freed: a full layer's
+    layer's K and V one position longer (each at its own width — MLA's two latents, ``kv_lora_rank``
+    and the rotary key, are two tensors of different sizes; a new block, the old one freed: a full layer's
     ``DynamicLayer.update`` rebinds ``self.keys`` before V's ``cat``, so the old K is free when the
     new V is placed; a sliding or chunked layer's ``DynamicSlidingWindowLayer.update`` makes both
     ``cat`` results before it rebinds either — transformers 5.17, ``cache_utils.py`` lines 146–147
@@ -267,7 +269,8 @@ def decode_ops(s: Shape, lay: Layout, prompt_len: int, new_tokens: int, batch: i
     generate's scores are freed after the last step."""
     b = int(dtype_bytes(dtype))
     one = block_transients(s, lay, 1, batch, dtype, "sdpa", "cuda", cached=True)
-    per_pos = position_bytes(s, b) * batch / 2
+    heads, k_dim, v_dim = kv_widths(s)
+    per_pos = {"K": heads * k_dim * b * batch, "V": heads * v_dim * b * batch}
     gather = int(decode_gather(s, lay, batch, b))
     caches = s.check_caches()
     ops = []
@@ -277,7 +280,7 @@ def decode_ops(s: Shape, lay: Layout, prompt_len: int, new_tokens: int, batch: i
         for l in range(s.layers):
             ops.append(["alloc", f"att{t}.{l}", int(one["attention"])])
             if pos[l]:
-                new = [["alloc", f"{kv}{l}_{t}", int(per_pos * pos[l])] for kv in "KV"]
+                new = [["alloc", f"{kv}{l}_{t}", int(per_pos[kv] * pos[l])] for kv in "KV"]
                 old = [["free", f"{kv}{l}_{t - 1}"] for kv in "KV"]
                 ops += new + old if caches[l].window is not None else [new[0], old[0], new[1], old[1]]
             rep = int(repeat_kv_bytes(s, batch * (pos[l] or max(pos)), b)) if attention == "eager" else 0
