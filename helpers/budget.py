@@ -47,7 +47,7 @@ from .budget_inputs import (
     non_negative_int,
     positive_int,
 )
-from .budget_kv import KVLayout, exposed_positions, kv_widths, position_bytes, storage_positions
+from .budget_kv import KVLayout, exposed_positions, kv_tensor_bytes, kv_widths, position_bytes, storage_positions
 from .budget_layout import Layout, attention_params, meta_model, mlp_params, norm_params, parameter_parts
 from .budget_shape import Shape
 from .quant import bits_per_weight
@@ -306,6 +306,8 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
     seen = prompt_len + new_tokens if cache == "static" else max(storage_positions(s, prompt_len, new_tokens - 1))
     last = expanded(seen)
     first_layer = next(i for i, c in enumerate(s.caches) if c.kind != "none")
+    k_one, v_one = kv_tensor_bytes(s, 1)
+    k_share = k_one / (k_one + v_one)                  # K's part of a position's bytes: ½, or MLA's latent
     if cache == "static":
         prefill, decode = kv_full + act["peak"], kv_full + step(0, last)
     else:
@@ -313,11 +315,11 @@ def generation_peak(config, prompt_len: int, new_tokens: int, batch: int = 1, ac
             # the bytes of the storage, which a sliding layer's view keeps whole after the prefill
             per = position_bytes(s, dtype_bytes(kv_dtype)) * batch
             held = lambda steps: sum(storage_positions(s, prompt_len, steps)) * per  # noqa: E731
-            first_cat = storage_positions(s, prompt_len, 1)[first_layer] * per / 2   # its new K
+            first_cat = storage_positions(s, prompt_len, 1)[first_layer] * per * k_share   # its new K
             kv_prompt = held(0)
         else:
             kv_prompt, first_cat = kv_bytes(config, prompt_len, batch, kv_dtype), 0
-        layer_kv = kv_full / s.layers / 2
+        layer_kv = kv_full / s.layers * k_share      # one layer's new K (the larger latent with MLA)
         prefill = kv_prompt + act["peak"]
         first_repeated = expanded(storage_positions(s, prompt_len, 1)[first_layer])
         decode = max(kv_prompt + step(first_cat, first_repeated), kv_full + step(layer_kv, last))

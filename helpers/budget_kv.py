@@ -103,11 +103,18 @@ def kv_widths(s: Shape) -> tuple[int, int, int]:
     return s.kv_heads, s.head_dim, s.head_dim
 
 
+def kv_tensor_bytes(s: Shape, b: float) -> tuple[float, float]:
+    """Bytes of one position in one layer's K tensor and in its V tensor at ``b`` bytes per element:
+    ``heads · k_dim · b`` and ``heads · v_dim · b`` over :func:`kv_widths` — equal halves, except with
+    MLA, whose two cached latents (``kv_lora_rank`` and the rotary key) differ in width."""
+    heads, k, v = kv_widths(s)
+    return heads * k * b, heads * v * b
+
+
 def position_bytes(s: Shape, b: float) -> float:
     """Bytes of one position's K and V in one layer at ``b`` bytes per element: ``heads · (k_dim + v_dim) · b``
     over :func:`kv_widths`."""
-    heads, k, v = kv_widths(s)
-    return heads * (k + v) * b
+    return sum(kv_tensor_bytes(s, b))
 
 
 def kv_position_bytes(config, kv_dtype="bf16") -> float:

@@ -17,7 +17,7 @@ import torch
 from .allocator_sim import simulate
 from .budget_activations import block_transients, decode_gather, mla_expand_bytes, repeat_kv_bytes, score_bytes
 from .budget_inputs import ATTENTIONS, choice, dtype_bytes, is_fp16, non_negative_int, positive_int
-from .budget_kv import kv_widths, storage_positions
+from .budget_kv import kv_tensor_bytes, storage_positions
 from .budget_layout import Layout, meta_model
 from .budget_shape import Shape
 from .models import parse_dtype
@@ -211,8 +211,7 @@ def prefill_ops(config, s: Shape, lay: Layout, prompt_len: int, batch: int, atte
     it reserve more."""
     b = int(dtype_bytes(dtype))
     act = block_transients(s, lay, prompt_len, batch, dtype, attention, "cuda", cached=True)
-    heads, k_dim, v_dim = kv_widths(s)
-    per_pos = {"K": heads * k_dim * b * batch, "V": heads * v_dim * b * batch}   # bytes per position (MLA: the two latents)
+    per_pos = dict(zip("KV", (x * batch for x in kv_tensor_bytes(s, b))))   # bytes per position (MLA: the two latents)
     pos0 = storage_positions(s, prompt_len, 0)                            # the prefill's storage
     ops = [["alloc", "residual", int(act["residual"])]]
     S = batch * s.heads * prompt_len**2                                    # eager's score elements
@@ -269,8 +268,7 @@ def decode_ops(s: Shape, lay: Layout, prompt_len: int, new_tokens: int, batch: i
     generate's scores are freed after the last step."""
     b = int(dtype_bytes(dtype))
     one = block_transients(s, lay, 1, batch, dtype, "sdpa", "cuda", cached=True)
-    heads, k_dim, v_dim = kv_widths(s)
-    per_pos = {"K": heads * k_dim * b * batch, "V": heads * v_dim * b * batch}
+    per_pos = dict(zip("KV", (x * batch for x in kv_tensor_bytes(s, b))))
     gather = int(decode_gather(s, lay, batch, b))
     caches = s.check_caches()
     ops = []

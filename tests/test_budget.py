@@ -5,7 +5,7 @@ from transformers import AutoConfig, LlamaConfig
 from helpers import budget as B
 from helpers import models
 from helpers.budget_activations import eager_score_bytes, moe_decode_gather_bytes
-from helpers.budget_kv import kv_position_bytes, kv_positions, kv_storage_positions, layer_windows
+from helpers.budget_kv import kv_position_bytes, kv_positions, kv_storage_positions, kv_tensor_bytes, layer_windows
 from helpers.budget_layout import Layout
 from helpers.budget_replay import device_footprint, eager_ops, generation_ops, weight_allocation, weight_ops
 from helpers.budget_shape import MLA, LayerCache, MoE, Shape
@@ -789,16 +789,15 @@ def test_replay_places_mla_latents_as_two_tensors_of_their_own_sizes():
     """The cache's two MLA latents are separate tensors of different widths (kv_lora_rank = 512 and the
     rotary key's 64 per position for DeepSeek-V2-Lite): the replay allocates each at its own size —
     the rotary one below 1 MiB goes to the small pool — not two halves of their sum."""
-    import torch as _torch
-
     from helpers.budget_replay import generation_phases
     cfg = models.architecture_config("DeepSeek-V2-Lite")
-    _, pre, dec = generation_phases(cfg, 2048, 4, 1, "sdpa", _torch.bfloat16)
+    _, pre, dec = generation_phases(cfg, 2048, 4, 1, "sdpa", torch.bfloat16)
     sizes = {op[1]: op[2] for op in pre + dec if op[0] == "alloc"}
+    assert kv_tensor_bytes(Shape.from_config(cfg), 2) == (512 * 2, 64 * 2)
     assert (sizes["K0_0"], sizes["V0_0"]) == (2048 * 512 * 2, 2048 * 64 * 2)
     assert (sizes["K3_1"], sizes["V3_1"]) == (2049 * 512 * 2, 2049 * 64 * 2)
     llama = generation_phases(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                           num_attention_heads=4, num_key_value_heads=2, vocab_size=100),
-                              16, 2, 1, "sdpa", _torch.bfloat16)[1]
+                              16, 2, 1, "sdpa", torch.bfloat16)[1]
     k, v = ({op[1]: op[2] for op in llama if op[0] == "alloc"}[n] for n in ("K0_0", "V0_0"))
     assert k == v == 16 * 2 * 16 * 2
