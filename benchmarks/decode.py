@@ -35,7 +35,7 @@ def main():
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--formats", default="bf16,W4A16 ours,W4A16 tinygemm")
     ap.add_argument("--family-from", help="a kernels.json whose meta.family our W4 layers use (auto_config)")
-    ap.add_argument("--family", default="{}", help='JSON added to the kernel family, e.g. \'{"PREFETCH": true}\' '
+    ap.add_argument("--family", default="{}", help='JSON added to the kernel family, e.g. \'{"HALF2": true}\' '
                                                  "for the one-row GEMV's options")
     ap.add_argument("--profile", action="store_true", help="one eager step per format under torch.profiler")
     ap.add_argument("--compile", default="", help="batches (e.g. 1,8) whose decode step is also torch.compiled, "

@@ -58,18 +58,6 @@ STEPS = (  # the CUDA-core GEMV, one optimisation at a time (helpers/w4_kernel.p
      dict(BLOCK_N=128, GROUPS=None, SPLIT_K=None, MAGIC=True, num_stages=3)),
     ("gemv step 6: + two codes per instruction (fp16 pairs, centred codes)",
      dict(BLOCK_N=128, GROUPS=None, SPLIT_K=None, MAGIC=True, HALF2=True, num_stages=1)),
-    ("gemv tried: step 5 + the next step's words and x in registers (prefetch)",
-     dict(BLOCK_N=128, GROUPS=None, SPLIT_K=None, MAGIC=True, PREFETCH=True, num_stages=1)),
-    ("gemv tried: step 5 + each step's block contiguous (tiled layout)",
-     dict(BLOCK_N=128, GROUPS=None, SPLIT_K=None, MAGIC=True, TILED=True, num_stages=1)),
-    ("gemv tried: step 5 + tiled layout + prefetch",
-     dict(BLOCK_N=128, GROUPS=None, SPLIT_K=None, MAGIC=True, TILED=True, PREFETCH=True, num_stages=1)),
-    ("gemv tried: step 5 + tiled layout + prefetch + fp16 pairs",
-     dict(BLOCK_N=128, GROUPS=None, SPLIT_K=None, MAGIC=True, TILED=True, PREFETCH=True, HALF2=True,
-          num_stages=1)),
-    ("gemv tried: step 5 + tiled layout + prefetch, 256 rows per program",
-     dict(BLOCK_N=256, GROUPS=None, SPLIT_K=None, MAGIC=True, TILED=True, PREFETCH=True, num_warps=8,
-          num_stages=1)),
 )
 
 
@@ -107,8 +95,7 @@ def ours_ms(sh: Shape, g: int, x: torch.Tensor, cfg: dict) -> dict:
     """Our kernel with ``cfg`` on every packed copy: graph-replay ms per call (and ``do_bench`` ms)."""
     ps = sh.packed[g]
     locks = torch.zeros(4096, dtype=torch.int32, device="cuda")
-    tiled = [w4_kernel.tile_gemv_words(p, cfg) if cfg.get("TILED") else None for p in ps]
-    fns = [lambda p=p, t=t: w4_kernel.w4a16_matmul(x, p, cfg, locks=locks, tiled=t) for p, t in zip(ps, tiled)]
+    fns = [lambda p=p: w4_kernel.w4a16_matmul(x, p, cfg, locks=locks) for p in ps]
     return {"cudagraph": timing.graph_ms(fns), "do_bench": None}
 
 
@@ -203,8 +190,7 @@ def main():
             ref = w4_format.reference_matmul(x.float(), p0).float()
             steps = [step_config(p0, scfg) for _, scfg in STEPS]
             for cfg in gemvs + steps + [auto]:   # every timed config, exact against the readable reference
-                tiled = w4_kernel.tile_gemv_words(p0, cfg) if cfg.get("TILED") else None
-                err = ((w4_kernel.w4a16_matmul(x, p0, cfg, out_dtype=torch.float32, tiled=tiled) - ref).abs().max()
+                err = ((w4_kernel.w4a16_matmul(x, p0, cfg, out_dtype=torch.float32) - ref).abs().max()
                        / ref.abs().max()).item()
                 for r in rows:
                     if r.get("phase", "").startswith("G") and r.get("shape") == label and r.get("group") == g \

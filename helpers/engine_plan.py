@@ -179,13 +179,16 @@ def rounding_bounds(parsed: dict, per_token: int, block_size: int = 16) -> tuple
 
 @torch.no_grad()
 def measure_profile(model, max_num_batched_tokens: int = 2048, utilization: float = 0.9) -> MemoryProfile:
-    """vLLM's start-up profile, measured the same way on a model already on the GPU: weights =
-    allocated bytes now; activation peak = the allocator's peak during one forward over
-    ``max_num_batched_tokens`` tokens, minus the weights; non-torch = this process's device memory
-    outside PyTorch's allocator (NVML per process − reserved: its CUDA context, cuBLAS workspaces),
-    never other processes' memory. Where the driver reports no per-process memory, vLLM's own
-    measure: how much the device's memory outside PyTorch grew during the profiling forward (other
-    processes' constant memory cancels; the context created before is then not counted)."""
+    """vLLM's start-up profile, measured the same way on a model already on the GPU: weights = the
+    bytes of the model's own tensors (:func:`helpers.measure.module_bytes`; vLLM reads the memory its
+    model loading took, which is the same bytes, while anything else live here — an earlier cell's
+    tensors — is not the model's); activation peak = the allocator's peak during one forward over
+    ``max_num_batched_tokens`` tokens above what was live before it; non-torch = this process's device
+    memory outside PyTorch's allocator (NVML per process − reserved: its CUDA context, cuBLAS
+    workspaces), never other processes' memory. Where the driver reports no per-process memory, vLLM's
+    own measure: how much the device's memory outside PyTorch grew during the profiling forward (other
+    processes' constant memory cancels; the context created before is then not counted). ``total`` is
+    the card's memory, or the emulated card's under ``COURSE_GPU_GIB`` (:func:`helpers.device.card_gib`)."""
     max_num_batched_tokens = positive_int(max_num_batched_tokens, "max_num_batched_tokens",
                                           "tokens of the profiling forward (vLLM's --max-num-batched-tokens)")
     utilization = number_in(utilization, "utilization (gpu_memory_utilization)", 0, 1, low_open=True,
@@ -194,20 +197,25 @@ def measure_profile(model, max_num_batched_tokens: int = 2048, utilization: floa
     if not torch.cuda.is_available():
         raise RuntimeError("measure_profile needs a CUDA device (on CPU, plan from a vLLM log or from budget())")
     from .data import random_ids
-    from .measure import PeakMeter, non_torch_bytes
+    from .device import card_gib
+    from .measure import PeakMeter, module_bytes, non_torch_bytes
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     free0, total = torch.cuda.mem_get_info()
     outside0 = (total - free0) - torch.cuda.memory_reserved()
+    weights = module_bytes(model)
     ids = random_ids(model.config.vocab_size, (1, max_num_batched_tokens))
-    with PeakMeter() as meter:                  # its base: the weights (all that is live on the GPU)
+    with PeakMeter() as meter:                  # its base: all that is live now (the weights among it)
         model(input_ids=ids.cuda(), use_cache=False, logits_to_keep=1)
-    weights, activation = meter.base, meter.peak
+    activation = meter.peak
     non_torch = non_torch_bytes(torch.cuda.current_device())
     if non_torch is None:
         free, _ = torch.cuda.mem_get_info()
         non_torch = (total - free) - torch.cuda.memory_reserved() - outside0
     non_torch = max(0, non_torch)
+    card = card_gib()
+    if card is not None:
+        total = int(card * GiB)
     return MemoryProfile(total=total, utilization=utilization, weights=weights, activation_peak=activation,
                          non_torch=non_torch)
 

@@ -163,6 +163,31 @@ def requested_bytes(device=None) -> int:
     return int(torch.cuda.memory_stats(device).get("requested_bytes.all.current", 0))
 
 
+def module_bytes(module: torch.nn.Module) -> int:
+    """Bytes a module's own tensors hold: every distinct storage of its parameters and buffers counted
+    once (tied weights and views once), ``Σ storage.nbytes()``. A tensor subclass (torchao's quantized
+    weights) is counted by the inner tensors it is made of (``__tensor_flatten__``: packed codes,
+    scales, zeros) — its ``numel · element_size`` and even its ``untyped_storage()`` report the dense
+    weight's size. Other live tensors (inputs, earlier cells' results) are not counted, unlike
+    ``memory_allocated()``."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    seen, total = set(), 0
+    stack = list(module.parameters()) + list(module.buffers())
+    while stack:
+        t = stack.pop()
+        if hasattr(type(t), "__tensor_flatten__"):      # a wrapper subclass: count what it wraps
+            names, _ = t.__tensor_flatten__()
+            stack.extend(inner for inner in (getattr(t, n) for n in names) if isinstance(inner, torch.Tensor))
+            continue
+        storage = t.untyped_storage()
+        key = (storage.device, storage.data_ptr())
+        if key not in seen:
+            seen.add(key)
+            total += storage.nbytes()
+    return total
+
+
 def free_memory() -> None:
     """Drop Python garbage and return cached blocks to the driver (what ``empty_cache`` can do)."""
     gc.collect()

@@ -37,6 +37,7 @@ triton is imported: :func:`helpers.device.use_triton_interpreter_without_gpu` se
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 
@@ -149,16 +150,14 @@ def _word_dot_half2(w, x0, x1, x2, x3, x4, x5, x6, x7, MAGIC: tl.constexpr):
 
 def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K, SPLIT_K, stride_wn, stride_sn,
                        GROUP: tl.constexpr, GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, SERIAL: tl.constexpr,
-                       MAGIC: tl.constexpr, HALF2: tl.constexpr, STAGES: tl.constexpr, PREFETCH: tl.constexpr,
-                       TILED: tl.constexpr):
+                       MAGIC: tl.constexpr, HALF2: tl.constexpr, STAGES: tl.constexpr):
     """One row of x (decode at batch 1) on CUDA cores, ``GROUPS`` groups per step: every thread sums its
     rows' codes in registers (no reduction across threads per word), then ``acc += s·(Σ x·q − z·Σ x)``
     per group. ``STAGES`` > 1: the next steps' words are already on their way (asynchronous copies)
     while this one is summed. ``HALF2``: the codes centred, ``acc += s·(Σ x·(q−8) − (z−8)·Σ x)``, two
-    per instruction in fp16 (:func:`_word_dot_half2`) — in fp32 for any step whose ``|x|`` exceeds
-    :data:`HALF2_X_LIMIT`, so a large activation costs time, never a wrong sum. ``PREFETCH``: the next
-    step's words are loaded into registers before this step's are summed. ``TILED``: the words re-packed
-    by :func:`tile_gemv_words` so that each program's step reads one contiguous block."""
+    per instruction in fp16 (:func:`_word_dot_half2`); a step whose ``|x|`` exceeds
+    :data:`HALF2_X_LIMIT` is summed with ``x`` scaled by a power of two ``2^-e`` (exact: only the
+    exponent changes) and its sums scaled back by ``2^e``, so a large activation never overflows."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     WPG: tl.constexpr = GROUP // 8                    # int32 words per row and group
@@ -170,41 +169,24 @@ def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     steps = K // (GROUP * GROUPS)
     span = steps // SPLIT_K
-    if TILED:   # [N/BN, steps, BN, WPS]: the block of (this program's rows, step) is contiguous (rows padded)
-        w_ptrs = w_ptr + (pid_n * steps * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]) * WPS + offs_w[None, :]
-        w_step = BLOCK_N * WPS
-        w_mask = tl.full((BLOCK_N, WPS), 1, tl.int1)
-    else:
-        w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :]
-        w_step = WPS
-        w_mask = mask_n[:, None] & (offs_w[None, :] < WPS)
-    if PREFETCH:
-        w_next = tl.load(w_ptrs + pid_k * span * w_step, mask=w_mask, other=0, eviction_policy="evict_first")
-        n0, n1, n2, n3, n4, n5, n6, n7 = _load_x(x_ptr, pid_k * span, offs_w, WPS)
+    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :]
+    w_mask = mask_n[:, None] & (offs_w[None, :] < WPS)
     for step in tl.range(pid_k * span, (pid_k + 1) * span, num_stages=STAGES):
-        if PREFETCH:   # this step's words arrived during the last step; the next step's are on their way
-            w = w_next
-            more = tl.full((BLOCK_N, WPS), step + 1, tl.int32) < (pid_k + 1) * span   # not past this split
-            w_next = tl.load(w_ptrs + (step + 1) * w_step, mask=w_mask & more, other=0, eviction_policy="evict_first")
-        else:
-            w = tl.load(w_ptrs + step * w_step, mask=w_mask, other=0, eviction_policy="evict_first")   # [BN, WPS]
-        if PREFETCH:
-            x0, x1, x2, x3, x4, x5, x6, x7 = n0, n1, n2, n3, n4, n5, n6, n7
-            n0, n1, n2, n3, n4, n5, n6, n7 = _load_x(x_ptr, tl.minimum(step + 1, K // (GROUP * GROUPS) - 1), offs_w, WPS)
-        else:
-            x0, x1, x2, x3, x4, x5, x6, x7 = _load_x(x_ptr, step, offs_w, WPS)
+        w = tl.load(w_ptrs + step * WPS, mask=w_mask, other=0, eviction_policy="evict_first")   # [BN, WPS]
+        x0, x1, x2, x3, x4, x5, x6, x7 = _load_x(x_ptr, step, offs_w, WPS)
         xw = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))                    # [WPS] Σ x per word
         xs = tl.sum(tl.reshape(xw, (GROUPS, WPG)), axis=1)                            # [G] ... per group
-        if HALF2:
+        if HALF2:   # x scaled by a power of two (exact) so that no fp16 sum can overflow; unscaled after
             big = tl.max(tl.maximum(tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3))),
                                     tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7)))))
-            if big > _X_LIMIT:
-                part = _word_dot_f32(w, x0, x1, x2, x3, x4, x5, x6, x7, MAGIC) - 8.0 * xw[None, :]
-            else:
-                part = _word_dot_half2(w, x0, x1, x2, x3, x4, x5, x6, x7, MAGIC)
+            shrink = tl.where(big > _X_LIMIT, tl.exp2(-tl.ceil(tl.log2(big / _X_LIMIT))), 1.0)
+            part = _word_dot_half2(w, x0 * shrink, x1 * shrink, x2 * shrink, x3 * shrink, x4 * shrink, x5 * shrink,
+                                   x6 * shrink, x7 * shrink, MAGIC)
         else:
             part = _word_dot_f32(w, x0, x1, x2, x3, x4, x5, x6, x7, MAGIC)
         dot = tl.sum(tl.reshape(part, (BLOCK_N, GROUPS, WPG)), axis=2)                # [BN, G] Σ x·q per group
+        if HALF2:
+            dot = dot * (1.0 / shrink)
         g = step * GROUPS + offs_g
         sc = tl.load(s_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
         z = tl.load(z_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
@@ -334,11 +316,14 @@ def _kernel(name: str):
     return _KERNELS[name]
 
 
-GEMV_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "MAGIC", "HALF2", "PREFETCH", "TILED", "num_warps",
-             "num_stages", "maxnreg"}
+GEMV_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "MAGIC", "HALF2", "num_warps", "num_stages", "maxnreg"}
 TC_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "DEQUANT", "SWAP", "REDUCE", "num_warps", "num_stages"}
-DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, GROUPS=1, SPLIT_K=1, MAGIC=True, HALF2=False, PREFETCH=False,
-                      TILED=False, num_warps=4, num_stages=1)
+DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, GROUPS=1, SPLIT_K=1, MAGIC=True, HALF2=False, num_warps=4,
+                      num_stages=1)
+# the GEMV's shapes worth timing, (rows per program, warps, HALF2): the registers per thread set how many
+# programs share a multiprocessor (scripts/kernel_sass.py, sm_90, 2 groups of 128 per step: 128 rows on 4
+# warps 126 in fp32, 99 with fp16 pairs; 64 rows on 2 warps 94, 256 on 8 warps 106 with fp16 pairs)
+GEMV_SHAPES = ((128, 4, False), (64, 4, False), (128, 4, True), (64, 2, True), (256, 8, True))
 GEMV_CTAS_PER_SM = 8   # split-K target of the GEMV (gemv_split): programs per multiprocessor
 TC_DEFAULTS = dict(KERNEL="tc", BLOCK_N=64, GROUPS=1, SPLIT_K=1, DEQUANT="lop3", SWAP=True, REDUCE="serial",
                    num_warps=4, num_stages=3)   # the family benchmarks/kernels.py chose on the H200
@@ -380,8 +365,7 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
         if not _pow2(p.group_size):
             raise ValueError(f"KERNEL='gemv' needs a power-of-2 group_size (one group per step), got {p.group_size}")
         cfg["MAGIC"] = v.flag(cfg["MAGIC"], "config MAGIC")
-        for key in ("HALF2", "PREFETCH", "TILED"):
-            cfg[key] = v.flag(cfg[key], f"config {key}")
+        cfg["HALF2"] = v.flag(cfg["HALF2"], "config HALF2")
         if not _pow2(cfg["GROUPS"]):
             raise ValueError(f"config GROUPS must be a power of 2, got {cfg['GROUPS']!r}")
         step = p.group_size * cfg["GROUPS"]
@@ -433,16 +417,16 @@ def gemv_config(p: W4Weight, sms: int | None = None, **fixed) -> dict:
 def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     """A config chosen from the shape alone, by the rule the H200 measurements support
     (``results/h200/kernels.json``): one row runs the CUDA-core GEMV (128 rows per program, 256 codes
-    of each row per step, the fp32 magic-number codes (``family`` may set the GEMV's ``HALF2`` and
-    ``PREFETCH``), ``K`` split by :func:`gemv_split`); more rows run
-    the tensor-core kernel with 256 input columns per step (fewer where the groups do not divide ``K``), ``K`` split in four only where the output
-    tiles cannot occupy three quarters of the multiprocessors. ``family`` overrides
+    of each row per step, the fp32 magic-number codes (``family`` may set the GEMV's ``HALF2``), ``K``
+    split by :func:`gemv_split`); more rows run the tensor-core kernel with 256 input columns per step
+    (fewer where the groups do not divide ``K``), ``K`` split in four only where the output tiles cannot
+    occupy three quarters of the multiprocessors. ``family`` overrides
     :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is lowered until it divides ``K``)."""
     n, k = p.shape
     sms = _sms(p)
     if m == 1 and _pow2(p.group_size) and (family is None or family.get("KERNEL", "gemv") == "gemv"):
-        return gemv_config(p, sms=sms, **{key: family[key] for key in ("HALF2", "PREFETCH") if key in (family or {})})
-    family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL", "HALF2", "PREFETCH")}
+        return gemv_config(p, sms=sms, **{key: family[key] for key in ("HALF2",) if key in (family or {})})
+    family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL", "HALF2")}
     groups = family.pop("GROUPS", max(1, 256 // p.group_size))
     while groups > 1 and k % (p.group_size * groups):   # SmolLM2's 576 columns: 9 groups of 64, one per step
         groups //= 2
@@ -464,26 +448,8 @@ def _locks(locks: torch.Tensor | None, tiles: int, device) -> torch.Tensor:
     return locks
 
 
-def tile_gemv_words(p: W4Weight, config: dict) -> torch.Tensor:
-    """``p``'s words re-packed for the GEMV with ``config`` (``TILED=True``): ``[N/BN, steps, BN, WPS]``
-    with ``BN`` = ``BLOCK_N`` rows (the last tile padded with zero words) and ``WPS`` = the words of one
-    step (``group_size · GROUPS / 8``), so the block a program reads per step is contiguous in memory
-    (the idea of Marlin's and tinygemm's load-time layouts, here for the one-row kernel)."""
-    cfg = _check_config({**config, "KERNEL": "gemv", "TILED": True}, p)
-    tiles, steps, bn, wps = _tiled_shape(p, cfg)
-    words = torch.nn.functional.pad(p.words, (0, 0, 0, -p.shape[0] % bn))
-    return words.view(tiles, bn, steps, wps).permute(0, 2, 1, 3).contiguous()
-
-
-def _tiled_shape(p: W4Weight, cfg: dict) -> tuple[int, int, int, int]:
-    """The shape of :func:`tile_gemv_words`'s words: ``(⌈N/BN⌉, K / (group·GROUPS), BN, group·GROUPS/8)``."""
-    n, k = p.shape
-    step = p.group_size * cfg["GROUPS"]
-    return -(-n // cfg["BLOCK_N"]), k // step, cfg["BLOCK_N"], step // 8
-
-
 def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_dtype=None,
-                 locks: torch.Tensor | None = None, tiled: torch.Tensor | None = None) -> torch.Tensor:
+                 locks: torch.Tensor | None = None) -> torch.Tensor:
     """``x[M, K] @ dequantize(p).T`` by a Triton kernel (fp32 accumulation; output in ``out_dtype``,
     default ``x.dtype``).
 
@@ -525,19 +491,11 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
         y = torch.empty(m, n, dtype=out_dtype, device=x.device)
         ws = torch.empty(split, n, dtype=torch.float32, device=x.device) if split > 1 else y
         locks = _locks(locks, grid[0], x.device) if split > 1 else y
-        words = p.words
-        if cfg["TILED"]:
-            want = _tiled_shape(p, cfg)
-            if not isinstance(tiled, torch.Tensor) or tuple(tiled.shape) != want or tiled.dtype != torch.int32 \
-                    or tiled.device != x.device:
-                raise ValueError(f"TILED=True needs tiled= the words from tile_gemv_words(p, config): int32 {want} "
-                                 f"on {x.device}, got {getattr(tiled, 'shape', tiled)}")
-            words = tiled
-        _kernel("gemv")[grid](x, words, p.scale, p.zero, y, ws, locks, n, k, split, p.words.stride(0),
+        _kernel("gemv")[grid](x, p.words, p.scale, p.zero, y, ws, locks, n, k, split, p.words.stride(0),
                               p.scale.stride(0), GROUP=p.group_size, GROUPS=cfg["GROUPS"], BLOCK_N=cfg["BLOCK_N"],
                               SERIAL=split > 1,
                               MAGIC=cfg["MAGIC"] and not _interpreted(), HALF2=cfg["HALF2"],
-                              STAGES=cfg["num_stages"], PREFETCH=cfg["PREFETCH"], TILED=cfg["TILED"], **extra)
+                              STAGES=cfg["num_stages"], **extra)
         return y
     bm, split = block_rows(m), cfg["SPLIT_K"]
     reduce = "none" if split == 1 else cfg["REDUCE"]
@@ -564,18 +522,22 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
 def candidate_configs(p: W4Weight, m: int) -> list[dict]:
     """Configs worth timing for one weight and row count (all valid for its K and group): the
     tensor-core kernel's block widths, groups per step, splits and both orientations; for one row
-    also the CUDA-core GEMV."""
+    also the CUDA-core GEMV — :data:`GEMV_SHAPES` (rows per program, warps, fp32 or fp16-pair sums)
+    with 1, 2 or 4 groups per step, each at the split :func:`gemv_split` picks and its two
+    neighbouring divisors of the steps (the H200 sweep of every split: the best sat next to it)."""
     grid = [dict(KERNEL="tc", BLOCK_N=bn, GROUPS=gs, SPLIT_K=sk, SWAP=sw, REDUCE="atomic", DEQUANT="lop3",
                  num_warps=4, num_stages=3)
             for bn in (64, 128) for gs in (1, 2) for sk in (1, 2, 4, 8, 16) for sw in (False, True)]
+    n, k = p.shape
     if m == 1:
-        # rows per thread set the registers, and the registers how many programs share a multiprocessor
-        # (scripts/kernel_sass.py: 128 rows on 4 warps use 126 per thread, 64 rows on 4 warps or 128 on 8 about 70)
-        grid += [dict(KERNEL="gemv", BLOCK_N=bn, GROUPS=gs, SPLIT_K=sk, MAGIC=True, HALF2=h2, num_warps=nw,
-                      num_stages=1)
-                 for bn, nw, h2 in ((128, 4, False), (256, 8, False), (64, 4, False), (128, 8, False), (32, 2, False),
-                                    (64, 4, True), (128, 8, True))
-                 for gs in (1, 2, 4) for sk in (1, 2, 4, 8, 16, 32)]
+        for (bn, nw, h2), gs in itertools.product(GEMV_SHAPES, (1, 2, 4)):
+            if k % (p.group_size * gs):
+                continue
+            steps = k // (p.group_size * gs)
+            divisors = [d for d in range(1, steps + 1) if steps % d == 0]
+            i = divisors.index(gemv_split(math.ceil(n / bn), steps, _sms(p)))
+            grid += [dict(KERNEL="gemv", BLOCK_N=bn, GROUPS=gs, SPLIT_K=sk, MAGIC=True, HALF2=h2, num_warps=nw,
+                          num_stages=1) for sk in divisors[max(0, i - 1):i + 2]]
     out = []
     for cfg in grid:
         try:

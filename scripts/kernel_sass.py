@@ -32,7 +32,7 @@ GEMV_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": 
 DIVISIBLE = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "y_ptr", "ws_ptr", "lock_ptr", "N", "K", "stride_wn")
 
 
-SWITCHES = {"MAGIC": True, "HALF2": False, "PREFETCH": False, "TILED": False}   # the GEMV's on/off constexprs
+SWITCHES = {"MAGIC": True, "HALF2": False}   # the GEMV's on/off constexprs
 
 
 def gemv_sass(group: int = 128, groups: int = 2, block_n: int = 128, warps: int = 4, arch: int = 90,

@@ -1,5 +1,6 @@
 """vLLM's start-up memory plan, re-implemented: checked against vLLM's own published log."""
 import pytest
+import torch
 
 from helpers import engine_plan, models
 from helpers.engine_plan import EngineStartupError, GiB, MemoryProfile
@@ -63,3 +64,48 @@ def test_bad_input():
     from transformers import MistralConfig
     with pytest.raises(ValueError, match="sliding-window"):
         engine_plan.kv_bytes_per_token(MistralConfig(sliding_window=4096))
+
+
+def test_module_bytes_counts_each_storage_once_and_subclasses_by_what_they_wrap():
+    from helpers.measure import module_bytes
+    lin = torch.nn.Linear(256, 128, bias=True)
+    assert module_bytes(lin) == 4 * (256 * 128 + 128)
+    emb, head = torch.nn.Embedding(64, 32), torch.nn.Linear(32, 64, bias=False)
+    head.weight = emb.weight                                  # tied: one storage
+    tied = torch.nn.ModuleDict({"emb": emb, "head": head})
+    tied.register_buffer("view", emb.weight.data[:8])         # a view of it: the same storage
+    assert module_bytes(tied) == 4 * 64 * 32
+    with pytest.raises(TypeError, match="module must be a torch.nn.Module, got NoneType"):
+        module_bytes(None)
+
+
+def test_module_bytes_of_a_torchao_weight_is_its_packed_bytes_not_its_dense_size():
+    pytest.importorskip("torchao")
+    from helpers.measure import module_bytes
+    models.quiet_torchao_import()
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    lin = torch.nn.Linear(256, 128, bias=False)
+    quantize_(lin, Int8WeightOnlyConfig())
+    assert lin.weight.untyped_storage().nbytes() == 4 * 256 * 128     # what a storage count would say
+    inner = [getattr(lin.weight, n) for n in lin.weight.__tensor_flatten__()[0]]
+    assert module_bytes(lin) == sum(t.numel() * t.element_size() for t in inner) < 256 * 128 + 128 * 8
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="measure_profile measures on a CUDA device")
+def test_measure_profile_counts_the_models_bytes_not_other_live_tensors(monkeypatch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from helpers.measure import module_bytes
+    cfg = LlamaConfig(vocab_size=4096, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=4)
+    model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    other = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")   # an earlier cell's tensor, still live
+    own = sum(p.numel() * p.element_size() for p in model.parameters())
+    with torch.no_grad():
+        prof = engine_plan.measure_profile(model, 512, 0.9)
+    assert prof.weights == module_bytes(model) == own
+    assert prof.total == torch.cuda.mem_get_info()[1] and 0 < prof.activation_peak < 256 * 2**20
+    monkeypatch.setenv("COURSE_GPU_GIB", "15")
+    with torch.no_grad():
+        assert engine_plan.measure_profile(model, 512, 0.9).total == 15 * GiB
+    del other
