@@ -100,7 +100,7 @@ def test_measure_profile_counts_the_models_bytes_not_other_live_tensors(monkeypa
                       num_attention_heads=8, num_key_value_heads=4)
     model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     other = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")   # an earlier cell's tensor, still live
-    own = sum(p.numel() * p.element_size() for p in model.parameters())
+    own = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])   # + rotary inv_freq
     with torch.no_grad():
         prof = engine_plan.measure_profile(model, 512, 0.9)
     assert prof.weights == module_bytes(model) == own
