@@ -324,6 +324,10 @@ DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, GROUPS=1, SPLIT_K=1, MAGIC=Tru
 # programs share a multiprocessor (scripts/kernel_sass.py, sm_90, 2 groups of 128 per step: 128 rows on 4
 # warps 126 in fp32, 99 with fp16 pairs; 64 rows on 2 warps 94, 256 on 8 warps 106 with fp16 pairs)
 GEMV_SHAPES = ((128, 4, False), (64, 4, False), (128, 4, True), (64, 2, True), (256, 8, True))
+# the one-row rule at group ≥ 128: fastest of the GEMV's shapes on 7 of the 9 weight shapes at g128 on the
+# H200 (2026-12-04; up to 1.25× the fp32 rule on 14B-class 13824x5120, 3 % slower on the 1B/7B shapes);
+# at g64 the fp32 rule stayed faster on 7 of 9
+HALF2_GEMV = dict(HALF2=True, BLOCK_N=64, num_warps=2, GROUPS=4)
 GEMV_CTAS_PER_SM = 8   # split-K target of the GEMV (gemv_split): programs per multiprocessor
 TC_DEFAULTS = dict(KERNEL="tc", BLOCK_N=64, GROUPS=1, SPLIT_K=1, DEQUANT="lop3", SWAP=True, REDUCE="serial",
                    num_warps=4, num_stages=3)   # the family benchmarks/kernels.py chose on the H200
@@ -416,16 +420,20 @@ def gemv_config(p: W4Weight, sms: int | None = None, **fixed) -> dict:
 
 def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     """A config chosen from the shape alone, by the rule the H200 measurements support
-    (``results/h200/kernels.json``): one row runs the CUDA-core GEMV (128 rows per program, 256 codes
-    of each row per step, the fp32 magic-number codes (``family`` may set the GEMV's ``HALF2``), ``K``
-    split by :func:`gemv_split`); more rows run the tensor-core kernel with 256 input columns per step
+    (``results/h200/kernels.json``): one row runs the CUDA-core GEMV — at group ≥ 128
+    :data:`HALF2_GEMV` (fp16-pair sums, 64 rows per program on 2 warps, 4 groups per step), else 128
+    rows per program with 256 codes of each row per step and fp32 sums (``family`` may set ``HALF2``
+    either way), ``K`` split by :func:`gemv_split`; more rows run the tensor-core kernel with 256 input columns per step
     (fewer where the groups do not divide ``K``), ``K`` split in four only where the output tiles cannot
     occupy three quarters of the multiprocessors. ``family`` overrides
     :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is lowered until it divides ``K``)."""
     n, k = p.shape
     sms = _sms(p)
     if m == 1 and _pow2(p.group_size) and (family is None or family.get("KERNEL", "gemv") == "gemv"):
-        return gemv_config(p, sms=sms, **{key: family[key] for key in ("HALF2",) if key in (family or {})})
+        fixed = dict(HALF2_GEMV) if (family or {}).get("HALF2", p.group_size >= 128) else {"HALF2": False}
+        while fixed.get("GROUPS", 1) > 1 and (k // p.group_size) % fixed["GROUPS"]:
+            fixed["GROUPS"] //= 2
+        return gemv_config(p, sms=sms, **fixed)
     family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL", "HALF2")}
     groups = family.pop("GROUPS", max(1, 256 // p.group_size))
     while groups > 1 and k % (p.group_size * groups):   # SmolLM2's 576 columns: 9 groups of 64, one per step

@@ -134,10 +134,14 @@ def test_serial_reduction_leaves_its_counters_at_zero():
 def test_auto_config_follows_the_measured_rule():
     narrow = w4_format.pack_w4(weight(64, 4096), 128)
     one = w4_kernel.auto_config(narrow, 1)
-    assert one["KERNEL"] == "gemv" and one["GROUPS"] == 2 and (4096 // 256) % one["SPLIT_K"] == 0
+    assert one["KERNEL"] == "gemv" and (4096 // 512) % one["SPLIT_K"] == 0
     assert w4_kernel.auto_config(w4_format.pack_w4(weight(64, 576), 64), 1)["GROUPS"] == 1   # 9 groups
     assert one["MAGIC"] == (DEV == "cuda")                          # the interpreter runs no inline PTX
-    assert one["HALF2"] is False and "PREFETCH" not in one         # measured on the H200
+    assert one["HALF2"] is True and one["BLOCK_N"] == 64 and one["num_warps"] == 2   # the H200's g128 rule
+    assert one["GROUPS"] == 4 and "PREFETCH" not in one
+    g64 = w4_kernel.auto_config(w4_format.pack_w4(weight(64, 4096), 64), 1)
+    assert g64["HALF2"] is False and g64["BLOCK_N"] == 128 and g64["GROUPS"] == 4
+    assert w4_kernel.auto_config(narrow, 1, family={"HALF2": False})["HALF2"] is False   # opted out
     assert w4_kernel.auto_config(narrow, 1, family={"HALF2": True})["HALF2"] is True   # opt-in through the family
     assert "HALF2" not in w4_kernel.auto_config(narrow, 16, family={"HALF2": False})   # the GEMV's key only
     many = w4_kernel.auto_config(narrow, 16)
