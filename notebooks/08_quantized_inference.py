@@ -281,7 +281,7 @@ if kern_file.exists():
     kraw = json.loads(kern_file.read_text())
     kern = pd.DataFrame([r for r in kraw["rows"] if "ms" in r])
     graph = kern[kern.timing == "cudagraph"].copy()
-    copy_bw = kraw["meta"]["runs"]["2026-12-03"]["copy_GBps"]
+    copy_bw = kraw["meta"]["runs"]["2026-12-04"]["copy_GBps"]   # the run of phase G's rows
     one = graph[(graph.M == 1) & graph.phase.isin(["G", "G-auto"])]
     names = {"bf16 cuBLAS": "bf16 cuBLAS", "tinygemm (torchao int4)": "tinygemm",
              "ours (Triton GEMV, auto_config)": "ours (auto_config)", "ours (Triton GEMV)": "ours (best candidate)"}
@@ -321,7 +321,7 @@ else:
 # %% [markdown]
 # Read the tables and the plot against the copy bandwidth. bf16 reads its weights at close to it —
 # cuBLAS is a solved problem. Our GEMV reads 4-bit weights faster than tinygemm on most shapes at
-# `M = 1` (the `ours_vs_tinygemm` column), best on the large 70B projections, yet at well under the
+# `M = 1` (the `ours_vs_tinygemm` column), most on the large projections, yet at well under the
 # copy bandwidth (`ours_of_copy`): the course's targets for this kernel (README, "Reference results":
 # 70 % of the copy bandwidth at `M = 1` and 1.3× tinygemm on every large weight) are met by neither
 # number on most shapes. Each kernel has its own shape in `M`: tinygemm is built for one row and its
@@ -354,20 +354,31 @@ if kern_file.exists():
 # largest win wherever the output has few rows — the down projections, whose 4096 or 8192 rows make
 # too few programs to keep every multiprocessor reading. The magic-number conversion (step 3:
 # `(w & 0xF << 4j) | 0x4B000000` *is* the float `2^23 + q·16^j`, one `lop3` and one subtraction instead
-# of an int→float instruction per code) changes nothing: the arithmetic was never the limit — the
-# kernel waits on memory. What helps is more bytes in flight per thread and longer runs of them:
+# of an int→float instruction and a mask per code) changes nothing: it trades instructions one for one,
+# three per code either way. What helps next is more bytes in flight per thread and longer runs of them:
 # 128 rows per program (step 4: `x` and the scales reused across rows) and 256 codes of each row per
 # step (step 5: 128 contiguous bytes per row instead of 32 or 64). Keeping the next steps' words in
 # flight by asynchronous copies (Triton's `num_stages`, the "tried" row) measured slower: the copies
-# go through shared memory and cost the occupancy they were meant to buy. Three more "tried" rows, each
-# aimed at one suspect: two codes per instruction in fp16 (`HALF2`, a third fewer instructions per
-# word), the next step's words and `x` fetched into registers while this step is summed (`PREFETCH`),
-# and a layout re-packed once so that each program's step is one contiguous block (`TILED`). None
-# moves the time by more than a few percent: the kernel is limited neither by its arithmetic alone
-# nor by where its bytes sit. A profiler says why (Nsight Compute, `results/h200/ncu_gemv_*.txt`, in
-# the README): the registers each thread holds leave room for only a few programs per multiprocessor,
-# too few warps to hide the memory's latency, and the grid ends in a partial wave — what the next
-# round of this kernel attacks. For the tensor-core kernel
+# go through shared memory and cost the occupancy they were meant to buy. Two more "tried" rows, from
+# an earlier run (their `run` in the file), fetched the next step's words and `x` into registers
+# while this step is summed (`PREFETCH`) and re-packed the weight once so that each program's step is
+# one contiguous block (`TILED`): neither moved the time by more than a few percent, so both left the
+# kernel. A profiler says why (Nsight Compute, `results/h200/ncu_gemv_*.txt`, in the README): the
+# registers each thread holds leave room for only a few programs per multiprocessor, and the
+# schedulers issue in only 60 % of cycles — and the compiler's own listing says what they issue
+# (`python scripts/kernel_sass.py`, any machine): about 33 instructions per word of 8 codes, a `lop3`,
+# a subtraction and an FFMA for every code. At that rate the arithmetic, not the memory, caps the
+# kernel near half the copy bandwidth. Step 6 cuts it: two codes per instruction in fp16 (`HALF2`:
+# `(w & 0x000F000F) | 0x64006400` is the fp16 pair `1024 + q`, then one `HFMA2` per pair), about 28
+# instructions per word and fewer registers — possible only because a step whose activations could
+# overflow an fp16 sum has its `x` scaled by a power of two first (exact: only the exponent changes)
+# instead of running a second, fp32 copy of the loop. With 64 rows on 2 warps it is the fastest
+# candidate on most g128 shapes, and `auto_config` uses it there (`w4_kernel.HALF2_GEMV`); step 6's
+# row above is the same code at 128 rows on 4 warps, slower — the shape matters as much as the
+# instruction count. Even so the kernel stays near half the copy bandwidth: the next round's move is
+# the products on tensor cores at one row too, with the weights re-packed once into the layout the
+# MMA reads (as Marlin does), so that no per-step layout conversion eats what the MMA saves. For the
+# tensor-core kernel
 # (the last table): building two 16-bit codes per `lop3` instruction (`(b & 0x000F000F) | 0x64006400`
 # is the fp16 pair `1024 + q`) beat unpacking each nibble by shifts (phase A1 — though its one
 # `shift` variant also read one group per step, not two, so the comparison is not clean), and

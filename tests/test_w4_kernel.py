@@ -268,7 +268,8 @@ def test_w4linear_compiles_whole_as_one_custom_op():
 
 def test_gemv_config_reproduces_every_config_the_h200_run_chose():
     """auto_config's one-row rule and the benchmark's steps both come from gemv_config: each config
-    recorded in results/h200/kernels.json (phase G, 132 SMs) is what it gives for that shape today."""
+    recorded in results/h200/kernels.json (phase G, 132 SMs) is what it gives for that shape today
+    (auto_config's, at g128, with HALF2_GEMV's keys fixed)."""
     import json
     from pathlib import Path
 
@@ -286,6 +287,8 @@ def test_gemv_config_reproduces_every_config_the_h200_run_chose():
         for key in ("PREFETCH", "TILED"):         # switches tried on 2026-12-03 (off in these rows), since removed
             assert want.pop(key, False) is False
         fixed = {"MAGIC": want["MAGIC"]}        # the interpreter here turns MAGIC off by default
+        if "auto_config" in r["kernel"] and r.get("run", "") >= "2026-12-04" and g >= 128:
+            fixed |= w4_kernel.HALF2_GEMV          # the g128 rule since that run (auto_config)
         if r["kernel"].startswith("gemv step"):   # what the step fixes, as benchmarks.kernels.step_config reads it
             step = {"GROUPS": 1, "num_warps": 4, **dict(STEPS)[r["kernel"]]}
             fixed |= {key: v for key, v in step.items() if v is not None and key != "MAGIC"}
