@@ -18,7 +18,9 @@ step of each, ``benchmarks/kernels.py``):
   conversion and one FFMA; split-K (:func:`gemv_split`) so every SM streams. The nibble stays where
   it is in the word: ``(w & 0xF << 4j) | 0x4B000000`` *is* the float32 ``2^23 + q·16^j`` (``MAGIC``:
   one ``lop3`` and one subtraction per code, no int→float instruction), and ``x`` is scaled by
-  ``16^-j`` once per column instead.
+  ``16^-j`` once per column instead. ``HALF2`` sums two codes per instruction in fp16 pairs
+  (:func:`_word_dot_half2`; a step whose ``|x|`` could overflow them is scaled by a power of two
+  first); :func:`auto_config` uses it at group ≥ 128 (:data:`HALF2_GEMV`).
 * ``KERNEL="tc"`` — any ``M`` up to 64 on tensor cores (``tl.dot``; one row is padded to a 16-row
   tile, whose wasted products cost less than the unpacking they replace): per group, the even and
   the odd codes of each byte become two 16-bit tiles multiplied by the even and odd columns of
