@@ -326,9 +326,9 @@ DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, GROUPS=1, SPLIT_K=1, MAGIC=Tru
 # programs share a multiprocessor (scripts/kernel_sass.py, sm_90, 2 groups of 128 per step: 128 rows on 4
 # warps 126 in fp32, 99 with fp16 pairs; 64 rows on 2 warps 94, 256 on 8 warps 106 with fp16 pairs)
 GEMV_SHAPES = ((128, 4, False), (64, 4, False), (128, 4, True), (64, 2, True), (256, 8, True))
-# the one-row rule at group ≥ 128: fastest of the GEMV's shapes on 7 of the 9 weight shapes at g128 on the
-# H200 (2026-12-04; up to 1.25× the fp32 rule on 14B-class 13824x5120, 3 % slower on the 1B/7B shapes);
-# at g64 the fp32 rule stayed faster on 7 of 9
+# the one-row rule at group ≥ 128: faster than the fp32 rule on 7 of the 9 g128 weight shapes in the H200's
+# first run of 2026-12-04 (up to 1.25×, on 14B-class 13824x5120), on 4 of 9 in its re-run (geometric mean
+# 1.02×; results/h200/kernels.json); at g64 the fp32 rule stayed faster
 HALF2_GEMV = dict(HALF2=True, BLOCK_N=64, num_warps=2, GROUPS=4)
 GEMV_CTAS_PER_SM = 8   # split-K target of the GEMV (gemv_split): programs per multiprocessor
 TC_DEFAULTS = dict(KERNEL="tc", BLOCK_N=64, GROUPS=1, SPLIT_K=1, DEQUANT="lop3", SWAP=True, REDUCE="serial",
