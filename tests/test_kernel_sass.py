@@ -27,15 +27,20 @@ def test_the_gemv_streams_wide_loads_and_spends_one_ffma_per_code():
 
 
 def test_the_half2_gemv_makes_two_codes_per_instruction():
-    """HALF2: per word 4 lop3 (two fp16 codes each) and 4 HFMA2/HMUL2 (two products each); the loop also
-    holds the fp32 path taken by steps whose |x| is too large for fp16 sums."""
+    """HALF2: per word 4 lop3 (two fp16 codes each) and 4 HFMA2/HMUL2 (two products each), and no fp32
+    copy of the loop: a step whose |x| is too large for fp16 sums has x scaled by a power of two
+    instead, so the loop is shorter than the fp32 one and needs fewer registers (the point of it:
+    more programs per multiprocessor)."""
     sass = ks.gemv_sass(group=128, groups=2, block_n=128, warps=4, HALF2=True)
     loop = ks.inner_loop(sass)
     ops, mem = ks.opcodes(loop), ks.memory_ops(loop)
     words = ks.words_per_thread(128, 2, 128, 4)
     assert mem["LDG.E.EF.128"] == words / 4
     assert ops["HFMA2"] + ops["HMUL2"] >= 4 * words and ops["LOP3"] >= 4 * words
+    assert ops["FFMA"] < words                                       # no FFMA per code: no fp32 copy of the loop
     assert not any(k[:3] in ("STL", "LDL") for k in ks.memory_ops(sass))
+    assert sum(ops.values()) / words <= 31                           # 28.1 when this was written (fp32: 33.5)
+    assert ks.registers(sass) <= 104                                 # 99 then (fp32: 126; with the fp32 copy: 156)
 
 
 def test_a_switch_both_on_and_off_is_refused_by_name(monkeypatch, capsys):
