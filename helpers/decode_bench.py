@@ -25,11 +25,6 @@ CATEGORIES = {  # kernel-name fragments → what a decode step spends its time o
 }
 
 
-def model_bytes(model) -> int:
-    """Bytes of every parameter and buffer (packed buffers included)."""
-    return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
-
-
 def tinygemm_config(group_size: int = 128):
     """torchao's int4 weight-only config on tinygemm (``_weight_int4pack_mm``), or None without torchao."""
     try:

@@ -396,7 +396,20 @@ def gemv_split(tiles: int, steps: int, sms: int) -> int:
     leave multiprocessors waiting on memory, more only add partial sums to add up
     (``results/h200/kernels.json``: the best split sat at 2–14 programs per SM)."""
     target = GEMV_CTAS_PER_SM * sms / max(tiles, 1)
-    return min((d for d in range(1, steps + 1) if steps % d == 0), key=lambda d: abs(math.log(d / target)))
+    return min(_divisors(steps), key=lambda d: abs(math.log(d / target)))
+
+
+def _divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending: the splits of ``K`` that give every program whole steps."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _fitting_groups(p: W4Weight, groups: int) -> int:
+    """``groups`` groups per step, halved until they divide each row's groups (``K / group_size``):
+    SmolLM2's 576 columns are 9 groups of 64, one per step."""
+    while groups > 1 and (p.shape[1] // p.group_size) % groups:
+        groups //= 2
+    return groups
 
 
 def _sms(p: W4Weight) -> int:
@@ -411,9 +424,7 @@ def gemv_config(p: W4Weight, sms: int | None = None, **fixed) -> dict:
     n, k = p.shape
     cfg = {**DEFAULT_CONFIG, "MAGIC": not _interpreted(), **fixed}
     if "GROUPS" not in fixed:
-        cfg["GROUPS"] = max(1, 256 // p.group_size)
-        while cfg["GROUPS"] > 1 and (k // p.group_size) % cfg["GROUPS"]:
-            cfg["GROUPS"] //= 2
+        cfg["GROUPS"] = _fitting_groups(p, max(1, 256 // p.group_size))
     if "SPLIT_K" not in fixed:
         cfg["SPLIT_K"] = gemv_split(math.ceil(n / cfg["BLOCK_N"]), k // (p.group_size * cfg["GROUPS"]),
                                     _sms(p) if sms is None else sms)
@@ -432,14 +443,11 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     n, k = p.shape
     sms = _sms(p)
     if m == 1 and _pow2(p.group_size) and (family is None or family.get("KERNEL", "gemv") == "gemv"):
-        fixed = dict(HALF2_GEMV) if (family or {}).get("HALF2", p.group_size >= 128) else {"HALF2": False}
-        while fixed.get("GROUPS", 1) > 1 and (k // p.group_size) % fixed["GROUPS"]:
-            fixed["GROUPS"] //= 2
-        return gemv_config(p, sms=sms, **fixed)
+        if (family or {}).get("HALF2", p.group_size >= 128):
+            return gemv_config(p, sms=sms, **{**HALF2_GEMV, "GROUPS": _fitting_groups(p, HALF2_GEMV["GROUPS"])})
+        return gemv_config(p, sms=sms, HALF2=False)
     family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL", "HALF2")}
-    groups = family.pop("GROUPS", max(1, 256 // p.group_size))
-    while groups > 1 and k % (p.group_size * groups):   # SmolLM2's 576 columns: 9 groups of 64, one per step
-        groups //= 2
+    groups = _fitting_groups(p, family.pop("GROUPS", max(1, 256 // p.group_size)))
     cfg = dict(TC_DEFAULTS, **family, GROUPS=groups)
     if _interpreted():
         cfg["DEQUANT"] = "shift"
@@ -544,7 +552,7 @@ def candidate_configs(p: W4Weight, m: int) -> list[dict]:
             if k % (p.group_size * gs):
                 continue
             steps = k // (p.group_size * gs)
-            divisors = [d for d in range(1, steps + 1) if steps % d == 0]
+            divisors = _divisors(steps)
             i = divisors.index(gemv_split(math.ceil(n / bn), steps, _sms(p)))
             grid += [dict(KERNEL="gemv", BLOCK_N=bn, GROUPS=gs, SPLIT_K=sk, MAGIC=True, HALF2=h2, num_warps=nw,
                           num_stages=1) for sk in divisors[max(0, i - 1):i + 2]]
