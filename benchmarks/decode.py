@@ -8,14 +8,18 @@ tinygemm (torchao). Per batch: prefill tokens/s (one forward over ``batch × pro
 decode tokens/s (``batch`` tokens per step, a static KV cache), each decode step replayed as a CUDA
 graph (helpers/cuda_graphs.py), once eagerly (``graphs: false``: the launch overhead) and, with
 ``--compile BATCHES``, ``torch.compile``d then graphed (``compiled: true``: the norms, rotary embeddings and
-activations between the matmuls fused).
-``roofline_tok_s = batch · copy bandwidth / (weight bytes + batch · KV bytes at mid-decode)``: every
-step must read all weights once and each sequence's KV cache.
+activations between the matmuls fused). ``--recipes`` adds what engines do around the kernel
+(``helpers.decode_bench.Recipe``: ``fused`` q|k|v and gate|up projections, ``head`` the LM head in the
+weight format too); each row names its recipe.
+``roofline_tok_s = batch · copy bandwidth / (weight bytes read + batch · KV bytes at mid-decode)``: every
+step must read all weights once (the input embedding table excepted: one row per token,
+``decode_bench.bytes_read_per_step``) and each sequence's KV cache.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,7 +27,8 @@ import torch
 
 from helpers import budget, models, timing
 from helpers.config import write_json
-from helpers.decode_bench import build, resident_bytes, run, step_profile
+from helpers.decode_bench import Recipe, build, bytes_read_per_step, run, step_profile
+from helpers.measure import module_bytes
 
 
 def main():
@@ -34,20 +39,32 @@ def main():
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--formats", default="bf16,W4A16 ours,W4A16 tinygemm")
+    ap.add_argument("--recipes", default="plain", help="decode_bench.Recipe labels, comma-separated, run for every "
+                                                        "format: plain, fused, head, fused+head")
     ap.add_argument("--family-from", help="a kernels.json whose meta.family our W4 layers use (auto_config)")
     ap.add_argument("--family", default="{}", help='JSON added to the kernel family, e.g. \'{"HALF2": true}\' '
                                                  "for the one-row GEMV's options")
-    ap.add_argument("--profile", action="store_true", help="one eager step per format under torch.profiler")
+    ap.add_argument("--profile", nargs="?", const="eager", default="",
+                    help="one batch-1 step per format and recipe under torch.profiler: eager (the default), "
+                         "compiled, or eager,compiled")
     ap.add_argument("--compile", default="", help="batches (e.g. 1,8) whose decode step is also torch.compiled, "
                                                    "then replayed as a CUDA graph")
+    ap.add_argument("--eager", default=None, help="batches also decoded without graphs (default: the first "
+                                                  "batch; '' for none)")
     args = ap.parse_args()
+    recipes = [Recipe.parse(r) for r in args.recipes.split(",")]
+    profiles = [p for p in args.profile.split(",") if p]
+    if set(profiles) - {"eager", "compiled"}:
+        ap.error(f"--profile takes eager and/or compiled, got {args.profile!r}")
     if not torch.cuda.is_available():
         sys.exit("decode.py measures CUDA decode; there is no CUDA device here")
     batches = [int(b) for b in args.batches.split(",")]
+    eager = {int(b) for b in (str(batches[0]) if args.eager is None else args.eager).split(",") if b}
     copy = timing.copy_bandwidth_gbps()
     config = models.architecture_config(args.arch)
     rows = []
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_GBps": copy}
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_GBps": copy,
+            "commit": os.environ.get("COURSE_COMMIT")}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -56,36 +73,41 @@ def main():
     family = json.loads(Path(args.family_from).read_text())["meta"].get("family") if args.family_from else None
     if json.loads(args.family):
         family = {**(family or {}), **json.loads(args.family)}
-    for fmt in args.formats.split(","):
+    for fmt, recipe in ((f, r) for f in args.formats.split(",") for r in recipes):
+        if recipe.head and fmt == "bf16":
+            continue                     # its head is already in the 16-bit format
         try:
-            model = build(args.arch, fmt, family=family)
+            model = build(args.arch, fmt, family=family, recipe=recipe)
         except Exception as e:  # noqa: BLE001 - record what could not be built (e.g. torchao missing)
-            rows.append({"model": args.arch, "format": fmt, "error": f"{type(e).__name__}: {e}"})
-            print(fmt, "failed:", e, flush=True)
+            rows.append({"model": args.arch, "format": fmt, "recipe": recipe.label, "error": f"{type(e).__name__}: {e}"})
+            print(fmt, recipe.label, "failed:", e, flush=True)
             continue
-        wbytes = resident_bytes(model)
-        if args.profile:
+        wbytes, rbytes = module_bytes(model), bytes_read_per_step(model)
+        for mode in profiles:
             try:
-                prof = step_profile(model, 1, args.prompt)
-                rows.append({"model": args.arch, "format": fmt, "batch": 1, "profile": prof})
-                print(fmt, "eager step:", {k: round(v) for k, v in prof["us"].items()}, "kernels", prof["kernels"],
-                      "wall", round(prof["wall_us"]), flush=True)
+                prof = step_profile(model, 1, args.prompt, compiled=mode == "compiled")
+                rows.append({"model": args.arch, "format": fmt, "recipe": recipe.label, "batch": 1,
+                             "profile_of": f"{mode} step", "profile": prof, "commit": meta["commit"]})
+                print(fmt, recipe.label, f"{mode} step:", {k: round(v) for k, v in prof["us"].items()}, "kernels",
+                      prof["kernels"], "wall", round(prof["wall_us"]), flush=True)
             except Exception as e:  # noqa: BLE001
-                print(fmt, "profile failed:", e, flush=True)
+                print(fmt, recipe.label, "profile failed:", e, flush=True)
+            save()
         for batch in batches:
             kv_mid = budget.kv_bytes(config, args.prompt + args.steps // 2, 1, "bf16")
-            roof = batch * timing.roofline_tokens_per_s(wbytes, copy, batch * kv_mid) if batch else 0
+            roof = batch * timing.roofline_tokens_per_s(rbytes, copy, batch * kv_mid) if batch else 0
             compile_too = str(batch) in args.compile.split(",")
             for graphs, compiled in ((True, False), (False, False)) + (((True, True),) if compile_too else ()):
-                if not graphs and batch != batches[0]:
+                if not graphs and batch not in eager:
                     continue
                 try:
                     r = run(model, batch, args.prompt, args.steps, graphs, compiled)
                 except Exception as e:  # noqa: BLE001 - e.g. a capture that transformers' code breaks
                     r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-                row = {"model": f"{args.arch} (random weights)", "format": fmt, "batch": batch, "graphs": graphs,
-                       "compiled": compiled,
-                       "weights_bytes": wbytes, "roofline_tok_s": roof, "prompt": args.prompt, "steps": args.steps, **r}
+                row = {"model": f"{args.arch} (random weights)", "format": fmt, "recipe": recipe.label, "batch": batch,
+                       "graphs": graphs, "compiled": compiled, "weights_bytes": wbytes, "read_bytes": rbytes,
+                       "roofline_tok_s": roof, "prompt": args.prompt, "steps": args.steps, **r,
+                       "commit": meta["commit"]}
                 if "decode_tok_s" in r:
                     row["share_of_roofline"] = r["decode_tok_s"] / roof
                 rows.append(row)

@@ -2,7 +2,8 @@
 
     python -m benchmarks.kernels --out results/h200/kernels.json [--budget-s 240]
 
-Per (K, N) weight shape (Llama-3-8B, Llama-2-70B and four other models' projections), group size and
+Per (K, N) weight shape (Llama-3-8B — also with q|k|v and gate|up joined, and its LM head —, Llama-2-70B
+and four other models' projections), group size and
 rows M: the time of ``y = x @ W.T`` for bf16 (cuBLAS), W4A16 tinygemm (torchao ``Int4WeightOnlyConfig``,
 tile-packed) and our Triton W4A16 kernels (helpers/w4_kernel.py), and at a few M INT8 weight-only
 (torchao) and FP8 W8A8 rowwise (``torch._scaled_mm``, capability ≥ 8.9).
@@ -41,6 +42,9 @@ SHAPES = {  # label: (K, N) — in_features, out_features
     "70B gate/up 8192x28672": (8192, 28672), "70B down 28672x8192": (28672, 8192),
     "14B-class 5120x13824": (5120, 13824), "14B-class 13824x5120": (13824, 5120), "7B-class 3584x18944": (3584, 18944),
     "1B-class 2048x8192": (2048, 8192),
+    # an engine's layout of the 8B layer (decode_bench.Recipe): q|k|v and gate|up joined, and the LM head
+    "8B q|k|v 4096x6144": (4096, 6144), "8B gate|up joined 4096x28672": (4096, 28672),
+    "8B lm_head 4096x128256": (4096, 128256),
 }
 PHASE_A_SHAPES = ("8B gate/up 4096x14336", "70B gate/up 8192x28672")
 SPLITS = (1, 2, 4, 8, 16)
@@ -58,6 +62,8 @@ STEPS = (  # the CUDA-core GEMV, one optimisation at a time (helpers/w4_kernel.p
      dict(BLOCK_N=128, GROUPS=None, SPLIT_K=None, MAGIC=True, num_stages=3)),
     ("gemv step 6: + two codes per instruction (fp16 pairs, centred codes)",
      dict(BLOCK_N=128, GROUPS=None, SPLIT_K=None, MAGIC=True, HALF2=True, num_stages=1)),
+    ("gemv step 7: + a group's sums kept in fp16 pairs (one conversion per group)",
+     dict(BLOCK_N=128, GROUPS=None, SPLIT_K=None, MAGIC=True, HALF2=True, ACC16=True, num_stages=1)),
 )
 
 

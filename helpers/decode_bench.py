@@ -4,18 +4,20 @@ decode steps (a static KV cache; each decode step replayed as a CUDA graph, or e
 Used by notebook 08 (a small live run) and ``benchmarks/decode.py`` (the 8B reference run).
 Formats: ``bf16``; ``W4A16 ours`` (every decoder linear → :class:`helpers.w4_linear.W4Linear`);
 ``W4A16 tinygemm`` (torchao's ``Int4WeightOnlyConfig``, tile-packed, the ``_weight_int4pack_mm`` kernel).
+A :class:`Recipe` adds what engines do around the kernel: fused projections, a quantized LM head.
 Random weights: speed and memory are real, the generated tokens mean nothing.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
 from . import models, w4_linear
 from .cuda_graphs import GraphedCalls
 from .data import random_ids
-from .measure import PeakMeter
+from .measure import PeakMeter, module_bytes
 
 FORMATS = ("bf16", "W4A16 ours", "W4A16 tinygemm")
 CATEGORIES = {  # kernel-name fragments → what a decode step spends its time on
@@ -71,26 +73,105 @@ def fp8_rowwise(w: torch.Tensor):
     return run, wq.numel() + ws.numel() * 4
 
 
-def resident_bytes(model) -> int:
-    """What the model occupies on the GPU, as the allocator counts it (a tensor subclass such as
-    torchao's packed int4 weight reports its dense size through ``numel``; the allocator does not lie)."""
-    torch.cuda.synchronize()
-    return torch.cuda.memory_allocated()
+def bytes_read_per_step(model) -> int:
+    """Weight bytes one decode step reads: the model's own tensors (:func:`helpers.measure.module_bytes`:
+    each storage once, a torchao subclass by what it packs) less the input embedding table, of which a
+    step reads one row per token — unless the LM head shares it (tied), which reads all of it."""
+    emb = model.get_input_embeddings().weight
+    tied = emb.untyped_storage().data_ptr() == model.get_output_embeddings().weight.untyped_storage().data_ptr()
+    return module_bytes(model) - (0 if tied else emb.untyped_storage().nbytes())
 
 
-def build(arch: str, fmt: str, tuned: dict | None = None, group_size: int = 128, family: dict | None = None):
-    """``arch`` with random weights on the GPU, in format ``fmt`` (see :data:`FORMATS`); our kernel runs
-    the configs of ``tuned`` (``{(N, K): {row tile: config}}``, e.g. from :func:`helpers.w4_kernel.tuned_config`)
-    where given, else
+@dataclass(frozen=True)
+class Recipe:
+    """What an engine does around its matmul kernel, one switch per step measured (``benchmarks/decode.py``):
+
+    * ``fused``: q|k|v one projection and gate|up another (:func:`fused_projections`) — fewer, larger
+      matmuls per layer: vLLM's ``QKVParallelLinear`` and ``MergedColumnParallelLinear``, gpt-fast's ``wqkv``;
+    * ``head``: the LM head in the weight format too (every ``nn.Linear``: gpt-fast's int4
+      ``WeightOnlyInt4QuantHandler``, torchao's ``quantize_`` on the whole model); the 16-bit format
+      ignores it."""
+    fused: bool = False
+    head: bool = False
+
+    @property
+    def label(self) -> str:
+        return "+".join(name for name, on in (("fused", self.fused), ("head", self.head)) if on) or "plain"
+
+    @classmethod
+    def parse(cls, text: str) -> Recipe:
+        """``"plain"``, ``"fused"``, ``"head"`` or ``"fused+head"`` (the :attr:`label` format)."""
+        parts = set(str(text).split("+")) - {"plain"}
+        unknown = parts - {"fused", "head"}
+        if unknown or not str(text):
+            raise ValueError(f"recipe must be 'plain' or '+'-joined switches from ['fused', 'head'], got {text!r}")
+        return cls(fused="fused" in parts, head="head" in parts)
+
+
+def fused_projections(model) -> torch.nn.Module:
+    """The same Llama-architecture decoder with ``q|k|v`` as one projection and ``gate|up`` as another:
+    transformers' Phi-3 classes, whose ``Phi3Attention`` slices one ``qkv_proj`` output into q, k and v
+    and whose ``Phi3MLP`` chunks one ``gate_up_proj`` output (``modeling_phi3.py``), holding the
+    weights concatenated along the output dimension. It computes the same function (tested); each
+    layer runs 4 matmuls instead of 7. The source model's tensors are copied (it can be deleted after)."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if cfg.model_type != "llama" or cfg.attention_bias or cfg.mlp_bias or cfg.hidden_act != "silu" \
+            or head_dim != cfg.hidden_size // cfg.num_attention_heads:
+        raise ValueError("fused_projections takes a Llama-architecture model (model_type 'llama', no biases, SiLU, "
+                         f"head_dim = hidden_size / heads); got model_type {cfg.model_type!r}")
+    rope = dict(cfg.rope_parameters or {})
+    if rope.get("rope_type", "default") != "default":   # Phi3Config accepts 'default' and 'longrope' only
+        raise ValueError(f"fused_projections keeps the rotary embedding as Phi-3's classes compute it: rope_type "
+                         f"'default' only, got {rope.get('rope_type')!r} (a speed run can use the default rope: "
+                         "the rotary tables cost the same)")
+    phi = Phi3Config(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                     num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+                     num_key_value_heads=cfg.num_key_value_heads, hidden_act="silu",
+                     max_position_embeddings=cfg.max_position_embeddings,
+                     original_max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
+                     tie_word_embeddings=cfg.tie_word_embeddings, rope_parameters=rope,
+                     bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id)
+    phi._attn_implementation = cfg._attn_implementation
+    weight = next(model.parameters())
+    with torch.device(weight.device):
+        fused = Phi3ForCausalLM(phi).to(weight.dtype).eval()
+    source, state = model.state_dict(), {}
+    for name, t in source.items():
+        if ".self_attn.k_proj." in name or ".self_attn.v_proj." in name or ".mlp.up_proj." in name:
+            continue                                  # joined with their q / gate below
+        if ".self_attn.q_proj." in name:
+            pre = name.split(".self_attn.")[0] + ".self_attn."
+            state[pre + "qkv_proj.weight"] = torch.cat([source[pre + f"{p}_proj.weight"] for p in "qkv"])
+        elif ".mlp.gate_proj." in name:
+            pre = name.split(".mlp.")[0] + ".mlp."
+            state[pre + "gate_up_proj.weight"] = torch.cat([t, source[pre + "up_proj.weight"]])
+        else:
+            state[name] = t
+    fused.load_state_dict(state, strict=True)
+    return fused
+
+
+def build(arch: str, fmt: str, tuned: dict | None = None, group_size: int = 128, family: dict | None = None,
+          recipe: Recipe = Recipe()):
+    """``arch`` with random weights on the GPU, in format ``fmt`` (see :data:`FORMATS`) with ``recipe``'s
+    steps around the kernel (:class:`Recipe`); our kernel runs the configs of ``tuned``
+    (``{(N, K): {row tile: config}}``, e.g. from :func:`helpers.w4_kernel.tuned_config`) where given, else
     :func:`helpers.w4_kernel.auto_config`'s, chosen from each shape (with ``family``'s kernel family)."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe must be a decode_bench.Recipe (e.g. Recipe.parse('fused+head')), got {recipe!r}")
     model = models.model_from_config(arch, device="cuda", dtype=torch.bfloat16).eval()
+    if recipe.fused:
+        model = fused_projections(model)
+        torch.cuda.empty_cache()
     if fmt == "W4A16 ours":
-        w4_linear.swap_linears(model, group_size, tuned, family=family)
+        w4_linear.swap_linears(model, group_size, tuned, family=family, skip=() if recipe.head else ("lm_head",))
     elif fmt == "W4A16 tinygemm":
         from torchao.quantization import quantize_
-        quantize_(model.model.layers, tinygemm_config(group_size))
+        quantize_(model if recipe.head else model.model.layers, tinygemm_config(group_size))
     torch.cuda.empty_cache()
     return model
 
@@ -106,10 +187,11 @@ def kernel_category(name: str) -> str:
 
 
 @torch.no_grad()
-def step_profile(model, batch: int, prompt: int) -> dict:
-    """Where one eager decode step's GPU time goes: device microseconds per :func:`kernel_category`
+def step_profile(model, batch: int, prompt: int, compiled: bool = False) -> dict:
+    """Where one decode step's GPU time goes: device microseconds per :func:`kernel_category`
     (``torch.profiler``), the kernel count, and the step's wall time; wall − Σ kernels is the launch
-    gaps a CUDA graph removes."""
+    gaps a CUDA graph removes. ``compiled``: the step ``torch.compile``d first, as :func:`run`'s
+    ``compiled`` rows run it (inductor's fused kernels are what a graph of that step replays)."""
     from torch.profiler import ProfilerActivity, profile
     from transformers import StaticCache
     cfg, dev = model.config, next(model.parameters()).device
@@ -117,12 +199,17 @@ def step_profile(model, batch: int, prompt: int) -> dict:
     ids = random_ids(cfg.vocab_size, (batch, prompt), device=dev)
     model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(prompt, device=dev), logits_to_keep=1)
     tok, pos = ids[:, -1:], torch.tensor([prompt], device=dev)
+
+    def step(tok, pos):
+        return model(input_ids=tok, past_key_values=cache, cache_position=pos).logits
+    if compiled:
+        step = torch.compile(step, dynamic=False)
     for i in range(3):
-        model(input_ids=tok, past_key_values=cache, cache_position=pos + i)
+        step(tok, pos + i)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         t = time.perf_counter()
-        model(input_ids=tok, past_key_values=cache, cache_position=pos + 3)
+        step(tok, pos + 3)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t
     out = {c: 0.0 for c in (*CATEGORIES, "elementwise and norms")}

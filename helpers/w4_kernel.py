@@ -60,6 +60,13 @@ HALF2_X_LIMIT = 2047.0   # |x| up to which the fp16 pair sums cannot overflow: 4
 _X_LIMIT = tl.constexpr(HALF2_X_LIMIT) if triton is not None else HALF2_X_LIMIT
 
 
+def acc16_x_limit(group: int) -> float:
+    """The largest ``|x|`` (a power of two) for which a whole group's fp16 pair sums cannot overflow
+    (``ACC16``): each half sums ``group/2`` products of ``|q − 8| ≤ 8``, so ``4·group·|x| ≤ 65504``
+    (fp16's largest finite value), rounded down to a power of two (64 at group 128, 128 at group 64)."""
+    return float(2 ** math.floor(math.log2(65504 / (4 * group))))
+
+
 def _device(fn):
     """Triton's jit of a device function the kernels call (the plain function where Triton is absent)."""
     return triton.jit(fn) if triton is not None else fn
@@ -109,35 +116,62 @@ def _word_dot_f32(w, x0, x1, x2, x3, x4, x5, x6, x7, MAGIC: tl.constexpr):
 
 
 @_device
-def _word_dot_half2(w, x0, x1, x2, x3, x4, x5, x6, x7, MAGIC: tl.constexpr):
-    """``Σ_j (q_j − 8) · x_j`` over the 8 codes of each int32 word ``w`` [BN, W], two codes per
-    instruction: nibbles (j, j + 4) as one fp16 pair, the four pairs' products summed in fp16
-    (``HFMA2``), the two halves added in fp32. ``(w & 0x000F000F) | 0x64006400`` *is* the fp16 pair
+def _x_pairs_half2(x0, x1, x2, x3, x4, x5, x6, x7):
+    """The columns of a word's nibbles (j, j + 4) as fp16 pairs, the high nibbles' ``x`` divided by 16:
+    the second operands of :func:`_word_pairs_half2`."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .f16 a, b; cvt.rn.f16.f32 a, $4; cvt.rn.f16.f32 b, $5; mov.b32 $0, {a, b};"
+        " cvt.rn.f16.f32 a, $6; cvt.rn.f16.f32 b, $7; mov.b32 $1, {a, b};"
+        " cvt.rn.f16.f32 a, $8; cvt.rn.f16.f32 b, $9; mov.b32 $2, {a, b};"
+        " cvt.rn.f16.f32 a, $10; cvt.rn.f16.f32 b, $11; mov.b32 $3, {a, b}; }",
+        "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [x0, x4, x1 * 0.0625, x5 * 0.0625, x2, x6, x3 * 0.0625, x7 * 0.0625],
+        dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+
+
+@_device
+def _word_pairs_half2(w, p04, p15, p26, p37):
+    """``(Σ_{j<4} (q_j − 8)·x_j, Σ_{j≥4} (q_j − 8)·x_j)`` of each int32 word ``w`` [BN, W] as one fp16
+    pair (an int32), two codes per instruction: ``(w & 0x000F000F) | 0x64006400`` *is* the fp16 pair
     ``(1024 + q_0, 1024 + q_4)`` and ``(w & 0x00F000F0) | 0x64006400`` is ``(1024 + 16q_1, 1024 + 16q_5)``
-    (FasterTransformer's and Marlin's ``lop3`` dequantizer); subtracting ``1024 + 8`` (or
-    ``1024 + 128``) leaves ``q − 8`` (or ``16(q − 8)``, met by ``x/16``) exactly. Centred codes keep
-    the fp16 sums small: they cannot overflow while ``|x| ≤`` :data:`HALF2_X_LIMIT`."""
-    if MAGIC:
-        p04, p15, p26, p37 = tl.inline_asm_elementwise(   # x as the fp16 pairs of the codes
-            "{ .reg .f16 a, b; cvt.rn.f16.f32 a, $4; cvt.rn.f16.f32 b, $5; mov.b32 $0, {a, b};"
-            " cvt.rn.f16.f32 a, $6; cvt.rn.f16.f32 b, $7; mov.b32 $1, {a, b};"
-            " cvt.rn.f16.f32 a, $8; cvt.rn.f16.f32 b, $9; mov.b32 $2, {a, b};"
-            " cvt.rn.f16.f32 a, $10; cvt.rn.f16.f32 b, $11; mov.b32 $3, {a, b}; }",
-            "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [x0, x4, x1 * 0.0625, x5 * 0.0625, x2, x6, x3 * 0.0625, x7 * 0.0625],
-            dtype=(tl.int32,) * 4, is_pure=True, pack=1)
-        return tl.inline_asm_elementwise(
-            "{ .reg .b32 h, c0, c1, c2, c3, k0, k1, a; .reg .f16 lo, hi; .reg .f32 f0, f1;"
-            " mov.b32 k0, 0x64086408; mov.b32 k1, 0x64806480; shr.b32 h, $1, 8;"
-            " lop3.b32 c0, $1, 0x000F000F, 0x64006400, 0xEA; lop3.b32 c1, $1, 0x00F000F0, 0x64006400, 0xEA;"
-            " lop3.b32 c2, h, 0x000F000F, 0x64006400, 0xEA; lop3.b32 c3, h, 0x00F000F0, 0x64006400, 0xEA;"
-            " sub.f16x2 c0, c0, k0; sub.f16x2 c1, c1, k1; sub.f16x2 c2, c2, k0; sub.f16x2 c3, c3, k1;"
-            " mul.rn.f16x2 a, c0, $2; fma.rn.f16x2 a, c1, $3, a; fma.rn.f16x2 a, c2, $4, a;"
-            " fma.rn.f16x2 a, c3, $5, a; mov.b32 {lo, hi}, a; cvt.f32.f16 f0, lo; cvt.f32.f16 f1, hi;"
-            " add.f32 $0, f0, f1; }",
-            "=r,r,r,r,r,r", [w, tl.broadcast_to(p04[None, :], w.shape), tl.broadcast_to(p15[None, :], w.shape),
-                             tl.broadcast_to(p26[None, :], w.shape), tl.broadcast_to(p37[None, :], w.shape)],
-            dtype=tl.float32, is_pure=True, pack=1)
-    # the same sums in plain Triton (the interpreter runs no inline PTX): codes shifted down, fp16 products
+    (FasterTransformer's and Marlin's ``lop3`` dequantizer); subtracting ``1024 + 8`` (or ``1024 + 128``)
+    leaves ``q − 8`` (or ``16(q − 8)``, met by ``x/16``) exactly; four ``HFMA2`` sum the products."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 h, c0, c1, c2, c3, k0, k1;"
+        " mov.b32 k0, 0x64086408; mov.b32 k1, 0x64806480; shr.b32 h, $1, 8;"
+        " lop3.b32 c0, $1, 0x000F000F, 0x64006400, 0xEA; lop3.b32 c1, $1, 0x00F000F0, 0x64006400, 0xEA;"
+        " lop3.b32 c2, h, 0x000F000F, 0x64006400, 0xEA; lop3.b32 c3, h, 0x00F000F0, 0x64006400, 0xEA;"
+        " sub.f16x2 c0, c0, k0; sub.f16x2 c1, c1, k1; sub.f16x2 c2, c2, k0; sub.f16x2 c3, c3, k1;"
+        " mul.rn.f16x2 $0, c0, $2; fma.rn.f16x2 $0, c1, $3, $0; fma.rn.f16x2 $0, c2, $4, $0;"
+        " fma.rn.f16x2 $0, c3, $5, $0; }",
+        "=r,r,r,r,r,r", [w, tl.broadcast_to(p04[None, :], w.shape), tl.broadcast_to(p15[None, :], w.shape),
+                         tl.broadcast_to(p26[None, :], w.shape), tl.broadcast_to(p37[None, :], w.shape)],
+        dtype=tl.int32, is_pure=True, pack=1)
+
+
+@_device
+def _pair_sum_f32(a):
+    """An fp16 pair (an int32) as the fp32 sum of its halves."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .f16 lo, hi; .reg .f32 f0, f1; mov.b32 {lo, hi}, $1; cvt.f32.f16 f0, lo; cvt.f32.f16 f1, hi;"
+        " add.f32 $0, f0, f1; }", "=r,r", [a], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@_device
+def _add_pairs(a, b):
+    """Two fp16 pairs (int32 each) added half by half: one ``HADD2`` (a reduction's combine)."""
+    return tl.inline_asm_elementwise("add.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True,
+                                     pack=1)
+
+
+@_device
+def _add(a, b):
+    return a + b
+
+
+@_device
+def _word_halves_f16(w, x0, x1, x2, x3, x4, x5, x6, x7):
+    """:func:`_word_pairs_half2`'s two sums as two fp16 tensors, in plain Triton (the interpreter runs
+    no inline PTX): codes shifted down and centred, each product and sum rounded to fp16."""
     h = w >> 16
     lo = ((w & 0xF) - 8).to(tl.float16) * x0.to(tl.float16)[None, :]
     lo += (((w >> 4) & 0xF) - 8).to(tl.float16) * x1.to(tl.float16)[None, :]
@@ -147,19 +181,53 @@ def _word_dot_half2(w, x0, x1, x2, x3, x4, x5, x6, x7, MAGIC: tl.constexpr):
     hi += (((h >> 4) & 0xF) - 8).to(tl.float16) * x5.to(tl.float16)[None, :]
     hi += (((h >> 8) & 0xF) - 8).to(tl.float16) * x6.to(tl.float16)[None, :]
     hi += (((h >> 12) & 0xF) - 8).to(tl.float16) * x7.to(tl.float16)[None, :]
+    return lo, hi
+
+
+@_device
+def _word_dot_half2(w, x0, x1, x2, x3, x4, x5, x6, x7, MAGIC: tl.constexpr):
+    """``Σ_j (q_j − 8) · x_j`` over the 8 codes of each int32 word ``w`` [BN, W] in fp32, two codes per
+    instruction: nibbles (j, j + 4) as one fp16 pair, the four pairs' products summed in fp16
+    (:func:`_word_pairs_half2`), the two halves added in fp32. Centred codes keep the fp16 sums small:
+    they cannot overflow while ``|x| ≤`` :data:`HALF2_X_LIMIT`."""
+    if MAGIC:
+        p04, p15, p26, p37 = _x_pairs_half2(x0, x1, x2, x3, x4, x5, x6, x7)
+        return _pair_sum_f32(_word_pairs_half2(w, p04, p15, p26, p37))
+    lo, hi = _word_halves_f16(w, x0, x1, x2, x3, x4, x5, x6, x7)
+    return lo.to(tl.float32) + hi.to(tl.float32)
+
+
+@_device
+def _group_dot_acc16(w, x0, x1, x2, x3, x4, x5, x6, x7, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+                     WPG: tl.constexpr, MAGIC: tl.constexpr):
+    """``Σ_{k ∈ group} (q_k − 8) · x_k`` per row and group [BN, GROUPS], every product *and* every sum
+    of the group in fp16 pairs (:func:`_word_pairs_half2`, then a reduction whose combine is one
+    ``HADD2``), converted to fp32 once per group instead of once per word."""
+    if MAGIC:
+        p04, p15, p26, p37 = _x_pairs_half2(x0, x1, x2, x3, x4, x5, x6, x7)
+        pairs = _word_pairs_half2(w, p04, p15, p26, p37)
+        return _pair_sum_f32(tl.reduce(tl.reshape(pairs, (BLOCK_N, GROUPS, WPG)), 2, _add_pairs))
+    lo, hi = _word_halves_f16(w, x0, x1, x2, x3, x4, x5, x6, x7)
+    lo = tl.reduce(tl.reshape(lo, (BLOCK_N, GROUPS, WPG)), 2, _add)
+    hi = tl.reduce(tl.reshape(hi, (BLOCK_N, GROUPS, WPG)), 2, _add)
     return lo.to(tl.float32) + hi.to(tl.float32)
 
 
 def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K, SPLIT_K, stride_wn, stride_sn,
                        GROUP: tl.constexpr, GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, SERIAL: tl.constexpr,
-                       MAGIC: tl.constexpr, HALF2: tl.constexpr, STAGES: tl.constexpr):
+                       MAGIC: tl.constexpr, HALF2: tl.constexpr, ACC16: tl.constexpr, ACC_LIMIT: tl.constexpr,
+                       STAGES: tl.constexpr):
     """One row of x (decode at batch 1) on CUDA cores, ``GROUPS`` groups per step: every thread sums its
     rows' codes in registers (no reduction across threads per word), then ``acc += s·(Σ x·q − z·Σ x)``
     per group. ``STAGES`` > 1: the next steps' words are already on their way (asynchronous copies)
     while this one is summed. ``HALF2``: the codes centred, ``acc += s·(Σ x·(q−8) − (z−8)·Σ x)``, two
     per instruction in fp16 (:func:`_word_dot_half2`); a step whose ``|x|`` exceeds
     :data:`HALF2_X_LIMIT` is summed with ``x`` scaled by a power of two ``2^-e`` (exact: only the
-    exponent changes) and its sums scaled back by ``2^e``, so a large activation never overflows."""
+    exponent changes) and its sums scaled back by ``2^e``, so a large activation never overflows.
+    ``ACC16`` (with ``HALF2``): each group's sums stay in fp16 pairs until the group is done
+    (:func:`_group_dot_acc16`), and every step's ``x`` is scaled by the power of two that puts its largest
+    magnitude in ``(ACC_LIMIT/2, ACC_LIMIT]`` (:func:`acc16_x_limit`: no group sum can overflow, and
+    small activations keep fp16's precision)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     WPG: tl.constexpr = GROUP // 8                    # int32 words per row and group
@@ -181,14 +249,20 @@ def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K
         if HALF2:   # x scaled by a power of two (exact) so that no fp16 sum can overflow; unscaled after
             big = tl.max(tl.maximum(tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3))),
                                     tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7)))))
-            shrink = tl.where(big > _X_LIMIT, tl.exp2(-tl.ceil(tl.log2(big / _X_LIMIT))), 1.0)
-            part = _word_dot_half2(w, x0 * shrink, x1 * shrink, x2 * shrink, x3 * shrink, x4 * shrink, x5 * shrink,
-                                   x6 * shrink, x7 * shrink, MAGIC)
+            if ACC16:   # largest |x| brought into (ACC_LIMIT/2, ACC_LIMIT], up or down
+                e = tl.minimum(tl.maximum(tl.floor(tl.log2(ACC_LIMIT / tl.maximum(big, 1e-38))), -126.0), 100.0)
+                shrink = tl.where(big > 0, tl.exp2(e), 1.0)
+                dot = _group_dot_acc16(w, x0 * shrink, x1 * shrink, x2 * shrink, x3 * shrink, x4 * shrink,
+                                       x5 * shrink, x6 * shrink, x7 * shrink, BLOCK_N, GROUPS, WPG, MAGIC)
+            else:
+                shrink = tl.where(big > _X_LIMIT, tl.exp2(-tl.ceil(tl.log2(big / _X_LIMIT))), 1.0)
+                part = _word_dot_half2(w, x0 * shrink, x1 * shrink, x2 * shrink, x3 * shrink, x4 * shrink,
+                                       x5 * shrink, x6 * shrink, x7 * shrink, MAGIC)
+                dot = tl.sum(tl.reshape(part, (BLOCK_N, GROUPS, WPG)), axis=2)        # [BN, G] Σ x·q per group
+            dot = dot * (1.0 / shrink)
         else:
             part = _word_dot_f32(w, x0, x1, x2, x3, x4, x5, x6, x7, MAGIC)
-        dot = tl.sum(tl.reshape(part, (BLOCK_N, GROUPS, WPG)), axis=2)                # [BN, G] Σ x·q per group
-        if HALF2:
-            dot = dot * (1.0 / shrink)
+            dot = tl.sum(tl.reshape(part, (BLOCK_N, GROUPS, WPG)), axis=2)            # [BN, G] Σ x·q per group
         g = step * GROUPS + offs_g
         sc = tl.load(s_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
         z = tl.load(z_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
@@ -318,14 +392,20 @@ def _kernel(name: str):
     return _KERNELS[name]
 
 
-GEMV_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "MAGIC", "HALF2", "num_warps", "num_stages", "maxnreg"}
+GEMV_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "MAGIC", "HALF2", "ACC16", "num_warps", "num_stages",
+             "maxnreg"}
 TC_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "DEQUANT", "SWAP", "REDUCE", "num_warps", "num_stages"}
-DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, GROUPS=1, SPLIT_K=1, MAGIC=True, HALF2=False, num_warps=4,
-                      num_stages=1)
-# the GEMV's shapes worth timing, (rows per program, warps, HALF2): the registers per thread set how many
+DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, GROUPS=1, SPLIT_K=1, MAGIC=True, HALF2=False, ACC16=False,
+                      num_warps=4, num_stages=1)
+# the GEMV's shapes worth timing, (rows per program, warps, sums): the registers per thread set how many
 # programs share a multiprocessor (scripts/kernel_sass.py, sm_90, 2 groups of 128 per step: 128 rows on 4
-# warps 126 in fp32, 99 with fp16 pairs; 64 rows on 2 warps 94, 256 on 8 warps 106 with fp16 pairs)
-GEMV_SHAPES = ((128, 4, False), (64, 4, False), (128, 4, True), (64, 2, True), (256, 8, True))
+# warps 126 in fp32, 99 with fp16 pairs; 64 rows on 2 warps 94, 256 on 8 warps 106 with fp16 pairs);
+# sums: "fp32" (one FFMA per code), "half2" (fp16 pairs per word, HALF2), "acc16" (fp16 pairs per group,
+# HALF2 + ACC16: 21.1 instructions per word instead of 23.2 for 64 rows on 2 warps, 4 groups of 128)
+GEMV_SHAPES = ((128, 4, "fp32"), (64, 4, "fp32"), (128, 4, "half2"), (64, 2, "half2"), (256, 8, "half2"),
+               (128, 4, "acc16"), (64, 2, "acc16"))
+SUMS = {"fp32": dict(HALF2=False, ACC16=False), "half2": dict(HALF2=True, ACC16=False),
+        "acc16": dict(HALF2=True, ACC16=True)}
 # the one-row rule at group ≥ 128: faster than the fp32 rule on 7 of the 9 g128 weight shapes in the H200's
 # first run of 2026-12-04 (up to 1.25×, on 14B-class 13824x5120), on 4 of 9 in its re-run (geometric mean
 # 1.02×; results/h200/kernels.json); at g64 the fp32 rule stayed faster
@@ -372,6 +452,9 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
             raise ValueError(f"KERNEL='gemv' needs a power-of-2 group_size (one group per step), got {p.group_size}")
         cfg["MAGIC"] = v.flag(cfg["MAGIC"], "config MAGIC")
         cfg["HALF2"] = v.flag(cfg["HALF2"], "config HALF2")
+        cfg["ACC16"] = v.flag(cfg["ACC16"], "config ACC16")
+        if cfg["ACC16"] and not cfg["HALF2"]:
+            raise ValueError("config ACC16 keeps the fp16 pair sums of HALF2 for a whole group: set HALF2=True too")
         if not _pow2(cfg["GROUPS"]):
             raise ValueError(f"config GROUPS must be a power of 2, got {cfg['GROUPS']!r}")
         step = p.group_size * cfg["GROUPS"]
@@ -436,17 +519,19 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     (``results/h200/kernels.json``): one row runs the CUDA-core GEMV — at group ≥ 128
     :data:`HALF2_GEMV` (fp16-pair sums, 64 rows per program on 2 warps, 4 groups per step), else 128
     rows per program with 256 codes of each row per step and fp32 sums (``family`` may set ``HALF2``
-    either way), ``K`` split by :func:`gemv_split`; more rows run the tensor-core kernel with 256 input columns per step
+    either way, and ``ACC16`` with it), ``K`` split by :func:`gemv_split`; more rows run the tensor-core kernel with 256 input columns per step
     (fewer where the groups do not divide ``K``), ``K`` split in four only where the output tiles cannot
     occupy three quarters of the multiprocessors. ``family`` overrides
     :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is lowered until it divides ``K``)."""
     n, k = p.shape
     sms = _sms(p)
     if m == 1 and _pow2(p.group_size) and (family is None or family.get("KERNEL", "gemv") == "gemv"):
-        if (family or {}).get("HALF2", p.group_size >= 128):
-            return gemv_config(p, sms=sms, **{**HALF2_GEMV, "GROUPS": _fitting_groups(p, HALF2_GEMV["GROUPS"])})
+        family = family or {}
+        if family.get("HALF2", p.group_size >= 128) or family.get("ACC16"):
+            return gemv_config(p, sms=sms, **{**HALF2_GEMV, "GROUPS": _fitting_groups(p, HALF2_GEMV["GROUPS"]),
+                                              "ACC16": bool(family.get("ACC16", False))})
         return gemv_config(p, sms=sms, HALF2=False)
-    family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL", "HALF2")}
+    family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL", "HALF2", "ACC16")}
     groups = _fitting_groups(p, family.pop("GROUPS", max(1, 256 // p.group_size)))
     cfg = dict(TC_DEFAULTS, **family, GROUPS=groups)
     if _interpreted():
@@ -512,8 +597,8 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
         _kernel("gemv")[grid](x, p.words, p.scale, p.zero, y, ws, locks, n, k, split, p.words.stride(0),
                               p.scale.stride(0), GROUP=p.group_size, GROUPS=cfg["GROUPS"], BLOCK_N=cfg["BLOCK_N"],
                               SERIAL=split > 1,
-                              MAGIC=cfg["MAGIC"] and not _interpreted(), HALF2=cfg["HALF2"],
-                              STAGES=cfg["num_stages"], **extra)
+                              MAGIC=cfg["MAGIC"] and not _interpreted(), HALF2=cfg["HALF2"], ACC16=cfg["ACC16"],
+                              ACC_LIMIT=acc16_x_limit(p.group_size), STAGES=cfg["num_stages"], **extra)
         return y
     bm, split = block_rows(m), cfg["SPLIT_K"]
     reduce = "none" if split == 1 else cfg["REDUCE"]
@@ -548,13 +633,13 @@ def candidate_configs(p: W4Weight, m: int) -> list[dict]:
             for bn in (64, 128) for gs in (1, 2) for sk in (1, 2, 4, 8, 16) for sw in (False, True)]
     n, k = p.shape
     if m == 1:
-        for (bn, nw, h2), gs in itertools.product(GEMV_SHAPES, (1, 2, 4)):
+        for (bn, nw, sums), gs in itertools.product(GEMV_SHAPES, (1, 2, 4)):
             if k % (p.group_size * gs):
                 continue
             steps = k // (p.group_size * gs)
             divisors = _divisors(steps)
             i = divisors.index(gemv_split(math.ceil(n / bn), steps, _sms(p)))
-            grid += [dict(KERNEL="gemv", BLOCK_N=bn, GROUPS=gs, SPLIT_K=sk, MAGIC=True, HALF2=h2, num_warps=nw,
+            grid += [dict(KERNEL="gemv", BLOCK_N=bn, GROUPS=gs, SPLIT_K=sk, MAGIC=True, **SUMS[sums], num_warps=nw,
                           num_stages=1) for sk in divisors[max(0, i - 1):i + 2]]
     out = []
     for cfg in grid:

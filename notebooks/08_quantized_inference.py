@@ -52,7 +52,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 from helpers import (budget, course_model, decode_bench, engine_plan, evaluate, exercises, generation, gguf_run,
-                     key_numbers, llm_compressor, loading, models, timing)
+                     key_numbers, llm_compressor, loading, measure, models, timing)
 from helpers.config import cache_dir, pick, results_path
 from helpers.device import has_cuda, get_device
 from helpers.qspec import QuantSpec
@@ -485,7 +485,7 @@ def live_decode(arch="TinyLlama-1.1B", steps=32):
     out = []
     for fmt in ("bf16", "W4A16 ours"):
         model = decode_bench.build(arch, fmt)
-        weights = decode_bench.resident_bytes(model)
+        weights = measure.module_bytes(model)      # the model's own tensors, not what earlier cells left
         for graphs in (True, False):
             r = decode_bench.run(model, 1, 128, steps, graphs)
             out.append({"format": fmt, "graphs": graphs, "decode_tok_s": r["decode_tok_s"], "weights_GiB": weights / GiB})

@@ -32,7 +32,7 @@ GEMV_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": 
 DIVISIBLE = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "y_ptr", "ws_ptr", "lock_ptr", "N", "K", "stride_wn")
 
 
-SWITCHES = {"MAGIC": True, "HALF2": False}   # the GEMV's on/off constexprs
+SWITCHES = {"MAGIC": True, "HALF2": False, "ACC16": False}   # the GEMV's on/off constexprs
 
 
 def gemv_sass(group: int = 128, groups: int = 2, block_n: int = 128, warps: int = 4, arch: int = 90,
@@ -61,7 +61,8 @@ def gemv_sass(group: int = 128, groups: int = 2, block_n: int = 128, warps: int 
     from helpers import w4_kernel
     fn = JITFunction(w4_kernel._w4a16_gemv_kernel)   # compiled, even where TRITON_INTERPRET=1 makes jit interpret
     names = fn.arg_names
-    constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_N=block_n, SERIAL=True, STAGES=1, **switches)
+    constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_N=block_n, SERIAL=True, STAGES=1,
+                      ACC_LIMIT=w4_kernel.acc16_x_limit(group), **switches)
     signature = {**GEMV_SIGNATURE, **{name: "constexpr" for name in constexprs}}
     src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()},
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in DIVISIBLE})

@@ -1,4 +1,6 @@
 """The Triton W4A16 kernel against the readable reference (Triton's interpreter on CPU, compiled on CUDA)."""
+import math
+
 import pytest
 import torch
 
@@ -85,6 +87,59 @@ def test_half2_steps_with_large_activations_are_scaled_not_overflowed(cfg):
         assert torch.isfinite(got).all(), big
         assert (got - ref).abs().max() <= 2e-3 * ref.abs().max(), big
     assert w4_kernel.HALF2_X_LIMIT * 4 * 8 <= 65504                   # 4 products of |q − 8| ≤ 8 per fp16 half
+
+
+ACC16_CONFIGS = [dict(KERNEL="gemv", BLOCK_N=16, SPLIT_K=1, HALF2=True, ACC16=True, MAGIC=False),
+                 dict(KERNEL="gemv", BLOCK_N=32, GROUPS=2, SPLIT_K=2, HALF2=True, ACC16=True, MAGIC=True),
+                 dict(KERNEL="gemv", BLOCK_N=64, GROUPS=4, SPLIT_K=1, HALF2=True, ACC16=True, MAGIC=True, num_warps=2)]
+
+
+@pytest.mark.parametrize("cfg", ACC16_CONFIGS)
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_acc16_gemv_is_the_reference_to_fp16_rounding_at_any_activation_scale(cfg, group):
+    """A whole group's sums in fp16 pairs: each product and each partial sum rounded to 11 bits, so the
+    error is a few fp16 ulps of a group's sum — below the bf16 output's own rounding (2^-9 ≈ 2e-3) —
+    whatever the activations' scale: x is brought next to :func:`acc16_x_limit` by a power of two, up
+    from 1e-30 or down from 1e30, never to fp16's subnormals or its overflow."""
+    p = w4_format.pack_w4(weight(40, 512, seed=group).to(DEV), group)
+    for dtype in (torch.float16, torch.bfloat16):
+        for scale in ((1.0, 1e-4, 1e4) if dtype == torch.float16 else (1.0, 1e-30, 1e30)):
+            x = (torch.randn(1, 512, generator=torch.Generator().manual_seed(2)) * scale).to(dtype).to(DEV)
+            got = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
+            ref = w4_format.reference_matmul(x.float(), p)
+            assert torch.isfinite(got).all(), (dtype, scale)
+            err = ((got - ref).abs().max() / ref.abs().max()).item()
+            assert err <= 2e-3, (dtype, scale, cfg, err)
+    y = w4_kernel.w4a16_matmul(x, p, cfg)
+    assert y.dtype == torch.bfloat16 and y.shape == (1, 40)
+
+
+def test_acc16_steps_with_one_massive_activation_do_not_overflow():
+    p = w4_format.pack_w4(weight(40, 512, seed=3).to(DEV), 128)
+    cfg = ACC16_CONFIGS[1]
+    for big in (30000.0, 3e6, -1e30):
+        x = torch.randn(1, 512, generator=torch.Generator().manual_seed(3))
+        x[0, 5] = big
+        x = x.to(torch.bfloat16).to(DEV)
+        got = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
+        ref = w4_format.reference_matmul(x.float(), p)
+        assert torch.isfinite(got).all() and (got - ref).abs().max() <= 2e-3 * ref.abs().max(), big
+    zero = torch.zeros(1, 512, dtype=torch.bfloat16, device=DEV)   # no scale to find: zeros, not NaN
+    assert torch.equal(w4_kernel.w4a16_matmul(zero, p, cfg, out_dtype=torch.float32),
+                       w4_format.reference_matmul(zero.float(), p))
+
+
+def test_acc16_limit_keeps_a_whole_groups_fp16_sums_finite():
+    for group in (32, 64, 128, 256):
+        lim = w4_kernel.acc16_x_limit(group)
+        assert lim == 2 ** round(math.log2(lim))                             # a power of two: scaling x is exact
+        assert 4 * group * lim <= 65504 < 4 * group * lim * 2 * 2            # group/2 products of ≤ 8·|x| per half
+    assert w4_kernel.acc16_x_limit(128) == 64 and w4_kernel.acc16_x_limit(64) == 128
+    p = w4_format.pack_w4(weight(32, 512), 128)
+    with pytest.raises(ValueError, match="set HALF2=True too"):
+        w4_kernel._check_config(dict(KERNEL="gemv", HALF2=False, ACC16=True), p)
+    assert w4_kernel.auto_config(p, 1, family={"ACC16": True})["ACC16"] is True      # opt-in through the family
+    assert w4_kernel.auto_config(p, 1)["ACC16"] is False
 
 
 def test_gemv_split_divides_the_steps_nearest_the_target():
@@ -284,6 +339,7 @@ def test_gemv_config_reproduces_every_config_the_h200_run_chose():
                                torch.zeros(n, k // g, dtype=torch.float16), g, (n, k))
         want = dict(r["config"])
         want.setdefault("HALF2", False)          # rows timed before HALF2 existed ran without it
+        want.setdefault("ACC16", False)          # ... and before ACC16
         for key in ("PREFETCH", "TILED"):         # switches tried on 2026-12-03 (off in these rows), since removed
             assert want.pop(key, False) is False
         fixed = {"MAGIC": want["MAGIC"]}        # the interpreter here turns MAGIC off by default

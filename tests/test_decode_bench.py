@@ -1,0 +1,62 @@
+"""What engines do around the int4 kernel (helpers.decode_bench.Recipe): fused projections and the bytes a
+decode step reads — checked on tiny models on the CPU; the speed itself is measured by benchmarks/decode.py."""
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from helpers import decode_bench
+from helpers.measure import module_bytes
+
+
+def tiny_llama(**kw):
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=256)
+    return LlamaForCausalLM(LlamaConfig(**{**cfg, **kw})).eval()
+
+
+def test_fused_projections_compute_the_same_function_with_four_matmuls_per_layer():
+    m = tiny_llama()
+    f = decode_bench.fused_projections(m)
+    ids = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(m(ids).logits, f(ids).logits)       # the same columns of the same products
+    names = {n.split(".")[-1] for n, mod in f.named_modules() if isinstance(mod, torch.nn.Linear)}
+    assert names == {"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"}
+    linears = sum(isinstance(mod, torch.nn.Linear) for mod in f.model.layers[0].modules())
+    assert linears == 4                                         # q|k|v, o, gate|up, down (Llama's: 7)
+    assert module_bytes(f) == module_bytes(m)                  # the same bytes, joined
+    qkv = f.model.layers[1].self_attn.qkv_proj.weight
+    src = m.model.layers[1].self_attn
+    assert torch.equal(qkv, torch.cat([src.q_proj.weight, src.k_proj.weight, src.v_proj.weight]))
+
+
+def test_fused_projections_refuse_what_they_cannot_keep_the_same():
+    with pytest.raises(ValueError, match="rope_type 'default' only"):
+        decode_bench.fused_projections(tiny_llama(rope_parameters={
+            "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}))
+    with pytest.raises(ValueError, match="Llama-architecture"):
+        decode_bench.fused_projections(tiny_llama(attention_bias=True))
+    with pytest.raises(ValueError, match="Llama-architecture"):
+        decode_bench.fused_projections(tiny_llama(head_dim=64))
+
+
+def test_a_decode_step_reads_every_weight_but_the_input_embedding_table():
+    m = tiny_llama()
+    emb = 300 * 128 * 4                                          # fp32 input embedding: one row per token is read
+    assert decode_bench.bytes_read_per_step(m) == module_bytes(m) - emb
+    tied = tiny_llama(tie_word_embeddings=True)                  # the head reads the whole shared table
+    assert decode_bench.bytes_read_per_step(tied) == module_bytes(tied) == module_bytes(m) - emb
+
+
+def test_recipes_parse_from_their_labels_and_refuse_others():
+    for label in ("plain", "fused", "head", "fused+head"):
+        assert decode_bench.Recipe.parse(label).label == label
+    assert decode_bench.Recipe.parse("head+fused") == decode_bench.Recipe(fused=True, head=True)
+    for bad in ("", "fast", "fused+lm_head"):
+        with pytest.raises(ValueError, match="recipe must be 'plain'"):
+            decode_bench.Recipe.parse(bad)
+    with pytest.raises(TypeError, match="Recipe.parse"):
+        decode_bench.build("Llama-3.2-1B", "bf16", recipe="fused")
+    with pytest.raises(ValueError, match="fmt must be one of"):
+        decode_bench.build("Llama-3.2-1B", "int4")
