@@ -208,8 +208,12 @@ def prefill_ops(config, s: Shape, lay: Layout, prompt_len: int, batch: int, atte
     its separate tensors (:func:`mlp_ops`; a fused ``gate_up_proj``'s one ``2·I`` block,
     :func:`fused_mlp_ops`). The sizes come from :func:`block_transients` and the KV storage; what the
     simulator adds is the *order*, hence which blocks the caching allocator can reuse and which make
-    it reserve more."""
+    it reserve more. The model types of :data:`LLAMA_OPS` with an attention of
+    :data:`LLAMA_OPS_ATTENTIONS` (where :func:`follows_llama_ops`) are replayed op by op instead:
+    :func:`llama_prefill_ops`."""
     b = int(dtype_bytes(dtype))
+    if attention in LLAMA_OPS_ATTENTIONS and follows_llama_ops(config, s, lay, prompt_len, attention):
+        return llama_prefill_ops(config, s, lay, prompt_len, batch, attention, dtype, score_copies)
     act = block_transients(s, lay, prompt_len, batch, dtype, attention, "cuda", cached=True)
     per_pos = dict(zip("KV", (x * batch for x in kv_tensor_bytes(s, b))))   # bytes per position (MLA: the two latents)
     pos0 = storage_positions(s, prompt_len, 0)                            # the prefill's storage
@@ -235,6 +239,200 @@ def prefill_ops(config, s: Shape, lay: Layout, prompt_len: int, batch: int, atte
         if attention == "eager":
             ops.append(["free", f"weights{l}"])
     return ops + _logits_ops(0, s, batch, b, score_copies) + [["free", "residual"]]
+
+
+LLAMA_OPS = frozenset({"llama", "qwen2", "mistral"})
+"""Model types whose prefill :func:`llama_prefill_ops` replays op by op: their modeling files in
+transformers 5.17 (``modeling_llama.py``, ``modeling_qwen2.py``, ``modeling_mistral.py``) share
+``*Model.forward``, ``*DecoderLayer.forward``, ``*Attention.forward``, ``apply_rotary_pos_emb``,
+``*RotaryEmbedding.forward``, ``*RMSNorm``, ``*MLP`` and ``eager_attention_forward`` op for op (Qwen2:
+biases on q, k, v, which ``addmm`` folds into the projection's one output; Mistral: a sliding-window
+mask). Other model types keep the lumped replay of :func:`prefill_ops`."""
+
+
+LLAMA_OPS_ATTENTIONS = ("eager",)
+"""The attention implementations :func:`prefill_ops` replays op by op for :data:`LLAMA_OPS`. The SDPA
+sequence of :func:`llama_prefill_ops` matches the recorded SDPA prefills too (every block of 200 KiB
+or more, in order: ``tests/test_budget.py``) but is not switched on: a recorded SDPA row's reserved
+memory can hold one large segment more or fewer depending on what ran before it in the process, which
+a replay from an empty allocator cannot tell (README, "Reference results", the budget's item 5)."""
+
+EMBEDDINGS_IN_MASK_KWARGS = frozenset({"qwen2"})
+""":data:`LLAMA_OPS` model types whose ``*Model.forward`` builds its masks from a ``mask_kwargs`` dict
+that holds ``inputs_embeds`` (``Qwen2Model.forward``): as the forward's frame is cleared, the masks
+(``causal_mask_mapping``) go before the embeddings (``mask_kwargs``); Llama's and Mistral's frames drop
+the argument ``inputs_embeds`` first (the recorded Qwen2.5-0.5B eager 8192 × 1 and SmolLM2-135M eager
+512 × 16 prefills)."""
+
+
+def follows_llama_ops(config, s: Shape, lay: Layout, prompt_len: int, attention: str) -> bool:
+    """Whether :func:`llama_prefill_ops` replays this prefill: a :data:`LLAMA_OPS` model type with
+    the Llama layout (separate q, k, v projections, no q/k norms, a dense gated pre-norm MLP with
+    separate gate and up, one rotary table, no experts or latents), grouped KV heads that
+    ``repeat_kv`` copies (``1 < kv_heads``; one KV head is a strided view that each ``matmul`` copies,
+    :func:`repeat_kv_bytes`), every layer caching (full or sliding), and an attention whose ops are
+    read: eager, or SDPA without a mask (``masking_utils._ignore_causal_mask_sdpa``: no window the
+    prompt reaches), where the kernel takes grouped K and V as they are (``use_gqa_in_sdpa``) and
+    writes its output already in the transposed layout. SDPA with a mask (``repeat_kv`` copies and the
+    kernel's own mask handling) keeps the lumped replay."""
+    caches = s.check_caches()
+    if getattr(config, "model_type", "") not in LLAMA_OPS or s.mla or s.moe is not None or s.rope_tables != 1:
+        return False
+    if lay.fused_qkv or lay.qk_norm or lay.fused_gate_up or not (lay.gated_mlp and lay.pre_norm):
+        return False
+    if not (1 < s.kv_heads <= s.heads and s.heads % s.kv_heads == 0) or s.head_dim % 2:
+        return False
+    if any(c.kind not in ("full", "sliding") for c in caches):
+        return False
+    return attention == "eager" or not any(c.window is not None and prompt_len >= c.window for c in caches)
+
+
+def llama_mask_kinds(config, s: Shape) -> list:
+    """The causal masks a :data:`LLAMA_OPS` model's forward builds, in order (transformers 5.17):
+    ``LlamaModel`` one full mask (``create_causal_mask``); ``MistralModel`` one, sliding when the
+    config has a ``sliding_window`` (``create_sliding_window_causal_mask``, every layer then slides);
+    ``Qwen2Model`` the full mask always and a sliding one when ``layer_types`` has sliding layers."""
+    sliding = any(c.kind == "sliding" for c in s.check_caches())
+    full = not sliding or getattr(config, "model_type", "") == "qwen2"
+    return ["full"] * full + ["sliding"] * sliding
+
+
+def causal_mask_ops(kind: str, batch: int, q: int, b: int | None) -> list:
+    """The prefill's causal mask of one kind of layer (``"full"`` or ``"sliding"``) as
+    ``masking_utils.sdpa_mask`` builds it over ``q`` positions from generate's 2-D mask of ones
+    (transformers 5.17, ``masking_utils.py``): ``and_masks(mask_function, padding_mask_function)``
+    evaluated by broadcasting. Each ``and_mask`` starts from a 0-d ``True`` and rebinds ``result = result
+    & fn(...)``: the causal function's ``kv_idx <= q_idx`` (``q²`` bools) and its conjunction (``q²``);
+    a sliding mask's function is itself ``and_masks(sliding_window_overlay, causal_mask_function)``,
+    whose ``q²`` result the outer ``and_mask`` conjoins again; the padding function's
+    ``padding_mask[batch_idx, kv_idx]`` (``batch·q``, small) widens the result to ``batch·q²``. With
+    ``b`` (eager: ``eager_mask``) ``torch.where(mask, 0, min)`` makes the additive mask ``batch·q²·b``
+    and drops the boolean one. Leaves ``mask.{kind}`` alive. (The index vectors and 0-d tensors, a few
+    KiB, are left out.)"""
+    q2, m = q * q, f"mask.{kind}"
+    ops = [["alloc", f"{m}.causal", q2], ["alloc", f"{m}.and1", q2], ["free", f"{m}.causal"]]
+    last = f"{m}.and1"
+    if kind == "sliding":    # the inner and_mask: overlay, causal; then the outer result & it
+        ops = [["alloc", f"{m}.window", q2], ["alloc", f"{m}.in1", q2], ["free", f"{m}.window"],
+               ["alloc", f"{m}.causal", q2], ["alloc", f"{m}.in2", q2], ["free", f"{m}.causal"], ["free", f"{m}.in1"],
+               ["alloc", f"{m}.and1", q2], ["free", f"{m}.in2"]]
+    bool_mask = m if b is None else f"{m}.bool"
+    ops += [["alloc", bool_mask, batch * q2], ["free", last]]
+    if b is not None:
+        ops += [["alloc", m, batch * q2 * b], ["free", bool_mask]]
+    return ops
+
+
+def rotary_table_ops(n: int, dim: int, b: int) -> list:
+    """``LlamaRotaryEmbedding.forward`` over ``n`` token positions (``modeling_llama.py``): in fp32
+    ``freqs = inv_freq @ position_ids`` (``n·dim/2``), ``emb = cat(freqs, freqs)``, ``emb.cos() *
+    attention_scaling`` and ``emb.sin() * attention_scaling`` (each product drops its operand), then
+    ``cos`` and ``sin`` cast to the model dtype (``n·dim·b`` each), the fp32 tensors dropped as the
+    method returns. Leaves ``cos`` and ``sin`` alive for the whole forward."""
+    f = n * dim * 4
+    return [["alloc", "rope.freqs", f // 2], ["alloc", "rope.emb", f],
+            ["alloc", "rope.cos32", f], ["alloc", "rope.cos32s", f], ["free", "rope.cos32"],
+            ["alloc", "rope.sin32", f], ["alloc", "rope.sin32s", f], ["free", "rope.sin32"],
+            ["alloc", "cos", n * dim * b], ["alloc", "sin", n * dim * b],
+            ["free", "rope.freqs"], ["free", "rope.emb"], ["free", "rope.cos32s"], ["free", "rope.sin32s"]]
+
+
+def rotate_ops(name: str, size: int) -> list:
+    """``apply_rotary_pos_emb``'s ``(x * cos) + (rotate_half(x) * sin)`` on a ``size``-byte ``x``
+    (``modeling_llama.py``): ``x·cos``, ``rotate_half``'s ``-x2`` (half) and ``torch.cat`` (the half
+    dropped), ``·sin`` (the cat dropped), the sum (both products dropped). Leaves ``{name}.rot``."""
+    t = {k: f"{name}.{k}" for k in ("cos", "neg", "half", "sin", "rot")}
+    return [["alloc", t["cos"], size], ["alloc", t["neg"], size // 2], ["alloc", t["half"], size],
+            ["free", t["neg"]], ["alloc", t["sin"], size], ["free", t["half"]],
+            ["alloc", t["rot"], size], ["free", t["cos"]], ["free", t["sin"]]]
+
+
+def llama_attention_ops(config, s: Shape, l: int, q: int, batch: int, attention: str, dtype, kv: list) -> list:
+    """Layer ``l``'s ``LlamaAttention.forward`` over ``batch × q`` tokens (``modeling_llama.py``,
+    transformers 5.17), from the normed input ``ln{l}``: ``q_proj``, ``k_proj``, ``v_proj``
+    (``n·H·d``, ``n·K·d``, ``n·K·d``), the rotation of q then k (:func:`rotate_ops`; the projections of
+    q and k dropped as the names are rebound), ``past_key_values.update`` (``kv``: the cache's
+    ``torch.cat`` copies of K and V; the rotated k and the projected v dropped as the names are rebound
+    to the cache's), then the attention: eager (``eager_attention_forward``) ``repeat_kv`` of K and V
+    (``n·H·d`` each), ``torch.matmul``'s contiguous copy of q when ``batch > 1`` (q's batch and head
+    strides do not fold; it is dropped once q·kᵀ exists), the score copies (:func:`eager_ops`),
+    ``matmul(weights, v)`` and its ``transpose(1, 2).contiguous()`` (the first dropped), the repeated K
+    and V dropped as the function returns; SDPA (``sdpa_attention_forward``, no mask: grouped K and V
+    go in as they are) the kernel's output, already laid out as the transpose. Then ``o_proj``
+    (``n·h``; the attention output dropped), and on return the rotated q. Leaves ``o{l}`` (and eager's
+    ``weights{l}``) alive."""
+    b, n, d = int(dtype_bytes(dtype)), batch * q, s.head_dim
+    q_b, kv_b, o = n * s.heads * d * b, n * s.kv_heads * d * b, f"o{l}"
+    ops = [["alloc", f"q{l}", q_b], ["alloc", f"k{l}", kv_b], ["alloc", f"v{l}", kv_b],
+           *rotate_ops(f"q{l}", q_b), *rotate_ops(f"k{l}", kv_b), ["free", f"q{l}"], ["free", f"k{l}"],
+           *kv, ["free", f"k{l}.rot"], ["free", f"v{l}"]]
+    if attention == "eager":
+        rep = [f"rk{l}", f"rv{l}"] if s.kv_heads < s.heads else []
+        ops += [["alloc", r, q_b] for r in rep]
+        scores = eager_ops(config, l, batch * s.heads * q, q, dtype)
+        if batch > 1:
+            ops += [["alloc", f"qc{l}", q_b], scores[0], ["free", f"qc{l}"], *scores[1:]]
+        else:
+            ops += scores
+        ops += [["alloc", f"av{l}", q_b], ["alloc", f"attn{l}", q_b], ["free", f"av{l}"]]
+        ops += [["free", r] for r in rep]
+    else:
+        ops.append(["alloc", f"attn{l}", q_b])
+    return ops + [["alloc", o, n * s.hidden * b], ["free", f"attn{l}"], ["free", f"q{l}.rot"]]
+
+
+def llama_layer_ops(config, s: Shape, lay: Layout, l: int, q: int, batch: int, attention: str, dtype, kv: list) -> list:
+    """``LlamaDecoderLayer.forward`` of layer ``l`` over ``batch × q`` tokens (``modeling_llama.py``):
+    the input norm (:func:`norm_ops`), the attention (:func:`llama_attention_ops`; the normed input
+    dropped as it returns), ``residual + attn`` (``sum{l}``; the attention's output dropped), the MLP
+    (:func:`mlp_ops`: its norm, gate, up, product, down) and ``residual + mlp`` (``out{l}``, made before
+    the MLP's output is dropped); as the layer returns its ``sum{l}`` and eager's attention weights
+    (bound to ``_``) are dropped. Leaves ``out{l}``; the layer's input is the caller's to drop."""
+    b, n = int(dtype_bytes(dtype)), batch * q
+    h_b, I_b = n * s.hidden * b, n * s.intermediate * b
+    mlp = mlp_ops(f"mlp{l}", s, lay, n, b, 3 * I_b + h_b)
+    assert mlp[-1] == ["free", f"mlp{l}.down"], mlp[-1]      # the dense gated MLP of follows_llama_ops
+    ops = norm_ops(f"ln{l}", n * s.hidden, b) + llama_attention_ops(config, s, l, q, batch, attention, dtype, kv)
+    ops += [["free", f"ln{l}"], ["alloc", f"sum{l}", h_b], ["free", f"o{l}"]]
+    ops += mlp[:-1] + [["alloc", f"out{l}", h_b], ["free", f"mlp{l}.down"], ["free", f"sum{l}"]]
+    return ops + ([["free", f"weights{l}"]] if attention == "eager" else [])
+
+
+def llama_prefill_ops(config, s: Shape, lay: Layout, prompt_len: int, batch: int, attention: str, dtype,
+                      score_copies: int = 0) -> list:
+    """The prefill of a :data:`LLAMA_OPS` model op by op, as ``LlamaForCausalLM.forward`` and
+    ``LlamaModel.forward`` make and drop its tensors (``modeling_llama.py``, transformers 5.17): the
+    embeddings ``emb`` (``n·h``, held by the forward to its end), the causal masks (eager: one additive
+    mask per kind of layer, :func:`causal_mask_ops`; SDPA: none), ``cos`` and ``sin``
+    (:func:`rotary_table_ops`), each layer (:func:`llama_layer_ops`, the cache's K and V copies made in
+    its attention) with the previous layer's output dropped as the loop rebinds ``hidden_states``, the
+    final norm (the last layer's output dropped), then embeddings, masks and rotary tables dropped as
+    the model returns, the last position's logits (the final norm's output dropped with the model's
+    output) and generate's fp32 copies (:func:`_logits_ops`). Checked against the recorded events of
+    SmolLM2-135M eager 512 × 16, Qwen2.5-0.5B eager 8192 × 1, Llama-3.2-1B eager 2048 × 1,
+    Qwen2.5-0.5B SDPA 8192 × 2 and Mistral-7B SDPA 512 × 1 (``results/h200/alloc_events_*.json.gz``)."""
+    b = int(dtype_bytes(dtype))
+    n = batch * prompt_len
+    per_pos = dict(zip("KV", (x * batch for x in kv_tensor_bytes(s, b))))
+    pos0 = storage_positions(s, prompt_len, 0)
+    kinds = llama_mask_kinds(config, s) if attention == "eager" else []
+    ops = [["alloc", "emb", n * s.hidden * b]]
+    for kind in kinds:
+        ops += causal_mask_ops(kind, batch, prompt_len, b)
+    ops += rotary_table_ops(n, s.head_dim, b)
+    x = "emb"
+    for l in range(s.layers):
+        kv = [["alloc", f"{k}{l}_0", int(per_pos[k] * pos0[l])] for k in "KV"]
+        ops += llama_layer_ops(config, s, lay, l, prompt_len, batch, attention, dtype, kv)
+        if x != "emb":
+            ops.append(["free", x])
+        x = f"out{l}"
+    masks = [["free", f"mask.{kind}"] for kind in kinds]
+    emb = [["free", "emb"]]
+    ops += norm_ops("final", n * s.hidden, b) + [["free", x]]
+    ops += (masks + emb if config.model_type in EMBEDDINGS_IN_MASK_KWARGS else emb + masks) + [["free", "cos"], ["free", "sin"]]
+    logits = _logits_ops(0, s, batch, b, score_copies)
+    return ops + logits[:1] + [["free", "final"]] + logits[1:]
 
 
 def _logits_ops(t: int, s: Shape, batch: int, b: int, score_copies: int) -> list:

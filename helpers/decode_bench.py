@@ -78,7 +78,7 @@ def bytes_read_per_step(model) -> int:
     each storage once, a torchao subclass by what it packs) less the input embedding table, of which a
     step reads one row per token — unless the LM head shares it (tied), which reads all of it."""
     emb = model.get_input_embeddings().weight
-    tied = emb.untyped_storage().data_ptr() == model.get_output_embeddings().weight.untyped_storage().data_ptr()
+    tied = getattr(model.get_output_embeddings(), "weight", None) is emb    # a quantized head has no .weight
     return module_bytes(model) - (0 if tied else emb.untyped_storage().nbytes())
 
 

@@ -20,7 +20,9 @@ step of each, ``benchmarks/kernels.py``):
   one ``lop3`` and one subtraction per code, no int→float instruction), and ``x`` is scaled by
   ``16^-j`` once per column instead. ``HALF2`` sums two codes per instruction in fp16 pairs
   (:func:`_word_dot_half2`; a step whose ``|x|`` could overflow them is scaled by a power of two
-  first); :func:`auto_config` uses it at group ≥ 128 (:data:`HALF2_GEMV`).
+  first), and ``ACC16`` keeps those sums in fp16 for a whole group (:func:`_group_dot_acc16`: one
+  conversion per group, ``x`` scaled next to :func:`acc16_x_limit`); :func:`auto_config` uses both at
+  group ≥ 128 (:data:`HALF2_GEMV`).
 * ``KERNEL="tc"`` — any ``M`` up to 64 on tensor cores (``tl.dot``; one row is padded to a 16-row
   tile, whose wasted products cost less than the unpacking they replace): per group, the even and
   the odd codes of each byte become two 16-bit tiles multiplied by the even and odd columns of
@@ -250,7 +252,7 @@ def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K
             big = tl.max(tl.maximum(tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3))),
                                     tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7)))))
             if ACC16:   # largest |x| brought into (ACC_LIMIT/2, ACC_LIMIT], up or down
-                e = tl.minimum(tl.maximum(tl.floor(tl.log2(ACC_LIMIT / tl.maximum(big, 1e-38))), -126.0), 100.0)
+                e = tl.minimum(tl.maximum(tl.floor(tl.log2(ACC_LIMIT / tl.maximum(big, 1e-30))), -126.0), 100.0)
                 shrink = tl.where(big > 0, tl.exp2(e), 1.0)
                 dot = _group_dot_acc16(w, x0 * shrink, x1 * shrink, x2 * shrink, x3 * shrink, x4 * shrink,
                                        x5 * shrink, x6 * shrink, x7 * shrink, BLOCK_N, GROUPS, WPG, MAGIC)
@@ -406,10 +408,11 @@ GEMV_SHAPES = ((128, 4, "fp32"), (64, 4, "fp32"), (128, 4, "half2"), (64, 2, "ha
                (128, 4, "acc16"), (64, 2, "acc16"))
 SUMS = {"fp32": dict(HALF2=False, ACC16=False), "half2": dict(HALF2=True, ACC16=False),
         "acc16": dict(HALF2=True, ACC16=True)}
-# the one-row rule at group ≥ 128: faster than the fp32 rule on 7 of the 9 g128 weight shapes in the H200's
-# first run of 2026-12-04 (up to 1.25×, on 14B-class 13824x5120), on 4 of 9 in its re-run (geometric mean
-# 1.02×; results/h200/kernels.json); at g64 the fp32 rule stayed faster
-HALF2_GEMV = dict(HALF2=True, BLOCK_N=64, num_warps=2, GROUPS=4)
+# the one-row rule at group ≥ 128: fp16 pairs (HALF2), 64 rows on 2 warps — faster than the fp32 rule on
+# 7 of the 9 g128 weight shapes in the H200's first run of 2026-12-04 — with each group's sums kept in
+# fp16 (ACC16): the fastest of every GEMV candidate on all 12 g128 shapes of run 2026-12-04b
+# (results/h200/kernels.json); at g64 the fp32 rule stayed faster on most shapes
+HALF2_GEMV = dict(HALF2=True, ACC16=True, BLOCK_N=64, num_warps=2, GROUPS=4)
 GEMV_CTAS_PER_SM = 8   # split-K target of the GEMV (gemv_split): programs per multiprocessor
 TC_DEFAULTS = dict(KERNEL="tc", BLOCK_N=64, GROUPS=1, SPLIT_K=1, DEQUANT="lop3", SWAP=True, REDUCE="serial",
                    num_warps=4, num_stages=3)   # the family benchmarks/kernels.py chose on the H200
@@ -517,7 +520,8 @@ def gemv_config(p: W4Weight, sms: int | None = None, **fixed) -> dict:
 def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     """A config chosen from the shape alone, by the rule the H200 measurements support
     (``results/h200/kernels.json``): one row runs the CUDA-core GEMV — at group ≥ 128
-    :data:`HALF2_GEMV` (fp16-pair sums, 64 rows per program on 2 warps, 4 groups per step), else 128
+    :data:`HALF2_GEMV` (fp16-pair sums kept in fp16 for each group, 64 rows per program on 2 warps, 4
+    groups per step), else 128
     rows per program with 256 codes of each row per step and fp32 sums (``family`` may set ``HALF2``
     either way, and ``ACC16`` with it), ``K`` split by :func:`gemv_split`; more rows run the tensor-core kernel with 256 input columns per step
     (fewer where the groups do not divide ``K``), ``K`` split in four only where the output tiles cannot
@@ -529,7 +533,7 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
         family = family or {}
         if family.get("HALF2", p.group_size >= 128) or family.get("ACC16"):
             return gemv_config(p, sms=sms, **{**HALF2_GEMV, "GROUPS": _fitting_groups(p, HALF2_GEMV["GROUPS"]),
-                                              "ACC16": bool(family.get("ACC16", False))})
+                                              "ACC16": bool(family.get("ACC16", HALF2_GEMV["ACC16"]))})
         return gemv_config(p, sms=sms, HALF2=False)
     family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL", "HALF2", "ACC16")}
     groups = _fitting_groups(p, family.pop("GROUPS", max(1, 256 // p.group_size)))

@@ -801,3 +801,159 @@ def test_replay_places_mla_latents_as_two_tensors_of_their_own_sizes():
                               16, 2, 1, "sdpa", torch.bfloat16)[1]
     k, v = ({op[1]: op[2] for op in llama if op[0] == "alloc"}[n] for n in ("K0_0", "V0_0"))
     assert k == v == 16 * 2 * 16 * 2
+
+
+TINY_LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, vocab_size=100)
+
+
+def _prefill(cfg, q, batch, attention):
+    from helpers.budget_replay import generation_phases
+    return generation_phases(cfg, q, 2, batch, attention, torch.bfloat16)[1]
+
+
+def test_llama_eager_prefill_is_replayed_op_by_op_by_hand():
+    """A tiny Llama (4 heads of 16, 2 KV heads, h 64, I 128), eager, 8 positions × batch 2 (n = 16, bf16),
+    as transformers 5.17's LlamaModel / LlamaDecoderLayer / LlamaAttention / eager_attention_forward
+    make and drop each tensor: q 2048 B, k and v 1024 B each; each rotated through q·cos, rotate_half's
+    −x2 (half) and cat, ·sin, the sum; q and k dropped; the cache's K and V copies (8 positions × 2 × 2
+    heads × 16 × 2 B = 1024 B) before repeat_kv (K and V to 4 heads, 2048 B each); matmul's copy of q
+    (batch > 1), dropped once q·kᵀ exists; the scores (2·4·8·8 = 512: 1024 B bf16, 2048 B fp32);
+    weights·v and its contiguous transpose; o_proj; the rotated q on return."""
+    ops = [tuple(op) for op in _prefill(LlamaConfig(**TINY_LLAMA), 8, 2, "eager")]
+    a = lambda name, size: ("alloc", name, size)      # noqa: E731
+    f = lambda name: ("free", name)                   # noqa: E731
+
+    def rot(x, size):
+        return [a(f"{x}.cos", size), a(f"{x}.neg", size // 2), a(f"{x}.half", size), f(f"{x}.neg"),
+                a(f"{x}.sin", size), f(f"{x}.half"), a(f"{x}.rot", size), f(f"{x}.cos"), f(f"{x}.sin")]
+
+    attention = [a("q0", 2048), a("k0", 1024), a("v0", 1024), *rot("q0", 2048), *rot("k0", 1024),
+                 f("q0"), f("k0"), a("K0_0", 1024), a("V0_0", 1024), f("k0.rot"), f("v0"),
+                 a("rk0", 2048), a("rv0", 2048), a("qc0", 2048), a("qk0", 1024), f("qc0"),
+                 a("scaled0", 1024), f("qk0"), a("masked0", 1024), f("scaled0"),
+                 a("fp320", 2048), a("softmax0", 2048), f("fp320"), a("weights0", 1024), f("softmax0"), f("masked0"),
+                 a("av0", 2048), a("attn0", 2048), f("av0"), f("rk0"), f("rv0"),
+                 a("o0", 2048), f("attn0"), f("q0.rot")]
+    start = ops.index(a("q0", 2048))
+    assert ops[start:start + len(attention)] == attention
+    # the model: embeddings, the additive causal mask (q² bools twice, batch·q² bools, batch·q²·b), cos / sin
+    assert ops[:8] == [a("emb", 2048), a("mask.full.causal", 64), a("mask.full.and1", 64), f("mask.full.causal"),
+                       a("mask.full.bool", 128), f("mask.full.and1"), a("mask.full", 256), f("mask.full.bool")]
+    assert a("cos", 16 * 16 * 2) in ops and a("sin", 16 * 16 * 2) in ops
+    # the layer: residual sums as hidden-size tensors of their own; the weights dropped as the layer returns
+    after = ops[start + len(attention):]
+    assert after[:3] == [f("ln0"), a("sum0", 2048), f("o0")]
+    out = after.index(a("out0", 2048))
+    assert after[out - 1] == f("mlp0.normed") and after[out + 1:out + 4] == [f("mlp0.down"), f("sum0"), f("weights0")]
+    # layer 0's output is dropped when layer 1 returns; the embeddings, mask and tables when the model does
+    assert ops.index(f("out0")) > ops.index(f("weights1"))
+    assert ops[ops.index(f("out1")):ops.index(f("out1")) + 8] == [
+        f("out1"), f("emb"), f("mask.full"), f("cos"), f("sin"), a("logits0", 2 * 100 * 2), f("final"),
+        a("carried0", 2 * 100 * 4)]
+    alive = {}
+    for kind, name, *size in ops:
+        if kind == "alloc":
+            alive[name] = size[0]
+        else:
+            del alive[name]
+    assert alive == {"K0_0": 1024, "V0_0": 1024, "K1_0": 1024, "V1_0": 1024, "carried0": 800}
+
+
+def test_llama_ops_only_where_transformers_code_was_read():
+    """The op-by-op prefill covers eager attention of the LLAMA_OPS model types with the Llama layout;
+    SDPA, other model types (their own norms, multipliers, NoPE layers) and one KV head (repeat_kv a
+    view) keep the lumped replay (one ``residual`` block, ``qkv{l}``). At batch 1 q's strides fold into
+    one matmul batch: no copy of q."""
+    cfg = LlamaConfig(**TINY_LLAMA)
+    names = lambda ops: {op[1] for op in ops}        # noqa: E731
+    eager = names(_prefill(cfg, 8, 1, "eager"))
+    assert "emb" in eager and "residual" not in eager and "qkv0" not in eager and "qc0" not in eager
+    assert {"residual", "qkv0"} <= names(_prefill(cfg, 8, 1, "sdpa"))
+    mqa = LlamaConfig(**{**TINY_LLAMA, "num_key_value_heads": 1})
+    assert "residual" in names(_prefill(mqa, 8, 1, "eager"))
+    for other in ("Qwen3-1.7B", "Granite-3.1-2B", "SmolLM3-3B", "OLMo-2-1B", "Gemma-2-2B"):
+        assert "residual" in names(_prefill(models.architecture_config(other), 16, 1, "eager")), other
+
+
+def _recorded_prefill_blocks(name, index, min_bytes=200 * 1024):
+    """The recorded prefill (first forward, up to generate's own tensors) of a trace of
+    benchmarks/alloc_trace.py, as signed sizes of the blocks of ``min_bytes`` or more, in order."""
+    import gzip
+    import json
+
+    from benchmarks.alloc_trace import MARK_BYTES
+    from helpers.config import results_path
+    with gzip.open(results_path("h200", name), "rt") as fh:
+        rec = json.load(fh)
+    rec = rec[index] if isinstance(rec, list) else rec
+    live, blocks, phase = {}, [], -1
+    for code, addr, size, frame in rec["events"]:
+        if code == "a" and size == MARK_BYTES:
+            phase += 1
+            continue
+        if phase != 0 or code not in "af":
+            continue
+        if blocks and "generation/" in rec["frames"][frame]:      # generate's scores: the prefill is over
+            break
+        if code == "a":
+            live[addr] = size
+        elif addr in live:
+            size = -live.pop(addr)
+        else:
+            continue
+        if abs(size) >= min_bytes:
+            blocks.append(size)
+    return rec["point"], blocks
+
+
+@pytest.mark.parametrize("name, index", [
+    ("alloc_events_smollm2-135m_eager_512x16_2026-12-04.json.gz", 0),
+    ("alloc_events_qwen2.5-0.5B_eager_8192x1.json.gz", 0),
+    ("alloc_events_points_2026-12-02.json.gz", 0),                 # Llama-3.2-1B eager 2048 × 1
+    ("alloc_events_points_2026-12-02.json.gz", 2),                 # Qwen2.5-0.5B SDPA 8192 × 2
+    ("alloc_events_mistral-7b_sdpa_512x1_2026-12-03.json.gz", 0)])
+def test_llama_prefill_ops_are_the_recorded_blocks(name, index):
+    """Every block of 200 KiB or more the H200's recorded prefills allocated and freed, in order, is the
+    replay's (llama_prefill_ops; SDPA checked too although prefill_ops does not switch it on): the
+    norms' fp32 copies, q/k/v, the rotations, the cache's K and V, repeat_kv, the q copy at batch > 1,
+    the scores, the attention output and its transpose, o_proj, the residual sums, the MLP, the final
+    norm, the logits — up to generate's fp32 scores."""
+    from helpers.budget_layout import meta_model
+    from helpers.budget_replay import llama_prefill_ops
+    point, real = _recorded_prefill_blocks(name, index)
+    arch, attention, q, batch = point.split(":")
+    cfg = models.architecture_config(arch)
+    s = Shape.from_config(cfg)
+    ops = llama_prefill_ops(cfg, s, Layout.from_model(meta_model(cfg), s), int(q), int(batch), attention,
+                            torch.bfloat16)
+    sizes, mine = {}, []
+    for op in ops[:ops.index(["alloc", "carried0", int(batch) * s.vocab * 4])]:
+        size = op[2] if op[0] == "alloc" else -sizes[op[1]]
+        sizes[op[1]] = abs(size)
+        if abs(size) >= 200 * 1024:
+            mine.append(size)
+    assert mine == real
+
+
+def test_llama_family_causal_masks_follow_each_model_forward():
+    """Eager masks as masking_utils builds them (transformers 5.17): Mistral's sliding mask function is
+    and_masks(sliding_window_overlay, causal) inside the padding and_mask — q² bools for the overlay, the
+    inner conjunction, causal, the inner result, the outer conjunction — then batch·q² bools and the
+    additive batch·q²·b; Qwen2 builds the full mask always and a sliding one for its sliding layers."""
+    from helpers.budget_replay import causal_mask_ops, llama_mask_kinds
+    q2 = 8 * 8
+    assert causal_mask_ops("sliding", 2, 8, 2) == [
+        ["alloc", "mask.sliding.window", q2], ["alloc", "mask.sliding.in1", q2], ["free", "mask.sliding.window"],
+        ["alloc", "mask.sliding.causal", q2], ["alloc", "mask.sliding.in2", q2], ["free", "mask.sliding.causal"],
+        ["free", "mask.sliding.in1"], ["alloc", "mask.sliding.and1", q2], ["free", "mask.sliding.in2"],
+        ["alloc", "mask.sliding.bool", 2 * q2], ["free", "mask.sliding.and1"],
+        ["alloc", "mask.sliding", 2 * q2 * 2], ["free", "mask.sliding.bool"]]
+    base = {k: v for k, v in TINY_LLAMA.items() if k != "head_dim"}
+    mistral = AutoConfig.for_model("mistral", **base, sliding_window=4)
+    qwen2 = AutoConfig.for_model("qwen2", **base, use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    assert llama_mask_kinds(mistral, Shape.from_config(mistral)) == ["sliding"]
+    assert llama_mask_kinds(qwen2, Shape.from_config(qwen2)) == ["full", "sliding"]
+    assert llama_mask_kinds(LlamaConfig(**TINY_LLAMA), Shape.from_config(LlamaConfig(**TINY_LLAMA))) == ["full"]
+    names = [op[1] for op in _prefill(qwen2, 8, 1, "eager") if op[0] == "alloc"]
+    assert "mask.full" in names and "mask.sliding" in names and "residual" not in names

@@ -138,8 +138,11 @@ def test_acc16_limit_keeps_a_whole_groups_fp16_sums_finite():
     p = w4_format.pack_w4(weight(32, 512), 128)
     with pytest.raises(ValueError, match="set HALF2=True too"):
         w4_kernel._check_config(dict(KERNEL="gemv", HALF2=False, ACC16=True), p)
-    assert w4_kernel.auto_config(p, 1, family={"ACC16": True})["ACC16"] is True      # opt-in through the family
-    assert w4_kernel.auto_config(p, 1)["ACC16"] is False
+    assert w4_kernel.auto_config(p, 1)["ACC16"] is True                               # the g128 rule (HALF2_GEMV)
+    assert w4_kernel.auto_config(p, 1, family={"ACC16": False})["ACC16"] is False     # opted out
+    g64 = w4_format.pack_w4(weight(32, 512), 64)
+    assert w4_kernel.auto_config(g64, 1)["ACC16"] is False                            # the fp32 rule at g64
+    assert w4_kernel.auto_config(g64, 1, family={"ACC16": True})["ACC16"] is True     # opt-in through the family
 
 
 def test_gemv_split_divides_the_steps_nearest_the_target():
