@@ -496,12 +496,12 @@ if dec_file.exists():
 
 # %% [markdown]
 # Four lessons in one table. Without CUDA graphs a batch-1 decode step is dominated by launching
-# hundreds of small kernels (the first printed line). With graphs the launch gaps go; compiling the
+# over a thousand small kernels (the first printed line; the eager steps' kernel counts). With graphs the launch gaps go; compiling the
 # step then fuses the small kernels between the matmuls (the profile: the eager steps' "elementwise and
 # norms" and "copies and fills" shrink several-fold in the compiled ones), and every format speeds up,
 # the 4-bit ones most. The recipes are what engines add: joining q|k|v and gate|up helps every format,
-# bf16 included (fewer, larger matmuls — the small k and v projections were far from the bandwidth),
-# and it helps int4 more, whose small matmuls were further from it; quantizing the LM head takes the
+# bf16 and tinygemm included (fewer, larger matmuls — the small k and v projections were far from the
+# bandwidth), and our kernel most (the compiled column); quantizing the LM head takes the
 # largest single matrix of the 8B model (128256 × 4096) from 16 to 4 bits. Together they take our
 # kernel from about 1.5× to about 1.6× compiled bf16 (the table's ratio column), ahead of tinygemm in
 # every recipe. What is left is in the profile and the last printed line: the weight matmuls are still
