@@ -380,9 +380,11 @@ if kern_file.exists():
 # for a whole group — one `HADD2` per word instead of a conversion and two fp32 adds — with `x` scaled
 # by the power of two that puts its largest value just under `w4_kernel.acc16_x_limit` (64 at group
 # 128: no group's fp16 sum can overflow, and small activations keep fp16's precision); the compiler's
-# listing drops from 23.2 to 21.1 instructions per word (`scripts/kernel_sass.py`, Triton 3.6), and its
-# error stays under 1e-3 of the largest output (every timed config's `rel_err` in the file; bf16's
-# own rounding is 2e-3). With 64 rows on 2 warps it is the fastest of every candidate on all twelve
+# listing drops from 23.2 to 21.1 instructions per word (`scripts/kernel_sass.py`, Triton 3.6). The
+# price is precision: on random activations its error stays under 1e-3 of the largest output (every
+# timed config's `rel_err` in the file), but on the course model's real `down_proj` inputs it reaches
+# 1.8e-3 in the interpreter's emulation, two to three times `HALF2`'s (`results/cpu/gemv_precision.json`,
+# `python -m benchmarks.gemv_precision`) — about the bf16 output's own rounding (2^-9 ≈ 2e-3). With 64 rows on 2 warps it is the fastest of every candidate on all twelve
 # g128 weights, and `auto_config` uses it there (`w4_kernel.HALF2_GEMV`); steps 6 and 7 above are the
 # same code at 128 rows on 4 warps, slower than step 5 on most shapes — the shape matters as much as
 # the instruction count. Even so the kernel stays near half the copy bandwidth on most weights (the
