@@ -46,6 +46,11 @@ SHAPES = {  # label: (K, N) — in_features, out_features
     "8B q|k|v 4096x6144": (4096, 6144), "8B gate|up joined 4096x28672": (4096, 28672),
     "8B lm_head 4096x128256": (4096, 128256),
 }
+HELD_OUT = {  # shapes no rule was fitted on (phase S): Qwen2.5-7B/32B, Llama-3.2-3B, Mistral-Nemo-12B layouts
+    "Qwen2.5-7B gate|up joined 3584x37888": (3584, 37888), "Llama-3.2-3B gate/up 3072x8192": (3072, 8192),
+    "Llama-3.2-3B down 8192x3072": (8192, 3072), "Qwen2.5-32B gate/up 5120x27648": (5120, 27648),
+    "Qwen2.5-32B down 27648x5120": (27648, 5120), "Mistral-Nemo q|k|v 5120x6144": (5120, 6144),
+}
 PHASE_A_SHAPES = ("8B gate/up 4096x14336", "70B gate/up 8192x28672")
 SPLITS = (1, 2, 4, 8, 16)
 STEPS = (  # the CUDA-core GEMV, one optimisation at a time (helpers/w4_kernel.py docstring); M = 1 only.
@@ -67,6 +72,13 @@ STEPS = (  # the CUDA-core GEMV, one optimisation at a time (helpers/w4_kernel.p
 )
 
 
+def programs_rule_split(tiles: int, steps: int, sms: int) -> int:
+    """``gemv_split``'s rule up to commit 3bc3469, kept to compare against (phase S): the divisor of the
+    steps nearest, by ratio, to 8 programs per multiprocessor, whatever their warps."""
+    target = 8 * sms / max(tiles, 1)
+    return min(w4_kernel._divisors(steps), key=lambda d: abs(math.log(d / target)))
+
+
 def step_config(p, cfg: dict) -> dict:
     """A :data:`STEPS` config completed for weight ``p`` by :func:`helpers.w4_kernel.gemv_config`: one
     group per step unless the step says, and what it leaves ``None`` chosen from the shape."""
@@ -77,7 +89,7 @@ def step_config(p, cfg: dict) -> dict:
 class Shape:
     """One weight shape on the GPU: bf16 copies, our packed copies per group, tinygemm per group."""
 
-    def __init__(self, k: int, n: int, groups=(64, 128)):
+    def __init__(self, k: int, n: int, groups=(64, 128), tiny: bool = True):
         torch.manual_seed(0)
         self.k, self.n = k, n
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -88,7 +100,7 @@ class Shape:
             p = w4_format.pack_w4(w, g)
             self.packed[g] = [p] + [w4_format.W4Weight(p.words.clone(), p.scale.clone(), p.zero.clone(), g, p.shape)
                                     for _ in range(timing.copies_past_l2(p.nbytes) - 1)]
-            t = decode_bench.tinygemm_linear(w, g)
+            t = decode_bench.tinygemm_linear(w, g) if tiny else None
             self.tiny[g] = None if t is None else [t] + [decode_bench.tinygemm_linear(w, g)
                                                          for _ in range(timing.copies_past_l2(p.nbytes) - 1)]
 
@@ -114,7 +126,9 @@ def main():
     ap.add_argument("--crossover-rows", default="4,32,64", help="extra M on the first phase-A shape")
     ap.add_argument("--groups", default="64,128")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop phase B (rows kept) after this many seconds")
-    ap.add_argument("--phases", default="G,A,B", help="G: the one-row GEMV; A, B: the tensor-core kernel")
+    ap.add_argument("--phases", default="G,A,B", help="G: the one-row GEMV; A, B: the tensor-core kernel; S: the "
+                                                     "GEMV's split rule against every split (with --held-out too)")
+    ap.add_argument("--held-out", action="store_true", help="phase S also on HELD_OUT's shapes")
     args = ap.parse_args()
     phases = set(args.phases.split(","))
     if not torch.cuda.is_available():
@@ -202,6 +216,29 @@ def main():
                     if r.get("phase", "").startswith("G") and r.get("shape") == label and r.get("group") == g \
                             and r.get("config") == cfg:
                         r["exact"], r["rel_err"] = bool(err <= 1e-3), err
+        sh.free()
+        save()
+    # ---------------- phase S: auto_config's one-row config at every split of K (g128, 2-warp rule; g64, 4-warp)
+    shapes_s = {**SHAPES, **(HELD_OUT if args.held_out else {})} if "S" in phases else {}
+    for label, (k, n) in shapes_s.items():
+        sh = Shape(k, n, groups=groups, tiny=False)
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        sms = meta["sms"]
+        for g in groups:
+            p0, nbytes = sh.packed[g][0], sh.packed[g][0].nbytes
+            auto = w4_kernel.auto_config(p0, 1)
+            tiles, steps = math.ceil(n / auto["BLOCK_N"]), k // (g * auto["GROUPS"])
+            picks = {"rule_split": auto["SPLIT_K"], "programs_rule_split": programs_rule_split(tiles, steps, sms)}
+            ref = w4_format.reference_matmul(x.float(), p0).float()
+            for split in w4_kernel._divisors(steps):
+                if split * tiles > 64 * sms:      # past 64 programs per SM nothing is left to gain
+                    continue
+                cfg = {**auto, "SPLIT_K": split}
+                err = ((w4_kernel.w4a16_matmul(x, p0, cfg, out_dtype=torch.float32) - ref).abs().max()
+                       / ref.abs().max()).item()
+                add("ours (Triton GEMV, auto_config at each split)", f"W4A16 g{g}", label, k, n, 1, g,
+                    try_ours(sh, label, g, x, cfg, "S"), nbytes, "cudagraph", config=cfg, phase="S",
+                    held_out=label in HELD_OUT, exact=bool(err <= 1e-3), rel_err=err, **picks)
         sh.free()
         save()
     if not phases & {"A", "B"}:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import models, w4_linear
+from . import decode_attention, models, w4_linear
 from .cuda_graphs import GraphedCalls
 from .data import random_ids
 from .measure import PeakMeter, module_bytes
@@ -90,22 +90,27 @@ class Recipe:
       matmuls per layer: vLLM's ``QKVParallelLinear`` and ``MergedColumnParallelLinear``, gpt-fast's ``wqkv``;
     * ``head``: the LM head in the weight format too (every ``nn.Linear``: gpt-fast's int4
       ``WeightOnlyInt4QuantHandler``, torchao's ``quantize_`` on the whole model); the 16-bit format
-      ignores it."""
+      ignores it;
+    * ``attn``: the decode step's attention by the split-KV kernel (:mod:`helpers.decode_attention`:
+      Flash-Decoding, the static cache's empty positions masked) instead of transformers' SDPA call."""
     fused: bool = False
     head: bool = False
+    attn: bool = False
+
+    SWITCHES = ("fused", "head", "attn")
 
     @property
     def label(self) -> str:
-        return "+".join(name for name, on in (("fused", self.fused), ("head", self.head)) if on) or "plain"
+        return "+".join(name for name in self.SWITCHES if getattr(self, name)) or "plain"
 
     @classmethod
     def parse(cls, text: str) -> Recipe:
-        """``"plain"``, ``"fused"``, ``"head"`` or ``"fused+head"`` (the :attr:`label` format)."""
+        """``"plain"`` or switches joined by ``+`` (``"fused+head+attn"``: the :attr:`label` format)."""
         parts = set(str(text).split("+")) - {"plain"}
-        unknown = parts - {"fused", "head"}
+        unknown = parts - set(cls.SWITCHES)
         if unknown or not str(text):
-            raise ValueError(f"recipe must be 'plain' or '+'-joined switches from ['fused', 'head'], got {text!r}")
-        return cls(fused="fused" in parts, head="head" in parts)
+            raise ValueError(f"recipe must be 'plain' or '+'-joined switches from {list(cls.SWITCHES)}, got {text!r}")
+        return cls(**{name: name in parts for name in cls.SWITCHES})
 
 
 def fused_projections(model) -> torch.nn.Module:
@@ -167,6 +172,8 @@ def build(arch: str, fmt: str, tuned: dict | None = None, group_size: int = 128,
     if recipe.fused:
         model = fused_projections(model)
         torch.cuda.empty_cache()
+    if recipe.attn:
+        decode_attention.use(model)
     if fmt == "W4A16 ours":
         w4_linear.swap_linears(model, group_size, tuned, family=family, skip=() if recipe.head else ("lm_head",))
     elif fmt == "W4A16 tinygemm":
@@ -187,10 +194,10 @@ def kernel_category(name: str) -> str:
 
 
 @torch.no_grad()
-def step_profile(model, batch: int, prompt: int, compiled: bool = False) -> dict:
+def step_profile(model, batch: int, prompt: int, compiled: bool = False, top_n: int = 12) -> dict:
     """Where one decode step's GPU time goes: device microseconds per :func:`kernel_category`
-    (``torch.profiler``), the kernel count, and the step's wall time; wall − Σ kernels is the launch
-    gaps a CUDA graph removes. ``compiled``: the step ``torch.compile``d first, as :func:`run`'s
+    (``torch.profiler``), the kernel count, the step's wall time (wall − Σ kernels is the launch gaps a
+    CUDA graph removes) and the ``top_n`` kernels by time, named. ``compiled``: the step ``torch.compile``d first, as :func:`run`'s
     ``compiled`` rows run it (inductor's fused kernels are what a graph of that step replays)."""
     from torch.profiler import ProfilerActivity, profile
     from transformers import StaticCache
@@ -213,13 +220,15 @@ def step_profile(model, batch: int, prompt: int, compiled: bool = False) -> dict
         torch.cuda.synchronize()
         wall = time.perf_counter() - t
     out = {c: 0.0 for c in (*CATEGORIES, "elementwise and norms")}
-    n = 0
+    n, kernels = 0, []
     for e in prof.key_averages():
         t = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0
         if getattr(getattr(e, "device_type", None), "name", "") == "CUDA" and t > 0:
             out[kernel_category(e.key)] += t
             n += e.count
-    return {"us": out, "kernels": n, "wall_us": wall * 1e6, "kernel_us": sum(out.values())}
+            kernels.append({"kernel": e.key[:120], "category": kernel_category(e.key), "us": t, "calls": e.count})
+    top = sorted(kernels, key=lambda r: -r["us"])[:top_n]
+    return {"us": out, "kernels": n, "wall_us": wall * 1e6, "kernel_us": sum(out.values()), "top": top}
 
 
 @torch.no_grad()

@@ -413,7 +413,7 @@ SUMS = {"fp32": dict(HALF2=False, ACC16=False), "half2": dict(HALF2=True, ACC16=
 # fp16 (ACC16): the fastest of every GEMV candidate on all 12 g128 shapes of run 2026-12-04b
 # (results/h200/kernels.json); at g64 the fp32 rule stayed faster on most shapes
 HALF2_GEMV = dict(HALF2=True, ACC16=True, BLOCK_N=64, num_warps=2, GROUPS=4)
-GEMV_CTAS_PER_SM = 8   # split-K target of the GEMV (gemv_split): programs per multiprocessor
+GEMV_WARPS_PER_SM = 32   # split-K bound of the GEMV (gemv_split): resident warps per multiprocessor
 TC_DEFAULTS = dict(KERNEL="tc", BLOCK_N=64, GROUPS=1, SPLIT_K=1, DEQUANT="lop3", SWAP=True, REDUCE="serial",
                    num_warps=4, num_stages=3)   # the family benchmarks/kernels.py chose on the H200
 
@@ -476,13 +476,14 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
     return cfg
 
 
-def gemv_split(tiles: int, steps: int, sms: int) -> int:
-    """Programs along K for the GEMV: the divisor of the ``steps`` per row nearest (by ratio) to
-    :data:`GEMV_CTAS_PER_SM` programs per multiprocessor over the ``tiles`` of output rows — fewer
-    leave multiprocessors waiting on memory, more only add partial sums to add up
-    (``results/h200/kernels.json``: the best split sat at 2–14 programs per SM)."""
-    target = GEMV_CTAS_PER_SM * sms / max(tiles, 1)
-    return min(_divisors(steps), key=lambda d: abs(math.log(d / target)))
+def gemv_split(tiles: int, steps: int, sms: int, warps: int = 4) -> int:
+    """Programs along K for the GEMV: the largest divisor ``d`` of the ``steps`` per row with
+    ``tiles · d · warps ≤`` :data:`GEMV_WARPS_PER_SM` ``· sms`` (1 if none) — as many programs as keep every
+    multiprocessor's warps streaming, no more: beyond that they only add partial sums to add up.
+    Counted in warps, not programs (``results/h200/kernels.json``, run 2026-12-04b: the best split of the
+    2-warp programs sat at 13.6–16.4 programs, 27–33 warps, per SM on the large g128 weights)."""
+    bound = GEMV_WARPS_PER_SM * sms / (max(tiles, 1) * warps)
+    return max([d for d in _divisors(steps) if d <= bound] or [1])
 
 
 def _divisors(n: int) -> list[int]:
@@ -513,7 +514,7 @@ def gemv_config(p: W4Weight, sms: int | None = None, **fixed) -> dict:
         cfg["GROUPS"] = _fitting_groups(p, max(1, 256 // p.group_size))
     if "SPLIT_K" not in fixed:
         cfg["SPLIT_K"] = gemv_split(math.ceil(n / cfg["BLOCK_N"]), k // (p.group_size * cfg["GROUPS"]),
-                                    _sms(p) if sms is None else sms)
+                                    _sms(p) if sms is None else sms, cfg["num_warps"])
     return cfg
 
 
@@ -642,7 +643,7 @@ def candidate_configs(p: W4Weight, m: int) -> list[dict]:
                 continue
             steps = k // (p.group_size * gs)
             divisors = _divisors(steps)
-            i = divisors.index(gemv_split(math.ceil(n / bn), steps, _sms(p)))
+            i = divisors.index(gemv_split(math.ceil(n / bn), steps, _sms(p), nw))
             grid += [dict(KERNEL="gemv", BLOCK_N=bn, GROUPS=gs, SPLIT_K=sk, MAGIC=True, **SUMS[sums], num_warps=nw,
                           num_stages=1) for sk in divisors[max(0, i - 1):i + 2]]
     out = []

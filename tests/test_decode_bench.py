@@ -50,9 +50,10 @@ def test_a_decode_step_reads_every_weight_but_the_input_embedding_table():
 
 
 def test_recipes_parse_from_their_labels_and_refuse_others():
-    for label in ("plain", "fused", "head", "fused+head"):
+    for label in ("plain", "fused", "head", "fused+head", "attn", "fused+head+attn"):
         assert decode_bench.Recipe.parse(label).label == label
     assert decode_bench.Recipe.parse("head+fused") == decode_bench.Recipe(fused=True, head=True)
+    assert decode_bench.Recipe.parse("attn+fused") == decode_bench.Recipe(fused=True, attn=True)
     for bad in ("", "fast", "fused+lm_head"):
         with pytest.raises(ValueError, match="recipe must be 'plain'"):
             decode_bench.Recipe.parse(bad)
@@ -60,3 +61,33 @@ def test_recipes_parse_from_their_labels_and_refuse_others():
         decode_bench.build("Llama-3.2-1B", "bf16", recipe="fused")
     with pytest.raises(ValueError, match="fmt must be one of"):
         decode_bench.build("Llama-3.2-1B", "int4")
+
+
+def test_the_attn_step_runs_the_fused_model_through_the_split_kv_kernel():
+    """Recipe ``attn`` on the fused (Phi-3 class) model: transformers' own switch takes the kernel, and the
+    decode step's logits stay SDPA's (one step on a static cache; the kernel in Triton's interpreter on a CPU)."""
+    from transformers import StaticCache
+
+    from helpers import decode_attention
+
+    def logits(model):
+        ids = torch.randint(0, 300, (1, 20), generator=torch.Generator().manual_seed(2))
+        cache = StaticCache(config=model.config, max_cache_len=32)
+        with torch.no_grad():
+            model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(20))
+            return model(input_ids=ids[:, -1:], past_key_values=cache, cache_position=torch.tensor([20])).logits
+    want = logits(decode_bench.fused_projections(tiny_llama()))
+    ours = decode_bench.fused_projections(tiny_llama())
+    decode_attention.use(ours)
+    assert ours.config._attn_implementation == decode_attention.NAME
+    torch.testing.assert_close(logits(ours), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch.profiler's kernel times need a CUDA device")
+def test_step_profile_splits_a_step_into_named_kernels():
+    model = tiny_llama().to("cuda", torch.bfloat16)
+    prof = decode_bench.step_profile(model, batch=2, prompt=24, top_n=5)
+    assert prof["kernel_us"] == pytest.approx(sum(prof["us"].values()))
+    assert 0 < prof["kernel_us"] < prof["wall_us"] and prof["kernels"] > 10
+    assert len(prof["top"]) == 5 and prof["top"][0]["us"] >= prof["top"][-1]["us"]
+    assert all(t["category"] == decode_bench.kernel_category(t["kernel"]) for t in prof["top"])

@@ -145,12 +145,17 @@ def test_acc16_limit_keeps_a_whole_groups_fp16_sums_finite():
     assert w4_kernel.auto_config(g64, 1, family={"ACC16": True})["ACC16"] is True     # opt-in through the family
 
 
-def test_gemv_split_divides_the_steps_nearest_the_target():
-    assert w4_kernel.gemv_split(tiles=112, steps=16, sms=132) == 8       # 8B gate/up g64: 9.4 per SM wanted
+def test_gemv_split_fills_the_warps_per_sm_and_no_more():
+    # 4-warp programs (128 rows): at most 32 warps = 8 programs per SM
+    assert w4_kernel.gemv_split(tiles=112, steps=16, sms=132) == 8       # 8B gate/up g64: 9.4 per SM allowed
     assert w4_kernel.gemv_split(tiles=224, steps=32, sms=132) == 4       # 70B gate/up g64: 4.7
     assert w4_kernel.gemv_split(tiles=32, steps=56, sms=132) == 28       # 8B down g64: 33
     assert w4_kernel.gemv_split(tiles=2000, steps=32, sms=132) == 1      # more tiles than the target already
     assert w4_kernel.gemv_split(tiles=5, steps=9, sms=132) == 9          # SmolLM2's 9 groups of 64, 5 tiles
+    # 2-warp programs (64 rows, the g128 rule): twice the programs; the best splits of run 2026-12-04b
+    assert w4_kernel.gemv_split(tiles=448, steps=16, sms=132, warps=2) == 4   # 70B gate/up: 48.4 µs (2: 56.7)
+    assert w4_kernel.gemv_split(tiles=128, steps=56, sms=132, warps=2) == 14  # 70B down: 50.7 µs (8: 54.7)
+    assert w4_kernel.gemv_split(tiles=80, steps=27, sms=132, warps=2) == 9    # 14B 13824x5120: 27 would overshoot
     for tiles, steps in ((3, 7), (16, 112), (112, 64), (40, 54)):
         assert steps % w4_kernel.gemv_split(tiles, steps, 132) == 0
 
@@ -351,4 +356,9 @@ def test_gemv_config_reproduces_every_config_the_h200_run_chose():
         if r["kernel"].startswith("gemv step"):   # what the step fixes, as benchmarks.kernels.step_config reads it
             step = {"GROUPS": 1, "num_warps": 4, **dict(STEPS)[r["kernel"]]}
             fixed |= {key: v for key, v in step.items() if v is not None and key != "MAGIC"}
-        assert w4_kernel.gemv_config(p, sms=132, **fixed) == want, (r["kernel"], r["shape"], g)
+        got = w4_kernel.gemv_config(p, sms=132, **fixed)
+        if r.get("run", "") <= "2026-12-04b" and "SPLIT_K" not in fixed:   # split then by the nearest 8 programs per SM (programs, not warps)
+            steps = k // (g * got["GROUPS"])
+            got["SPLIT_K"] = min(w4_kernel._divisors(steps),
+                                 key=lambda d: abs(math.log(d * math.ceil(n / got["BLOCK_N"]) / (8 * 132))))
+        assert got == want, (r["kernel"], r["shape"], g)

@@ -1,0 +1,96 @@
+"""The split-KV decode attention (helpers.decode_attention) against PyTorch's SDPA: in Triton's interpreter
+on a CPU, on the GPU where there is one; its speed inside a decode step is measured by benchmarks/decode.py."""
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
+
+from helpers import decode_attention as da
+
+pytestmark = pytest.mark.skipif(da.triton is None, reason="triton is not installed")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def sdpa(q, k, v, mask):
+    rep = q.shape[1] // k.shape[1]
+    return torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.repeat_interleave(rep, 1).float(), v.repeat_interleave(rep, 1).float(), attn_mask=mask)
+
+
+@pytest.mark.parametrize("batch,heads,kv_heads,length,dim,dtype", [
+    (1, 4, 2, 100, 32, torch.float32),      # GQA, one partial block at the end
+    (2, 8, 2, 130, 64, torch.bfloat16),
+    (1, 20, 1, 70, 16, torch.float32),      # a group of 20 query heads: two head tiles
+    (3, 6, 6, 65, 32, torch.float16),       # plain multi-head
+])
+def test_split_kv_attention_is_sdpa_for_any_split(batch, heads, kv_heads, length, dim, dtype):
+    g = torch.Generator().manual_seed(batch * 100 + length)
+    q, k, v = (torch.randn(batch, h, n, dim, generator=g).to(dtype=dtype, device=DEV)
+               for h, n in ((heads, 1), (kv_heads, length), (kv_heads, length)))
+    lens = torch.randint(1, length + 1, (batch,), generator=g)
+    mask = (torch.arange(length)[None, :] < lens[:, None])[:, None, None, :].to(DEV)   # a static cache's filled part
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
+    for m in (mask, None):
+        want = sdpa(q, k, v, m)
+        for splits in (None, 1, 2):          # one chunk, the default, two: the combine step is exact
+            got = da.decode_attention(q, k, v, m, splits=splits)
+            assert got.dtype == dtype and got.shape == q.shape
+            assert (got.float() - want).abs().max().item() <= tol * want.abs().max().item() + tol
+
+
+def test_a_chunk_with_every_position_masked_adds_nothing():
+    q, k, v = torch.randn(1, 2, 1, 16, device=DEV), torch.randn(1, 2, 200, 16, device=DEV), torch.randn(1, 2, 200, 16, device=DEV)
+    mask = torch.zeros(1, 1, 1, 200, dtype=torch.bool, device=DEV)
+    mask[..., :10] = True                   # chunks 2 and 3 see only masked positions
+    got = da.decode_attention(q, k, v, mask, splits=4)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, sdpa(q, k, v, mask), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_shapes_and_masks_are_named():
+    q, k = torch.randn(1, 4, 1, 32), torch.randn(1, 2, 50, 32)
+    with pytest.raises(ValueError, match="one decode position"):
+        da.decode_attention(torch.randn(1, 4, 2, 32), k, k)
+    with pytest.raises(ValueError, match="multiple of k's 3 KV heads"):
+        da.decode_attention(q, torch.randn(1, 3, 50, 32), torch.randn(1, 3, 50, 32))
+    with pytest.raises(ValueError, match="k and v must both be"):
+        da.decode_attention(q, k, torch.randn(1, 2, 49, 32))
+    with pytest.raises(ValueError, match="power of two"):
+        da.decode_attention(torch.randn(1, 4, 1, 24), torch.randn(1, 2, 50, 24), torch.randn(1, 2, 50, 24))
+    with pytest.raises(ValueError, match="mask must be a boolean"):
+        da.decode_attention(q, k, k, torch.zeros(1, 1, 1, 50))
+
+
+def decode_logits(model, compiled: bool):
+    """Prefill 37 tokens into a static cache of 64, then the logits of three decode steps."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 300, (2, 37), device=DEV)
+    cache = StaticCache(config=model.config, max_cache_len=64)
+    with torch.no_grad():
+        out = model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(37, device=DEV))
+        tok = out.logits[:, -1:].argmax(-1)
+
+        def step(tok, pos):
+            return model(input_ids=tok, past_key_values=cache, cache_position=pos).logits
+        if compiled:
+            step = torch.compile(step, dynamic=False)
+        logits = []
+        for i in range(3):
+            logits.append(step(tok, torch.tensor([37 + i], device=DEV)))
+            tok = logits[-1][:, -1:].argmax(-1)
+    return torch.cat(logits, 1)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_model_decodes_the_same_through_the_kernel(compiled):
+    """transformers' SDPA and ours on the same static cache, eager and compiled: the mask leaves the cache's
+    empty slots out in both."""
+    def model():
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+        return LlamaForCausalLM(cfg).to(DEV).eval()
+    want = decode_logits(model(), compiled)
+    ours = model()
+    da.use(ours)
+    assert ours.config._attn_implementation == da.NAME
+    torch.testing.assert_close(decode_logits(ours, compiled), want, rtol=1e-4, atol=1e-4)
