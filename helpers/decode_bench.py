@@ -120,6 +120,7 @@ def fused_projections(model) -> torch.nn.Module:
     weights concatenated along the output dimension. It computes the same function (tested); each
     layer runs 4 matmuls instead of 7. The source model's tensors are copied (it can be deleted after)."""
     from transformers import Phi3Config, Phi3ForCausalLM
+    from transformers.initialization import no_init_weights
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     if cfg.model_type != "llama" or cfg.attention_bias or cfg.mlp_bias or cfg.hidden_act != "silu" \
@@ -140,8 +141,9 @@ def fused_projections(model) -> torch.nn.Module:
                      bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id)
     phi._attn_implementation = cfg._attn_implementation
     weight = next(model.parameters())
-    with torch.device(weight.device):
-        fused = Phi3ForCausalLM(phi).to(weight.dtype).eval()
+    # built in the source's dtype and device with no random init: every tensor is overwritten below
+    with torch.device(weight.device), no_init_weights():
+        fused = Phi3ForCausalLM._from_config(phi, dtype=weight.dtype).eval()
     source, state = model.state_dict(), {}
     for name, t in source.items():
         if ".self_attn.k_proj." in name or ".self_attn.v_proj." in name or ".mlp.up_proj." in name:
