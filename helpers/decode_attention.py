@@ -47,7 +47,7 @@ def _attention_partials_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, ml_ptr, L, 
     un-normalised ``o`` (module docstring), written to ``ml`` and ``o`` at [row, split]."""
     bh, split, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n_splits = tl.num_programs(1)
-    b, hk = bh // H_KV, bh % H_KV
+    b, hk = (bh // H_KV).to(tl.int64), bh % H_KV      # 64-bit offsets: a batch of long caches passes 2^31 elements
     g = tile * HEAD_TILE + tl.arange(0, HEAD_TILE)                 # query heads within the KV head's group
     g_ok = g < GROUP
     d = tl.arange(0, D)
@@ -144,9 +144,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     chunk = math.ceil(math.ceil(length / splits) / BLOCK_L) * BLOCK_L
     splits = math.ceil(length / chunk)
     q = q.contiguous()
+    k, v = (t if t.stride(3) == 1 else t.contiguous() for t in (k, v))   # each position's head_dim values adjacent
     o = torch.empty(bsz * heads, splits, dim, dtype=torch.float32, device=q.device)
     ml = torch.empty(bsz * heads, splits, 2, dtype=torch.float32, device=q.device)
-    out = torch.empty_like(q)
+    out = q.new_empty(q.shape)
     m = mask if mask is not None else q
     sm_b = (m.stride(0) if m.shape[0] > 1 else 0) if mask is not None else 0
     # Triton's interpreter multiplies bf16 tiles wrongly (NumPy has no bf16): there the tiles are fp32
@@ -173,21 +174,38 @@ def decode_attention_op():
 
         @op.register_fake
         def _(q, k, v, mask, scale):
-            return torch.empty_like(q)
+            return q.new_empty(q.shape)   # contiguous, as decode_attention returns it
     return torch.ops.course.decode_attention
+
+
+def kernel_takes(query, key, mask, dropout: float = 0.0, **kwargs) -> bool:
+    """Whether :func:`decode_attention` computes this attention call exactly as transformers' SDPA path
+    would: one query position, no dropout, no extra terms (soft-capping, sinks, position bias), a
+    power-of-two head size, and no mask or SDPA's boolean ``[B or 1, 1, 1, ≥ L]`` one."""
+    if query.shape[2] != 1 or dropout != 0.0 or any(kwargs.get(k) is not None for k in _EXTRA_TERMS):
+        return False
+    dim = query.shape[-1]
+    if dim & (dim - 1) or dim < 16 or query.shape[1] % key.shape[1]:
+        return False
+    if query.device.type != "cuda" and not _interpreted():
+        return False
+    return mask is None or (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[0] in (1, query.shape[0])
+                            and mask.shape[1] == 1 and mask.shape[2] == 1 and mask.shape[3] >= key.shape[2])
+
+
+_EXTRA_TERMS = ("softcap", "s_aux", "sinks", "position_bias")   # attention terms SDPA-style kernels add; ours does not
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                       **kwargs):
-    """transformers' attention-function signature: one query position → :func:`decode_attention`
-    (through its custom op); more (the prefill) → transformers' SDPA function, unchanged."""
+    """transformers' attention-function signature: a decode step the kernel takes (:func:`kernel_takes`)
+    → :func:`decode_attention` through its custom op; anything else (the prefill, other masks) →
+    transformers' SDPA function, unchanged."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    mask = attention_mask
-    if query.shape[2] != 1 or dropout != 0.0 or (mask is not None and (mask.dtype != torch.bool or mask.shape[2] != 1)):
+    if not kernel_takes(query, key, attention_mask, dropout, **kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    if mask is not None:
-        mask = mask[..., : key.shape[2]]
+    mask = None if attention_mask is None else attention_mask[..., : key.shape[2]]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = decode_attention_op()(query, key, value, mask, float(scale))
     return out.transpose(1, 2).contiguous(), None

@@ -24,14 +24,16 @@ def sdpa(q, k, v, mask):
 ])
 def test_split_kv_attention_is_sdpa_for_any_split(batch, heads, kv_heads, length, dim, dtype):
     g = torch.Generator().manual_seed(batch * 100 + length)
-    q, k, v = (torch.randn(batch, h, n, dim, generator=g).to(dtype=dtype, device=DEV)
-               for h, n in ((heads, 1), (kv_heads, length), (kv_heads, length)))
+    # as transformers hands them over: q transposed from [B, 1, H, D], k and v slices of a longer cache
+    q = torch.randn(batch, 1, heads, dim, generator=g).to(dtype=dtype, device=DEV).transpose(1, 2)
+    k, v = (torch.randn(batch, kv_heads, length + 7, dim, generator=g).to(dtype=dtype, device=DEV)[:, :, :length]
+            for _ in range(2))
     lens = torch.randint(1, length + 1, (batch,), generator=g)
     mask = (torch.arange(length)[None, :] < lens[:, None])[:, None, None, :].to(DEV)   # a static cache's filled part
     tol = 1e-5 if dtype == torch.float32 else 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
-    for m in (mask, None):
+    for m in (mask, mask[:1], None):         # per sequence, one row for the batch, none
         want = sdpa(q, k, v, m)
-        for splits in (None, 1, 2):          # one chunk, the default, two: the combine step is exact
+        for splits in (1, 2, 99):            # one chunk, two, more than there are blocks: the combine is exact
             got = da.decode_attention(q, k, v, m, splits=splits)
             assert got.dtype == dtype and got.shape == q.shape
             assert (got.float() - want).abs().max().item() <= tol * want.abs().max().item() + tol
@@ -40,7 +42,7 @@ def test_split_kv_attention_is_sdpa_for_any_split(batch, heads, kv_heads, length
 def test_a_chunk_with_every_position_masked_adds_nothing():
     q, k, v = torch.randn(1, 2, 1, 16, device=DEV), torch.randn(1, 2, 200, 16, device=DEV), torch.randn(1, 2, 200, 16, device=DEV)
     mask = torch.zeros(1, 1, 1, 200, dtype=torch.bool, device=DEV)
-    mask[..., :10] = True                   # chunks 2 and 3 see only masked positions
+    mask[..., :10] = True                   # chunks 2 to 4 see only masked positions
     got = da.decode_attention(q, k, v, mask, splits=4)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, sdpa(q, k, v, mask), rtol=1e-5, atol=1e-5)
@@ -81,7 +83,7 @@ def decode_logits(model, compiled: bool):
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-def test_a_model_decodes_the_same_through_the_kernel(compiled):
+def test_a_model_decodes_the_same_through_the_kernel(compiled, monkeypatch):
     """transformers' SDPA and ours on the same static cache, eager and compiled: the mask leaves the cache's
     empty slots out in both."""
     def model():
@@ -93,4 +95,19 @@ def test_a_model_decodes_the_same_through_the_kernel(compiled):
     ours = model()
     da.use(ours)
     assert ours.config._attn_implementation == da.NAME
+    calls = []
+    real = da.decode_attention
+    monkeypatch.setattr(da, "decode_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     torch.testing.assert_close(decode_logits(ours, compiled), want, rtol=1e-4, atol=1e-4)
+    assert len(calls) == 2 * 3               # every layer of every decode step ran the kernel (the prefill: SDPA)
+
+
+def test_what_the_kernel_does_not_compute_goes_to_sdpa():
+    q, k = torch.randn(1, 4, 1, 32), torch.randn(1, 2, 50, 32)
+    ok = torch.ones(1, 1, 1, 50, dtype=torch.bool)
+    assert da.kernel_takes(q, k, ok) and da.kernel_takes(q, k, None)
+    assert not da.kernel_takes(torch.randn(1, 4, 3, 32), k, None)                        # a prefill
+    assert not da.kernel_takes(torch.randn(1, 4, 1, 96), torch.randn(1, 2, 50, 96), ok)  # Phi-3-mini's head_dim
+    assert not da.kernel_takes(q, k, ok.float())                                          # an additive mask
+    assert not da.kernel_takes(q, k, ok.expand(1, 4, 1, 50))                              # a mask per head
+    assert not da.kernel_takes(q, k, ok, softcap=30.0) and not da.kernel_takes(q, k, ok, dropout=0.1)

@@ -156,8 +156,11 @@ def test_gemv_split_fills_the_warps_per_sm_and_no_more():
     assert w4_kernel.gemv_split(tiles=448, steps=16, sms=132, warps=2) == 4   # 70B gate/up: 48.4 µs (2: 56.7)
     assert w4_kernel.gemv_split(tiles=128, steps=56, sms=132, warps=2) == 14  # 70B down: 50.7 µs (8: 54.7)
     assert w4_kernel.gemv_split(tiles=80, steps=27, sms=132, warps=2) == 9    # 14B 13824x5120: 27 would overshoot
-    for tiles, steps in ((3, 7), (16, 112), (112, 64), (40, 54)):
-        assert steps % w4_kernel.gemv_split(tiles, steps, 132) == 0
+    # auto_config passes its programs' warps: the g128 rule's 2-warp GEMV on 70B gate/up splits in 4 (4 warps: 2)
+    p = w4_format.W4Weight(torch.zeros(28672, 1024, dtype=torch.int32), torch.zeros(28672, 64, dtype=torch.float16),
+                           torch.zeros(28672, 64, dtype=torch.float16), 128, (28672, 8192))
+    assert w4_kernel.gemv_config(p, sms=132, **w4_kernel.HALF2_GEMV)["SPLIT_K"] == 4
+    assert w4_kernel.gemv_config(p, sms=132, **{**w4_kernel.HALF2_GEMV, "num_warps": 4})["SPLIT_K"] == 2
 
 
 TC_CONFIGS = [None,   # auto_config: chosen from the shape
