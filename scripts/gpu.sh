@@ -5,7 +5,8 @@
 #   clinic                python -m benchmarks.clinic --mps (real OOMs alone and beside another process, MPS)
 #   kernels               python -m benchmarks.kernels (W4A16 kernels, every shape/group/M; KERNEL_ARGS="--phases G")
 #                         -> $OUT/kernels.json
-#   decode                python -m benchmarks.decode (whole-model decode, 8B architecture)  -> $OUT/decode.json
+#   decode                python -m benchmarks.decode (whole-model decode, 8B architecture; DECODE_ARGS adds options,
+#                         DECODE_FORMATS="bf16,W4A16 ours" the formats, whose names hold spaces)  -> $OUT/decode.json
 #   notebooks             the notebooks in $NOTEBOOKS (default: all), one at a time, full profile
 #                         (COURSE_PROFILE to change it) -> $OUT/notebooks/*.ipynb, $OUT/run_all.json
 #   prebuild              scripts/prebuild.py (03-09 in the workshop profile, cache COURSE_CACHE, default /tmp/course-cache-workshop;
@@ -32,6 +33,8 @@ if [ -d .whl ]; then
 else
   export PYTHONPATH=$PWD
 fi
+# the commit the benchmarks record (the lent machine gets the files without .git: pass COURSE_COMMIT there)
+export COURSE_COMMIT=${COURSE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 python3 -m ipykernel install --user --name python3 >/dev/null 2>&1 || true
@@ -47,7 +50,8 @@ run_part() {
     clinic) timeout "$T" python3 -m benchmarks.clinic --out "$OUT/clinic.json" --mps 2>&1 | tee "$OUT/clinic.log" | tail -20 ;;
     kernels) timeout "$T" python3 -m benchmarks.kernels --out "$OUT/kernels.json" --budget-s "${KERNEL_BUDGET:-300}" ${KERNEL_ARGS:-} 2>&1 \
                | tee "$OUT/kernels.log" | grep -E "phase|best|failed|wrote|copy bandwidth" | tail -30 ;;
-    decode) timeout "$T" python3 -m benchmarks.decode --out "$OUT/decode.json" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/decode.log" | tail -30 ;;
+    decode) timeout "$T" python3 -m benchmarks.decode --out "$OUT/decode.json" ${DECODE_FORMATS:+--formats "$DECODE_FORMATS"} \
+              ${DECODE_ARGS:-} 2>&1 | tee "$OUT/decode.log" | tail -30 ;;
     notebooks) COURSE_PROFILE=${COURSE_PROFILE:-full} timeout "$T" python3 scripts/run_all.py --out "$OUT/notebooks" \
                  ${NOTEBOOKS:-} 2>&1 | tee "$OUT/notebooks.log" | tail -30 ;;
     prebuild) COURSE_CACHE=${COURSE_CACHE:-/tmp/course-cache-workshop} timeout "$T" python3 scripts/prebuild.py \
