@@ -20,9 +20,17 @@ from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("check_outputs", Path(__file__).resolve().parents[1] / "scripts" / "check_outputs.py")
-check_outputs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(check_outputs)
+
+def _script(name: str):
+    """``scripts/<name>.py`` as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+check_outputs = _script("check_outputs")
+run_all = _script("run_all")   # its headless_client: nbclient without the Output-widget hang (jupyter/nbclient#312)
 
 DEFAULT_TIMEOUT = 900
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -89,14 +97,13 @@ def execute(nb, cwd: Path, timeout: int) -> str | None:
     """Run ``nb`` (nbformat v4, changed in place: outputs cleared, then filled) with nbclient in a
     kernel whose working directory is ``cwd``, ``timeout`` seconds per cell; None when every cell ran,
     else the report: which cell, its source and what happened."""
-    from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
             cell.metadata.pop("execution", None)
-    client = NotebookClient(nb, timeout=timeout, record_timing=True)
+    client = run_all.headless_client(nb, timeout=timeout, record_timing=True)
     try:
         client.execute(cwd=str(cwd))
     except CellExecutionError as e:

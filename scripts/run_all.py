@@ -31,6 +31,22 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def headless_client(nb, **kwargs) -> NotebookClient:
+    """nbclient's ``NotebookClient`` for ``nb``, without its front-end for the Output widget.
+
+    That front-end (``nbclient.output_widget.OutputWidget``) sends each captured output back to the
+    kernel on the shell socket while the client awaits the cell's reply on the same socket. On a busy
+    machine that await can miss the reply and hang until the cell timeout, with the kernel idle
+    (jupyter/nbclient#312; here: notebook 07's widget cell in one CI run in six, two workers on two
+    cores). Without it, what an Output widget captures, such as the text ``interactive_output``
+    prints, stays in the cell's own outputs, where the output and prose checks read it. The widgets'
+    state is still stored.
+    """
+    client = NotebookClient(nb, **kwargs)
+    client.comm_open_handlers["jupyter.widget"] = lambda msg: None   # no comm object: nothing sent back
+    return client
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(ROOT / "build"))
@@ -76,8 +92,8 @@ def run(nbs: list[Path], out: Path, profile: str, timeout: int = 3600, progress:
     for nb_path, nb in books:
         peak = GpuPeak()
         t0, ok, err = time.perf_counter(), True, None
-        client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                resources={"metadata": {"path": str(nb_path.parent)}})
+        client = headless_client(nb, timeout=timeout, kernel_name="python3",
+                                 resources={"metadata": {"path": str(nb_path.parent)}})
         if bar is not None:
             bar.set_description(nb_path.stem)
             client.on_cell_executed = lambda **kw: bar.update(1)

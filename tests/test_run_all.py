@@ -29,6 +29,23 @@ def test_save_plots_writes_every_png(tmp_path):
     assert (tmp_path / "plots" / "99_demo_cell1.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_headless_client_keeps_what_an_output_widget_captures_in_the_cell():
+    """No front-end for the Output widget (jupyter/nbclient#312): nothing is sent back to the kernel, and
+    what ``interactive_output`` prints stays in the cell's outputs, before the widget's view."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import ipywidgets as w\n"
+                                          "ui = w.IntSlider(value=3)\n"
+                                          "out = w.interactive_output(lambda x: print('value', x), {'x': ui})\n"
+                                          "w.VBox([ui, out])")]
+    client = run_all.headless_client(nb, timeout=60, kernel_name="python3")
+    client.execute()
+    outs = nb.cells[0].outputs
+    assert client.comm_objects == {}
+    assert [o.output_type for o in outs] == ["stream", "execute_result"] and outs[0].text == "value 3\n"
+    assert "application/vnd.jupyter.widget-view+json" in outs[1].data
+    assert nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]   # the widgets' state is kept
+
+
 def test_slowest_cells_read_the_recorded_timestamps(tmp_path):
     """Executed for real by nbclient: the two sleeps are the slowest cells, in order, with their seconds."""
     from nbclient import NotebookClient
