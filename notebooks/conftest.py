@@ -55,11 +55,7 @@ def pytest_collect_file(file_path: Path, parent):
 
 class NotebookFile(pytest.File):
     def collect(self):
-        item = NotebookItem.from_parent(self, name=self.path.stem)
-        # one pytest-xdist worker runs every notebook, in order, while the other runs the tests
-        # (``-n 2 --dist loadgroup``): 06 then reuses the variants 04 and 05 built, 09 08's measurement
-        item.add_marker(pytest.mark.xdist_group("notebooks"))
-        yield item
+        yield NotebookItem.from_parent(self, name=self.path.stem)
 
 
 class NotebookFailure(Exception):

@@ -29,7 +29,6 @@ CHROMIUM = os.environ.get("COURSE_CHROMIUM") or shutil.which("chromium") or shut
 SHOTS = ROOT / "build" / "browser"
 
 pytestmark = [
-    pytest.mark.xdist_group("browser"),   # one worker, so the module's JupyterLab starts once
     pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium, or set COURSE_CHROMIUM)"),
     pytest.mark.skipif(importlib.util.find_spec("jupyterlab") is None,
                        reason="JupyterLab is not installed (pip install jupyterlab)"),
