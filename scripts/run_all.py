@@ -37,8 +37,8 @@ def headless_client(nb, **kwargs) -> NotebookClient:
     That front-end (``nbclient.output_widget.OutputWidget``) sends each captured output back to the
     kernel on the shell socket while the client awaits the cell's reply on the same socket. On a busy
     machine that await can miss the reply and hang until the cell timeout, with the kernel idle
-    (jupyter/nbclient#312; here: notebook 07's widget cell in one CI run in six, two workers on two
-    cores). Without it, what an Output widget captures, such as the text ``interactive_output``
+    (jupyter/nbclient#312; here: notebook 07's widget cell, in one of six CI-like runs on two workers
+    and two cores). Without it, what an Output widget captures, such as the text ``interactive_output``
     prints, stays in the cell's own outputs, where the output and prose checks read it. The widgets'
     state is still stored.
     """
