@@ -10,7 +10,7 @@ graph (helpers/cuda_graphs.py), once eagerly (``graphs: false``: the launch over
 ``--compile BATCHES``, ``torch.compile``d then graphed (``compiled: true``: the norms, rotary embeddings and
 activations between the matmuls fused). ``--recipes`` adds what engines do around the kernel
 (``helpers.decode_bench.Recipe``: ``fused`` q|k|v and gate|up projections, ``head`` the LM head in the
-weight format too); each row names its recipe.
+weight format too, ``attn`` the split-KV decode attention); each row names its recipe.
 ``roofline_tok_s = batch · copy bandwidth / (weight bytes read + batch · KV bytes at mid-decode)``: every
 step must read all weights once (the input embedding table excepted: one row per token,
 ``decode_bench.bytes_read_per_step``) and each sequence's KV cache.
@@ -40,7 +40,8 @@ def main():
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--formats", default="bf16,W4A16 ours,W4A16 tinygemm")
     ap.add_argument("--recipes", default="plain", help="decode_bench.Recipe labels, comma-separated, run for every "
-                                                        "format: plain, fused, head, fused+head")
+                                                        "format: plain or switches joined by '+' from fused, "
+                                                        "head, attn (e.g. fused+head+attn)")
     ap.add_argument("--family-from", help="a kernels.json whose meta.family our W4 layers use (auto_config)")
     ap.add_argument("--family", default="{}", help='JSON added to the kernel family, e.g. \'{"HALF2": true}\' '
                                                  "for the one-row GEMV's options")

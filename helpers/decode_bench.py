@@ -4,7 +4,8 @@ decode steps (a static KV cache; each decode step replayed as a CUDA graph, or e
 Used by notebook 08 (a small live run) and ``benchmarks/decode.py`` (the 8B reference run).
 Formats: ``bf16``; ``W4A16 ours`` (every decoder linear → :class:`helpers.w4_linear.W4Linear`);
 ``W4A16 tinygemm`` (torchao's ``Int4WeightOnlyConfig``, tile-packed, the ``_weight_int4pack_mm`` kernel).
-A :class:`Recipe` adds what engines do around the kernel: fused projections, a quantized LM head.
+A :class:`Recipe` adds what engines do around the kernel: fused projections, a quantized LM head,
+split-KV decode attention.
 Random weights: speed and memory are real, the generated tokens mean nothing.
 """
 from __future__ import annotations
