@@ -22,11 +22,8 @@ use_triton_interpreter_without_gpu()   # before triton is imported (the helpers 
 
 import torch  # noqa: E402
 
-from helpers import data, models, w4_format, w4_kernel  # noqa: E402
+from helpers import calib, data, models, w4_format, w4_kernel  # noqa: E402
 from helpers.config import write_json  # noqa: E402
-
-MODES = {"fp32": dict(HALF2=False, ACC16=False), "half2": dict(HALF2=True, ACC16=False),
-         "acc16": dict(HALF2=True, ACC16=True)}
 
 
 def main():
@@ -37,21 +34,13 @@ def main():
     args = ap.parse_args()
     model, tok = models.load_model("offline", device="cpu", dtype="fp32", echo=False)
     ids = data.tokens(tok)[:64][None]
-    layers = [int(x) for x in args.layers.split(",")]
-    inputs = {}
-    hooks = [model.model.layers[li].mlp.down_proj.register_forward_pre_hook(
-        lambda mod, a, li=li: inputs.__setitem__(li, a[0][0, -args.rows:].detach().to(torch.bfloat16)))
-        for li in layers]
-    with torch.no_grad():
-        model(ids)
-    for h in hooks:
-        h.remove()
     rows = []
-    for li in layers:
-        p = w4_format.pack_w4(model.model.layers[li].mlp.down_proj.weight.data, 128)
-        x = inputs[li]
+    for li in (int(x) for x in args.layers.split(",")):
+        down = models.decoder_layers(model)[li].mlp.down_proj
+        p = w4_format.pack_w4(down.weight.data, 128)
+        x = calib.capture_inputs(model, down, ids)[-args.rows:].to(torch.bfloat16)
         ref = w4_format.reference_matmul(x.float(), p)
-        for name, sums in MODES.items():
+        for name, sums in w4_kernel.SUMS.items():
             t = time.perf_counter()
             cfg = dict(KERNEL="gemv", BLOCK_N=64, GROUPS=4, SPLIT_K=1, MAGIC=False, **sums)
             got = torch.cat([w4_kernel.w4a16_matmul(x[r:r + 1], p, cfg, out_dtype=torch.float32) for r in range(len(x))])

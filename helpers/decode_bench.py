@@ -120,7 +120,7 @@ def fused_projections(model) -> torch.nn.Module:
     and whose ``Phi3MLP`` chunks one ``gate_up_proj`` output (``modeling_phi3.py``), holding the
     weights concatenated along the output dimension. It computes the same function (tested); each
     layer runs 4 matmuls instead of 7. The source model's tensors are copied (it can be deleted after)."""
-    from transformers import Phi3Config, Phi3ForCausalLM
+    from transformers import AutoModelForCausalLM, Phi3Config
     from transformers.initialization import no_init_weights
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -144,7 +144,7 @@ def fused_projections(model) -> torch.nn.Module:
     weight = next(model.parameters())
     # built in the source's dtype and device with no random init: every tensor is overwritten below
     with torch.device(weight.device), no_init_weights():
-        fused = Phi3ForCausalLM._from_config(phi, dtype=weight.dtype).eval()
+        fused = AutoModelForCausalLM.from_config(phi, dtype=weight.dtype).eval()   # Phi3ForCausalLM
     source, state = model.state_dict(), {}
     for name, t in source.items():
         if ".self_attn.k_proj." in name or ".self_attn.v_proj." in name or ".mlp.up_proj." in name:

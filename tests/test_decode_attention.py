@@ -2,7 +2,7 @@
 on a CPU, on the GPU where there is one; its speed inside a decode step is measured by benchmarks/decode.py."""
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
+from transformers import StaticCache
 
 from helpers import decode_attention as da
 
@@ -65,7 +65,7 @@ def test_bad_shapes_and_masks_are_named():
 def decode_logits(model, compiled: bool):
     """Prefill 37 tokens into a static cache of 64, then the logits of three decode steps."""
     torch.manual_seed(0)
-    ids = torch.randint(0, 300, (2, 37), device=DEV)
+    ids = torch.randint(0, model.config.vocab_size, (2, 37), device=DEV)
     cache = StaticCache(config=model.config, max_cache_len=64)
     with torch.no_grad():
         out = model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(37, device=DEV))
@@ -83,14 +83,11 @@ def decode_logits(model, compiled: bool):
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-def test_a_model_decodes_the_same_through_the_kernel(compiled, monkeypatch):
+def test_a_model_decodes_the_same_through_the_kernel(compiled, monkeypatch, tiny_llama_factory):
     """transformers' SDPA and ours on the same static cache, eager and compiled: the mask leaves the cache's
     empty slots out in both."""
     def model():
-        torch.manual_seed(0)
-        cfg = LlamaConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-        return LlamaForCausalLM(cfg).to(DEV).eval()
+        return tiny_llama_factory(layers=2, seed=0).to(DEV).eval()     # conftest's 2-block GQA Llama, head_dim 16
     want = decode_logits(model(), compiled)
     ours = model()
     da.use(ours)
