@@ -339,7 +339,7 @@ def test_gemv_config_reproduces_every_config_the_h200_run_chose():
     import json
     from pathlib import Path
 
-    from benchmarks.kernels import STEPS
+    from benchmarks.kernels import STEPS, programs_rule_split
     rows = json.loads((Path(__file__).resolve().parents[1] / "results/h200/kernels.json").read_text())["rows"]
     rows = [r for r in rows if r.get("phase", "").startswith("G") and "config" in r
             and (r["kernel"].startswith("gemv step") or "auto_config" in r["kernel"])]
@@ -360,8 +360,6 @@ def test_gemv_config_reproduces_every_config_the_h200_run_chose():
             step = {"GROUPS": 1, "num_warps": 4, **dict(STEPS)[r["kernel"]]}
             fixed |= {key: v for key, v in step.items() if v is not None and key != "MAGIC"}
         got = w4_kernel.gemv_config(p, sms=132, **fixed)
-        if r.get("run", "") <= "2026-12-04b" and "SPLIT_K" not in fixed:   # split then by the nearest 8 programs per SM (programs, not warps)
-            steps = k // (g * got["GROUPS"])
-            got["SPLIT_K"] = min(w4_kernel._divisors(steps),
-                                 key=lambda d: abs(math.log(d * math.ceil(n / got["BLOCK_N"]) / (8 * 132))))
+        if r.get("run", "") <= "2026-12-04b" and "SPLIT_K" not in fixed:   # split then by that run's rule
+            got["SPLIT_K"] = programs_rule_split(math.ceil(n / got["BLOCK_N"]), k // (g * got["GROUPS"]), 132)
         assert got == want, (r["kernel"], r["shape"], g)
