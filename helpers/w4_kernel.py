@@ -307,12 +307,15 @@ def _w4a16_tc_kernel(x_ptr, b_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, M, N, 
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_span = K // SPLIT_K
-    for k0 in range(pid_k * k_span, (pid_k + 1) * k_span, GROUP * GROUPS):
+    # offsets built from the step index times constexprs (not a running k): the compiler then knows each
+    # group's bytes and columns start on a multiple of the group, and loads them 16 bytes at a time
+    STEP: tl.constexpr = GROUP * GROUPS
+    span = K // STEP // SPLIT_K
+    for step in range(pid_k * span, (pid_k + 1) * span):
         for j in tl.static_range(GROUPS):
-            kg = k0 + j * GROUP
-            b = tl.load(b_ptr + offs_n[:, None] * stride_bn + (kg // 2 + offs_b)[None, :], mask=mask_n[:, None],
-                        other=0, eviction_policy="evict_first")                     # [BN, g/2] bytes
+            kg = step * STEP + j * GROUP                                             # first column of the group
+            b = tl.load(b_ptr + offs_n[:, None] * stride_bn + (step * (STEP // 2) + j * HALF + offs_b)[None, :],
+                        mask=mask_n[:, None], other=0, eviction_policy="evict_first")  # [BN, g/2] bytes
             if DEQUANT == "lop3":      # two 16-bit codes per lop3 (magic + q), then the magic subtracted, exactly
                 if OFFSET == 128.0:    # bf16: 0x4300 is 128; the high nibble is shifted down first
                     lo, hi = tl.inline_asm_elementwise(
@@ -342,8 +345,8 @@ def _w4a16_tc_kernel(x_ptr, b_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, M, N, 
             x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, HALF, 2)))
             x_even, x_odd = x_even.to(CODE_DT), x_odd.to(CODE_DT)   # no-op on a GPU (CODE_DT is x's dtype)
             xs = tl.sum(x.to(tl.float32), axis=1)
-            sc = tl.load(s_ptr + offs_n * stride_sn + kg // GROUP, mask=mask_n, other=0.0).to(tl.float32)
-            zo = tl.load(z_ptr + offs_n * stride_sn + kg // GROUP, mask=mask_n, other=0.0).to(tl.float32)
+            sc = tl.load(s_ptr + offs_n * stride_sn + step * GROUPS + j, mask=mask_n, other=0.0).to(tl.float32)
+            zo = tl.load(z_ptr + offs_n * stride_sn + step * GROUPS + j, mask=mask_n, other=0.0).to(tl.float32)
             if SWAP:                   # W·xᵀ: the weight tile is the MMA's first operand
                 part = tl.dot(lo, tl.trans(x_even))
                 part = tl.dot(hi, tl.trans(x_odd), part)

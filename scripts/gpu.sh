@@ -14,6 +14,10 @@
 #   workshop              the prebuild (of $PREBUILD_ONLY when set) unless the cache holds it, then scripts/workshop_run.py (PARTICIPANTS, default 4,
 #                         under CAP_GIB, default 15, started together; one cache; NOTEBOOKS="notebooks/08_….ipynb …" for
 #                         some) -> $OUT/workshop/workshop.json
+#   imports               python -m benchmarks.import_time (what a notebook's first cell waits for: import, first CUDA call)
+#                         -> $OUT/import_time.json
+#   ncu                   Nsight Compute on one W4A16 call per case (benchmarks.kernel_once; NCU_CASES="SHAPE:GROUP:ROWS;...",
+#                         default the 8B gate/up and 70B down weights at g128, rows 1 and 8) -> $OUT/ncu.txt
 #   budget [ARCH ...]     python -m benchmarks.budget_accuracy               -> $OUT/budget_accuracy.json
 #   allocator             python -m benchmarks.allocator_agreement --random 40 (SEED_START=40 for held-out seeds)
 #   quantizers            python -m benchmarks.quantizers (GPTQ/AWQ peak and time, ours vs llm-compressor; QUANT_ARGS adds options)
@@ -26,9 +30,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -d .whl ]; then
-  # bytecode compiled at install, as a learner's pip does (compiling at import prints torchao's SyntaxWarning in every cell)
-  python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "wheel install failed"; exit 1; }
+  # bytecode compiled at install, as a learner's pip does (compiling at import prints torchao's SyntaxWarning in every cell);
+  # once per machine and set of wheels (a later call of this script on the same machine skips it)
+  stamp=$(ls .whl | sha1sum | cut -c1-16)
+  if [ "$(cat /tmp/site/.course-wheels 2>/dev/null)" != "$stamp" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      || { echo "wheel install failed"; exit 1; }
+    echo "$stamp" > /tmp/site/.course-wheels
+  fi
   export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 else
   export PYTHONPATH=$PWD
@@ -63,6 +72,18 @@ run_part() {
               else python3 scripts/prebuild.py --check >/dev/null 2>&1 || run_part prebuild; skip=; fi
               timeout "$T" python3 scripts/workshop_run.py --participants "${PARTICIPANTS:-4}" --cap-gib "${CAP_GIB:-15}" \
                 --time-limit-s "$(( T - 15 ))" --out "$OUT/workshop" $skip ${NOTEBOOKS:-} 2>&1 | tee "$OUT/workshop.log" | tail -14 ;;
+    imports) timeout "$T" python3 -m benchmarks.import_time --out "$OUT/import_time.json" 2>&1 | tee "$OUT/import_time.log" | tail -16 ;;
+    ncu) if ! command -v ncu >/dev/null; then echo "ncu (Nsight Compute) is not on this machine"; return 2; fi
+         IFS=';' read -ra cases <<< "${NCU_CASES:-8B gate/up 4096x14336:128:1;8B gate/up 4096x14336:128:8;70B down 28672x8192:128:8}"
+         for c in "${cases[@]}"; do
+           IFS=':' read -r shape group rows <<< "$c"
+           # three calls: two compile and warm up, the third is profiled
+           timeout "$T" ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+             --section SchedulerStats --section Occupancy --section LaunchStats -k regex:_w4a16 --launch-skip 2 \
+             --launch-count 1 python3 -m benchmarks.kernel_once --shape "$shape" --group "$group" --rows "$rows" \
+             --calls 3 >> "$OUT/ncu.txt" 2>&1
+           grep -E '^\{|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per' "$OUT/ncu.txt" | tail -6
+         done ;;
     budget) timeout "$T" python3 -m benchmarks.budget_accuracy --out "$OUT/budget_accuracy.json" ${1:+--archs "$@"} 2>&1 \
               | tee "$OUT/budget_accuracy.log" | tail -40 ;;
     allocator) timeout "$T" python3 -m benchmarks.allocator_agreement --random "${RANDOM_N:-40}" --seed-start "${SEED_START:-0}" \

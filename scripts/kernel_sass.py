@@ -2,6 +2,7 @@
 
     python scripts/kernel_sass.py                      # the one-row GEMV, 128 rows, 2 groups of 128 per step
     python scripts/kernel_sass.py --block-n 256 --warps 8 --groups 1 --group 64 --arch 90
+    python scripts/kernel_sass.py --kernel tc --block-n 64 --stages 3   # the tensor-core kernel (M up to 16)
 
 Triton compiles a ``@triton.jit`` function for a target it is told (``GPUTarget``) with the ``ptxas`` it
 ships; ``nvdisasm`` (shipped beside it) turns the binary into SASS, the instructions the GPU runs. The
@@ -11,6 +12,10 @@ arrive as 128-bit loads (``LDG.E…128``), and whether anything spilled to local
 That is how this course's GEMV was rewritten (the previous one spent about twice the instructions
 per word) — and how a missing ``tt.divisibility`` hint showed up as 64 scalar loads instead of 16 wide
 ones (integer arguments divisible by 16, as Triton's launcher specialises them, are declared so here).
+The tensor-core kernel had the same flaw in another form: its group offsets came from a running ``k``
+whose alignment the compiler could not know, so each thread loaded its 64 weight bytes one byte at a
+time (64 ``LDG.E.EF.U8``) with no asynchronous pipelining; built from the step index, they became four
+16-byte asynchronous copies (``LDGSTS…128``) and the loop 2.5 times shorter.
 ``tests/test_kernel_sass.py`` keeps those properties from regressing.
 """
 from __future__ import annotations
@@ -33,6 +38,39 @@ DIVISIBLE = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "y_ptr", "ws_ptr", "lock_ptr", 
 
 
 SWITCHES = {"MAGIC": True, "HALF2": False, "ACC16": False}   # the GEMV's on/off constexprs
+TC_SIGNATURE = {"x_ptr": "*bf16", "b_ptr": "*u8", "s_ptr": "*fp16", "z_ptr": "*fp16", "y_ptr": "*bf16",
+                "ws_ptr": "*fp32", "lock_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "SPLIT_K": "i32",
+                "stride_xm": "i32", "stride_bn": "i32", "stride_sn": "i32", "stride_ym": "i32"}
+TC_DIVISIBLE = ("x_ptr", "b_ptr", "s_ptr", "z_ptr", "y_ptr", "ws_ptr", "lock_ptr", "N", "K", "stride_xm",
+                "stride_bn", "stride_ym")
+
+
+def _sass_of(kernel_fn, signature: dict, constexprs: dict, divisible, arch: int, options: dict) -> str:
+    """Compile a ``@triton.jit`` source function for ``sm_{arch}`` and return its SASS (``nvdisasm``)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
+    from triton.runtime.jit import JITFunction
+    fn = JITFunction(kernel_fn)   # compiled, even where TRITON_INTERPRET=1 makes jit interpret
+    names = fn.arg_names
+    src = ASTSource(fn=fn, signature={**signature, **{name: "constexpr" for name in constexprs}},
+                    constexprs={(names.index(k),): v for k, v in constexprs.items()},
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in divisible})
+    kernel = triton_compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "kernel.cubin")
+        Path(cubin).write_bytes(kernel.asm["cubin"])
+        return subprocess.run([str(nvdisasm), "-c", cubin], capture_output=True, text=True, check=True).stdout
+
+
+def _in_child(args: list[str]) -> str:
+    """This script's ``--print-sass`` output for ``args``, from a child process without
+    ``TRITON_INTERPRET`` (Triton's interpreter, chosen at import, cannot also compile)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, __file__, "--print-sass", *args], capture_output=True, text=True,
+                          check=True, env=env).stdout
 
 
 def gemv_sass(group: int = 128, groups: int = 2, block_n: int = 128, warps: int = 4, arch: int = 90,
@@ -46,32 +84,31 @@ def gemv_sass(group: int = 128, groups: int = 2, block_n: int = 128, warps: int 
         raise ValueError(f"unknown GEMV switches {sorted(unknown)}; known: {sorted(SWITCHES)}")
     switches = {**SWITCHES, **switches}
     if os.environ.get("TRITON_INTERPRET") == "1":
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        args = [sys.executable, __file__, "--print-sass", "--group", str(group), "--groups", str(groups),
-                "--block-n", str(block_n), "--warps", str(warps), "--arch", str(arch)] \
-            + (["--maxnreg", str(maxnreg)] if maxnreg else []) \
-            + [f"--{'on' if on else 'off'}={name}" for name, on in switches.items()]
-        return subprocess.run(args, capture_output=True, text=True, check=True, env=env).stdout
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.compiler import compile as triton_compile
-    from triton.runtime.jit import JITFunction
-
+        return _in_child(["--group", str(group), "--groups", str(groups), "--block-n", str(block_n),
+                          "--warps", str(warps), "--arch", str(arch)] + (["--maxnreg", str(maxnreg)] if maxnreg else [])
+                         + [f"--{'on' if on else 'off'}={name}" for name, on in switches.items()])
     from helpers import w4_kernel
-    fn = JITFunction(w4_kernel._w4a16_gemv_kernel)   # compiled, even where TRITON_INTERPRET=1 makes jit interpret
-    names = fn.arg_names
     constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_N=block_n, SERIAL=True, STAGES=1,
                       ACC_LIMIT=w4_kernel.acc16_x_limit(group), **switches)
-    signature = {**GEMV_SIGNATURE, **{name: "constexpr" for name in constexprs}}
-    src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()},
-                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in DIVISIBLE})
-    kernel = triton_compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=1, maxnreg=maxnreg))
-    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = os.path.join(tmp, "kernel.cubin")
-        Path(cubin).write_bytes(kernel.asm["cubin"])
-        return subprocess.run([str(nvdisasm), "-c", cubin], capture_output=True, text=True, check=True).stdout
+    return _sass_of(w4_kernel._w4a16_gemv_kernel, GEMV_SIGNATURE, constexprs, DIVISIBLE, arch,
+                    dict(num_warps=warps, num_stages=1, maxnreg=maxnreg))
+
+
+def tc_sass(group: int = 128, groups: int = 2, block_n: int = 64, warps: int = 4, stages: int = 3, arch: int = 90,
+            block_m: int = 16, swap: bool = True) -> str:
+    """The SASS of :func:`helpers.w4_kernel._w4a16_tc_kernel` for ``sm_{arch}``: bf16 activations, the
+    ``lop3`` dequantizer, ``block_m`` rows per program (16: any M up to 16), one split of K (no reduction)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return _in_child(["--kernel", "tc", "--group", str(group), "--groups", str(groups), "--block-n", str(block_n),
+                          "--warps", str(warps), "--stages", str(stages), "--arch", str(arch),
+                          "--block-m", str(block_m)] + ([] if swap else ["--no-swap"]))
+    import triton.language as tl
+
+    from helpers import w4_kernel
+    constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_M=block_m, BLOCK_N=block_n, DEQUANT="lop3", SWAP=swap,
+                      REDUCE="none", CODE_DT=tl.bfloat16, OFFSET=128.0)
+    return _sass_of(w4_kernel._w4a16_tc_kernel, TC_SIGNATURE, constexprs, TC_DIVISIBLE, arch,
+                    dict(num_warps=warps, num_stages=stages))
 
 
 def inner_loop(sass: str) -> str:
@@ -113,30 +150,48 @@ def words_per_thread(group: int, groups: int, block_n: int, warps: int) -> float
 
 def main():
     ap = argparse.ArgumentParser(prog="python scripts/kernel_sass.py")
+    ap.add_argument("--kernel", choices=("gemv", "tc"), default="gemv",
+                    help="gemv: the one-row CUDA-core GEMV; tc: the tensor-core kernel (M up to --block-m rows)")
     ap.add_argument("--group", type=int, default=128)
-    ap.add_argument("--groups", type=int, default=2, help="groups per step (the GEMV's GROUPS)")
-    ap.add_argument("--block-n", type=int, default=128)
+    ap.add_argument("--groups", type=int, default=2, help="groups per step (GROUPS)")
+    ap.add_argument("--block-n", type=int, default=None, help="output rows per program (default: gemv 128, tc 64)")
     ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--stages", type=int, default=3, help="tc: software-pipeline stages (num_stages)")
+    ap.add_argument("--block-m", type=int, default=16, help="tc: activation rows per program")
+    ap.add_argument("--no-swap", action="store_true", help="tc: x·Wᵀ (the activations as the MMA's first operand)")
     ap.add_argument("--arch", type=int, default=90, help="compute capability ×10 (90: H100/H200, 80: A100)")
-    ap.add_argument("--on", action="append", default=[], choices=sorted(SWITCHES), help="switch one on (repeatable)")
-    ap.add_argument("--off", action="append", default=[], choices=sorted(SWITCHES), help="switch one off")
-    ap.add_argument("--maxnreg", type=int, help="cap the registers per thread (ptxas spills the rest)")
+    ap.add_argument("--on", action="append", default=[], choices=sorted(SWITCHES), help="gemv: switch one on (repeatable)")
+    ap.add_argument("--off", action="append", default=[], choices=sorted(SWITCHES), help="gemv: switch one off")
+    ap.add_argument("--maxnreg", type=int, help="gemv: cap the registers per thread (ptxas spills the rest)")
     ap.add_argument("--print-sass", action="store_true", help="print the whole SASS only")
     args = ap.parse_args()
     both = sorted(set(args.on) & set(args.off))
     if both:
         ap.error(f"switched both on and off: {both} (give each switch once, with --on or --off)")
-    sass = gemv_sass(args.group, args.groups, args.block_n, args.warps, args.arch, args.maxnreg,
-                     **{name: True for name in args.on}, **{name: False for name in args.off})
+    if args.kernel == "tc" and (args.on or args.off or args.maxnreg):
+        ap.error("--on, --off and --maxnreg are the GEMV's (--kernel gemv)")
+    block_n = args.block_n or (128 if args.kernel == "gemv" else 64)
+    if args.kernel == "gemv":
+        sass = gemv_sass(args.group, args.groups, block_n, args.warps, args.arch, args.maxnreg,
+                         **{name: True for name in args.on}, **{name: False for name in args.off})
+    else:
+        sass = tc_sass(args.group, args.groups, block_n, args.warps, args.stages, args.arch, args.block_m,
+                       swap=not args.no_swap)
     if args.print_sass:
         print(sass)
         return
     loop = inner_loop(sass)
     ops = opcodes(loop)
-    words = words_per_thread(args.group, args.groups, args.block_n, args.warps)
-    print(f"GEMV, group {args.group} × {args.groups} per step, {args.block_n} rows, {args.warps} warps, sm_{args.arch}: "
-          f"inner loop {sum(ops.values())} instructions for {words:g} words per thread = "
-          f"{sum(ops.values()) / words:.1f} per word of 8 codes")
+    if args.kernel == "gemv":
+        words = words_per_thread(args.group, args.groups, block_n, args.warps)
+        print(f"GEMV, group {args.group} × {args.groups} per step, {block_n} rows, {args.warps} warps, sm_{args.arch}: "
+              f"inner loop {sum(ops.values())} instructions for {words:g} words per thread = "
+              f"{sum(ops.values()) / words:.1f} per word of 8 codes")
+    else:
+        nbytes = block_n * args.group * args.groups // 2 / (32 * args.warps)
+        print(f"tensor-core kernel, group {args.group} × {args.groups} per step, {block_n} rows × {args.block_m} "
+              f"activation rows, {args.warps} warps, {args.stages} stages, sm_{args.arch}: inner loop "
+              f"{sum(ops.values())} instructions for {nbytes:g} weight bytes per thread")
     print("by opcode:", ", ".join(f"{k} {v}" for k, v in ops.most_common(12)))
     print("loads and stores in the loop:", dict(memory_ops(loop)))
     print("registers per thread (highest R used + 1):", registers(sass))
