@@ -33,7 +33,8 @@ STATEMENTS = {
     # the same with hqq hidden from transformers (only in this child process: transformers imports hqq,
     # notebook 07's int4-hqq cache, whenever it is installed): what that optional package costs every kernel
     "notebook 00's imports, hqq hidden": "import importlib.util as u; f = u.find_spec; "
-                                         "u.find_spec = lambda n, p=None: None if n.split('.')[0] == 'hqq' else f(n, p); "
+                                         "u.find_spec = lambda name, package=None: None if name.split('.')[0] == 'hqq' "
+                                         "else f(name, package); "
                                          + NOTEBOOK_IMPORTS,
 }
 CUDA_STATEMENT = "import time, torch; t = time.perf_counter(); torch.zeros(1, device='cuda'); " \
@@ -128,6 +129,7 @@ def main(argv=None):
             result["slowest_self"] = slowest(rep, "self_us", args.top)
             result["modules"] = len(rep)
         result["statements"][label] = r
+        write_json(Path(args.out), result, indent=1)          # as it goes: a part cut short keeps its rows
         print(f"{label:28s} " + " ".join(f"{s:6.2f}" for s in r["seconds"]) + " s", flush=True)
     if torch.cuda.is_available():
         r = run_statement(CUDA_STATEMENT, args.runs, env=env)

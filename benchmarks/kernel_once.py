@@ -8,7 +8,8 @@
 features). The config is :func:`helpers.w4_kernel.auto_config`'s unless ``--config`` gives one as JSON
 (its keys: :data:`helpers.w4_kernel.GEMV_KEYS` or ``TC_KEYS``). The first ``--calls`` − 1 calls compile
 and warm up; profile the last one (``--launch-skip calls-1 --launch-count 1``). It prints the config,
-the launch grid and the error against :func:`helpers.w4_format.reference_matmul`, so the profile's
+the launch grid and the error (of its bf16 output, as a decode step calls it) against
+:func:`helpers.w4_format.reference_matmul`, so the profile's
 kernel is known to be the right one. Without CUDA it runs in Triton's interpreter (small shapes only).
 """
 from __future__ import annotations
@@ -27,9 +28,9 @@ def parse_shape(text: str) -> tuple[int, int]:
     if text in SHAPES or text in HELD_OUT:
         return {**SHAPES, **HELD_OUT}[text]
     m = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", text)
-    if not m:
-        raise ValueError(f"--shape must be one of benchmarks.kernels.SHAPES / HELD_OUT or 'KxN' (e.g. 4096x14336), "
-                         f"got {text!r}")
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise ValueError(f"--shape must be one of benchmarks.kernels.SHAPES / HELD_OUT or 'KxN' with K, N ≥ 1 "
+                         f"(e.g. 4096x14336), got {text!r}")
     return int(m.group(1)), int(m.group(2))
 
 
@@ -42,21 +43,23 @@ def run(shape: str, group: int, rows: int, config: dict | None = None, calls: in
     k, n = parse_shape(shape)
     if rows < 1 or calls < 1:
         raise ValueError(f"--rows and --calls must be ≥ 1, got rows={rows}, calls={calls}")
+    if group < 2 or group & (group - 1) or k % group:
+        raise ValueError(f"--group must be a power of two ≥ 2 that divides K={k} (64 or 128 in the course), got {group}")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(seed)
     w = (torch.randn(n, k, generator=g) * 0.02).to(dev, torch.bfloat16)
     p = w4_format.pack_w4(w, group)
     x = torch.randn(rows, k, generator=g).to(dev, torch.bfloat16)
     cfg = w4_kernel._check_config(dict(config) if config else w4_kernel.auto_config(p, rows), p, rows)
-    for _ in range(calls):
-        y = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
+    for _ in range(calls):   # the output in the activations' dtype, as a decode step calls it
+        y = w4_kernel.w4a16_matmul(x, p, cfg)
     if dev == "cuda":
         torch.cuda.synchronize()
     ref = w4_format.reference_matmul(x.float(), p).float()
     tiles = -(-n // cfg["BLOCK_N"])
     grid = [tiles, cfg["SPLIT_K"]] + ([] if cfg["KERNEL"] == "gemv" else [-(-rows // w4_kernel.block_rows(rows))])
     return {"shape": shape, "K": k, "N": n, "group": group, "M": rows, "config": cfg, "grid": grid,
-            "device": dev, "rel_err": ((y - ref).abs().max() / ref.abs().max()).item()}
+            "device": dev, "rel_err": ((y.float() - ref).abs().max() / ref.abs().max()).item()}
 
 
 def main(argv=None):

@@ -308,7 +308,8 @@ def _w4a16_tc_kernel(x_ptr, b_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, M, N, 
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # offsets built from the step index times constexprs (not a running k): the compiler then knows each
-    # group's bytes and columns start on a multiple of the group, and loads them 16 bytes at a time
+    # group's bytes and columns start on a multiple of the group, and copies them several bytes at a time,
+    # asynchronously (scripts/kernel_sass.py --kernel tc: 8 bytes per weight copy, 16 per activation copy)
     STEP: tl.constexpr = GROUP * GROUPS
     span = K // STEP // SPLIT_K
     for step in range(pid_k * span, (pid_k + 1) * span):

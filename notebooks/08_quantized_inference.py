@@ -516,9 +516,9 @@ if dec_file.exists():
 # the multiprocessors, flash-decoding) — the next round's steps. At batch 8 and 16
 # both int4 kernels stay slower than bf16 (the ratio column): our tensor-core kernel for more rows is
 # the one left untuned this round. (Since that run, its compiled listing showed why it was slow: each
-# thread loaded its weights one byte at a time, with no copies in flight. Mended, it now copies 16
-# bytes at a time (`python scripts/kernel_sass.py --kernel tc`, README "Reference results"); its new
-# speed is not measured yet.) PyTorch's gpt-fast reports Llama-2-7B on an A100-80GB power-limited
+# thread loaded its weights one byte at a time, with no copies in flight. Mended, it now copies 8
+# bytes at a time, asynchronously (`python scripts/kernel_sass.py --kernel tc`, README "Quantized
+# inference for real"); its new speed is not measured yet.) PyTorch's gpt-fast reports Llama-2-7B on an A100-80GB power-limited
 # to 330 W at 104.9 tok/s in bf16 and 196.8 tok/s in int4 g32 — 1.88× (pytorch-labs/gpt-fast README,
 # "Benchmarks"), with `torch.compile` fusing everything but the matmuls, a fused `wqkv` (its
 # `model.py`) and every linear in int4 (its `quantize.py`): the `fused+head` recipe, on a card with

@@ -28,11 +28,12 @@
 # plus torchao 0.18.0, jupytext 1.19.6 and mdit-py-plugins 0.7.0 — README, "Running the GPU parts"), carry [".whl"].
 # Each part writes under $OUT as it goes; PART_TIMEOUT (seconds, default 540) bounds each part.
 set -uo pipefail
+[ $# -gt 0 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }   # no part: the header above
 cd "$(dirname "$0")/.."
 if [ -d .whl ]; then
   # bytecode compiled at install, as a learner's pip does (compiling at import prints torchao's SyntaxWarning in every cell);
   # once per machine and set of wheels (a later call of this script on the same machine skips it)
-  stamp=$(ls .whl | sha1sum | cut -c1-16)
+  stamp=$(cat .whl/*.whl | sha1sum | cut -c1-16)
   if [ "$(cat /tmp/site/.course-wheels 2>/dev/null)" != "$stamp" ]; then
     python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       || { echo "wheel install failed"; exit 1; }
@@ -75,15 +76,21 @@ run_part() {
     imports) timeout "$T" python3 -m benchmarks.import_time --out "$OUT/import_time.json" 2>&1 | tee "$OUT/import_time.log" | tail -16 ;;
     ncu) if ! command -v ncu >/dev/null; then echo "ncu (Nsight Compute) is not on this machine"; return 2; fi
          IFS=';' read -ra cases <<< "${NCU_CASES:-8B gate/up 4096x14336:128:1;8B gate/up 4096x14336:128:8;70B down 28672x8192:128:8}"
+         deadline=$(( $(date +%s) + T ))   # the part's budget, shared by its cases
          for c in "${cases[@]}"; do
            IFS=':' read -r shape group rows <<< "$c"
+           left=$(( deadline - $(date +%s) ))
+           [ "$left" -gt 10 ] || { echo "ncu: no time left for $c"; break; }
            # three calls: two compile and warm up, the third is profiled
-           timeout "$T" ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+           timeout "$left" ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
              --section SchedulerStats --section Occupancy --section LaunchStats -k regex:_w4a16 --launch-skip 2 \
              --launch-count 1 python3 -m benchmarks.kernel_once --shape "$shape" --group "$group" --rows "$rows" \
-             --calls 3 >> "$OUT/ncu.txt" 2>&1
-           grep -E '^\{|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per' "$OUT/ncu.txt" | tail -6
-         done ;;
+             --calls 3 > "$OUT/ncu_case.txt" 2>&1
+           echo "ncu rc $? for $c"
+           cat "$OUT/ncu_case.txt" >> "$OUT/ncu.txt"
+           grep -E '^\{|Duration|DRAM Throughput|Achieved Occupancy|Registers Per' "$OUT/ncu_case.txt" | cut -c1-240
+         done
+         rm -f "$OUT/ncu_case.txt" ;;
     budget) timeout "$T" python3 -m benchmarks.budget_accuracy --out "$OUT/budget_accuracy.json" ${1:+--archs "$@"} 2>&1 \
               | tee "$OUT/budget_accuracy.log" | tail -40 ;;
     allocator) timeout "$T" python3 -m benchmarks.allocator_agreement --random "${RANDOM_N:-40}" --seed-start "${SEED_START:-0}" \
@@ -100,6 +107,5 @@ run_part() {
   done
   echo "=== $part done in $(( $(date +%s) - t0 )) s"
 }
-[ $# -gt 0 ] || { sed -n '2,20p' "$0"; exit 2; }
 if [ "$1" = budget ]; then run_part "$@"; exit; fi
 for part in "$@"; do run_part "$part"; done

@@ -17,12 +17,13 @@ T0=$(date +%s)
 left() { echo $(( ${1:-585} - ($(date +%s) - T0) )); }
 gpu() { bash scripts/gpu.sh "$@"; }
 case "${1:-}" in
-  1) PART_TIMEOUT=90 gpu imports
+  1) PART_TIMEOUT=150 gpu imports
      TESTS="tests/test_w4_kernel.py tests/test_decode_attention.py tests/test_decode_bench.py tests/test_kernel_once.py" \
        PART_TIMEOUT=200 gpu pytest
      if [ -d .whl ]; then export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH; else export PYTHONPATH=$PWD; fi
-     echo "=== decode with the split-KV attention, $(left) s left"
-     timeout "$(left)" python3 -m benchmarks.decode --out "$OUT/decode_attn.json" --batches 1,8,16 --eager "" \
+     t=$(left); t=$(( t > 60 ? t : 60 ))
+     echo "=== decode with the split-KV attention, $t s"
+     timeout "$t" python3 -m benchmarks.decode --out "$OUT/decode_attn.json" --batches 1,8,16 --eager "" \
        --compile 1 --formats "bf16,W4A16 ours" --recipes "fused+attn,fused+head+attn" --profile compiled \
        > "$OUT/decode_attn.log" 2>&1
      echo "decode rc $?"; grep -E "tok/s|failed|Error" "$OUT/decode_attn.log" | cut -c1-200 | tail -14 ;;

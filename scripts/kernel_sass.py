@@ -14,8 +14,9 @@ per word) — and how a missing ``tt.divisibility`` hint showed up as 64 scalar 
 ones (integer arguments divisible by 16, as Triton's launcher specialises them, are declared so here).
 The tensor-core kernel had the same flaw in another form: its group offsets came from a running ``k``
 whose alignment the compiler could not know, so each thread loaded its 64 weight bytes one byte at a
-time (64 ``LDG.E.EF.U8``) with no asynchronous pipelining; built from the step index, they became four
-16-byte asynchronous copies (``LDGSTS…128``) and the loop 2.5 times shorter.
+time (64 ``LDG.E.EF.U8``) with no asynchronous pipelining; built from the step index, they became eight
+8-byte asynchronous copies (``LDGSTS.E.64``; the activations four 16-byte ones) and the loop 2.3 times
+shorter.
 ``tests/test_kernel_sass.py`` keeps those properties from regressing.
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ TC_SIGNATURE = {"x_ptr": "*bf16", "b_ptr": "*u8", "s_ptr": "*fp16", "z_ptr": "*f
                 "ws_ptr": "*fp32", "lock_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "SPLIT_K": "i32",
                 "stride_xm": "i32", "stride_bn": "i32", "stride_sn": "i32", "stride_ym": "i32"}
 TC_DIVISIBLE = ("x_ptr", "b_ptr", "s_ptr", "z_ptr", "y_ptr", "ws_ptr", "lock_ptr", "N", "K", "stride_xm",
-                "stride_bn", "stride_ym")
+                "stride_bn", "stride_sn", "stride_ym")   # as the launcher specialises them for K/group = 32 or more
 
 
 def _sass_of(kernel_fn, signature: dict, constexprs: dict, divisible, arch: int, options: dict) -> str:

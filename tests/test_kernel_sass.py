@@ -77,21 +77,29 @@ def _tc_sass(**kw) -> str:
     return ks.tc_sass(**kw)
 
 
+COPY_BYTES = {".64": 8, ".128": 16}   # an asynchronous copy's width, from its modifier (bare LDGSTS.E: 4 bytes)
+
+
 @pytest.mark.parametrize("kw", [dict(), dict(swap=False), dict(block_n=128), dict(group=64, groups=4)])
-def test_the_tensor_core_kernel_copies_its_weights_16_bytes_at_a_time_and_pipelines(kw):
+def test_the_tensor_core_kernel_copies_its_weights_several_bytes_at_a_time_and_pipelines(kw):
     """Each group's bytes and columns are addressed from the step index times constexprs, so the compiler
-    knows they start on a multiple of the group: the weights arrive by asynchronous copies
-    (``LDGSTS``, software-pipelined over ``num_stages``), not one byte per load. Before (a running
-    ``k`` of unknown alignment): 64 ``LDG.E.EF.U8`` per thread per step, 1,579 instructions in the loop
-    and 216 registers at the default config, and 139 spills at 128 rows (Triton 3.9); after: 689 and
-    126, no spill."""
+    knows they start on a multiple of the group: the weights and the activations arrive by asynchronous
+    copies of 8 or 16 bytes (``LDGSTS``, software-pipelined over ``num_stages``), not one byte per load.
+    Before (a running ``k`` of unknown alignment): 64 ``LDG.E.EF.U8`` per thread per step, 1,579
+    instructions in the loop and 216 registers at the default config, and 139 spills at 128 rows
+    (Triton 3.9); after: eight 8-byte weight copies, 689 instructions and 126 registers, no spill."""
+    cfg = dict(group=128, groups=2, block_n=64, warps=4) | kw
     sass = _tc_sass(**kw)
     loop = ks.inner_loop(sass)
     mem = ks.memory_ops(loop)
-    assert not [k for k in mem if k.startswith("LDG.") and k.endswith(".U8")]           # no byte loads
-    assert sum(v for k, v in mem.items() if k.startswith("LDGSTS")) >= 4                # asynchronous copies
+    assert not [k for k in mem if k.endswith(".U8")]                                    # no byte loads at all
+    assert "LDGSTS.E" not in mem                                                        # no 4-byte copies
+    copied = sum(v * COPY_BYTES.get(k[k.rfind("."):], 4) for k, v in mem.items() if k.startswith("LDGSTS"))
+    weight_bytes = cfg["block_n"] * cfg["group"] * cfg["groups"] // 2 // (32 * cfg["warps"])
+    x_bytes = 16 * cfg["group"] * cfg["groups"] * 2 // (32 * cfg["warps"])             # 16 rows of bf16
+    assert copied == weight_bytes + x_bytes                                             # every byte by async copy
     assert not any(k[:3] in ("STL", "LDL") for k in ks.memory_ops(sass))                 # nothing spilled
     if not kw:
-        assert mem["LDGSTS.E.BYPASS.128"] >= 4          # 64 weight bytes per thread per step: four 16-byte copies
+        assert mem["LDGSTS.E.64"] == weight_bytes // 8    # the weights: 8-byte copies, evict-first (x: 16-byte)
         assert sum(ks.opcodes(loop).values()) <= 800     # 689 (Triton 3.9), 667 (3.6) when written; 1,579 before
         assert ks.registers(sass) <= 160                 # 126 when written; 216 before
