@@ -14,14 +14,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-/tmp/out} PART_TIMEOUT=${PART_TIMEOUT:-540}
 T0=$(date +%s)
-left() { echo $(( ${1:-585} - ($(date +%s) - T0) )); }
+# seconds left of a budget (default 585) since the call began, at least a floor (default 0)
+left() { local t=$(( ${1:-585} - ($(date +%s) - T0) )); echo $(( t > ${2:-0} ? t : ${2:-0} )); }
 gpu() { bash scripts/gpu.sh "$@"; }
 case "${1:-}" in
   1) PART_TIMEOUT=150 gpu imports
      TESTS="tests/test_w4_kernel.py tests/test_decode_attention.py tests/test_decode_bench.py tests/test_kernel_once.py" \
        PART_TIMEOUT=200 gpu pytest
      if [ -d .whl ]; then export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH; else export PYTHONPATH=$PWD; fi
-     t=$(left); t=$(( t > 60 ? t : 60 ))
+     t=$(left 585 60)
      echo "=== decode with the split-KV attention, $t s"
      timeout "$t" python3 -m benchmarks.decode --out "$OUT/decode_attn.json" --batches 1,8,16 --eager "" \
        --compile 1 --formats "bf16,W4A16 ours" --recipes "fused+attn,fused+head+attn" --profile compiled \
@@ -29,9 +30,9 @@ case "${1:-}" in
      echo "decode rc $?"; grep -E "tok/s|failed|Error" "$OUT/decode_attn.log" | cut -c1-200 | tail -14 ;;
   2) KERNEL_ARGS="--phases A,B --rows 2,8,16 --crossover-rows 4" KERNEL_BUDGET=300 PART_TIMEOUT=330 gpu kernels
      mv "$OUT/kernels.json" "$OUT/kernels_AB.json"
-     KERNEL_ARGS="--phases S --held-out" PART_TIMEOUT=$(( $(left 480) > 60 ? $(left 480) : 60 )) gpu kernels
+     KERNEL_ARGS="--phases S --held-out" PART_TIMEOUT=$(left 480 60) gpu kernels
      mv "$OUT/kernels.json" "$OUT/kernels_S.json"
-     PART_TIMEOUT=$(( $(left) > 30 ? $(left) : 30 )) gpu ncu ;;
+     PART_TIMEOUT=$(left 585 30) gpu ncu ;;
   3) TESTS="tests --ignore=tests/test_w4_kernel.py --ignore=tests/test_decode_attention.py \
 --ignore=tests/test_decode_bench.py --ignore=tests/test_kernel_once.py" PART_TIMEOUT=570 gpu pytest ;;
   4) NOTEBOOKS="notebooks/00_setup.ipynb notebooks/01_memory_budget.ipynb notebooks/02_allocator_fragmentation.ipynb \
