@@ -20,7 +20,9 @@ width, warp count and split of K, the optimisation steps of :data:`STEPS`, and t
 three phases, each row saying which (``phase``): A1 picks the dequantizer
 and the MMA orientation, A2 the block width, groups per step, split-K reduction and warps, on three
 shapes; B times the chosen family on every shape, group and M with every split of K, and the
-shape-only rule :func:`helpers.w4_kernel.auto_config` beside it. Every timed shape, group and M is
+shape-only rule :func:`helpers.w4_kernel.auto_config` beside it. Phases S and T time the shape rules'
+split of K (:func:`helpers.w4_kernel.gemv_split`, :func:`helpers.w4_kernel.tc_split`) against every
+split, on ``--shapes`` and, with ``--held-out``, on :data:`HELD_OUT`. Every timed shape, group and M is
 checked against :func:`helpers.w4_format.reference_matmul` (``exact``).
 """
 from __future__ import annotations
@@ -121,14 +123,16 @@ def main():
     import triton
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kernels")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="SHAPES' labels, comma-separated ('--shapes=': "
+                                                                 "none, e.g. phase S or T on HELD_OUT alone)")
     ap.add_argument("--rows", default="1,2,8,16")
     ap.add_argument("--crossover-rows", default="4,32,64", help="extra M on the first phase-A shape")
     ap.add_argument("--groups", default="64,128")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop phase B (rows kept) after this many seconds")
     ap.add_argument("--phases", default="G,A,B", help="G: the one-row GEMV; A, B: the tensor-core kernel; S: the "
-                                                     "GEMV's split rule against every split (with --held-out too)")
-    ap.add_argument("--held-out", action="store_true", help="phase S also on HELD_OUT's shapes")
+                                                     "GEMV's split rule against every split; T: the tensor-core "
+                                                     "kernel's (both with --held-out too)")
+    ap.add_argument("--held-out", action="store_true", help="phases S and T also on HELD_OUT's shapes")
     args = ap.parse_args()
     phases = set(args.phases.split(","))
     if not torch.cuda.is_available():
@@ -219,7 +223,7 @@ def main():
         sh.free()
         save()
     # ---------------- phase S: auto_config's one-row config at every split of K (g128, 2-warp rule; g64, 4-warp)
-    shapes_s = {**{lab: SHAPES[lab] for lab in args.shapes.split(",")}, **(HELD_OUT if args.held_out else {})} \
+    shapes_s = {**{lab: SHAPES[lab] for lab in args.shapes.split(",") if lab}, **(HELD_OUT if args.held_out else {})} \
         if "S" in phases else {}
     for label, (k, n) in shapes_s.items():
         sh = Shape(k, n, groups=groups, tiny=False)
@@ -243,6 +247,35 @@ def main():
                 add("ours (Triton GEMV, auto_config at each split)", f"W4A16 g{g}", label, k, n, 1, g, ms, nbytes,
                     "cudagraph", config=cfg, phase="S", held_out=label in HELD_OUT, exact=bool(err <= 1e-3),
                     rel_err=err, **picks)
+        sh.free()
+        save()
+    # ---------------- phase T: auto_config's tensor-core config (tc_split) against every power-of-2 split, M > 1
+    shapes_t = {**{lab: SHAPES[lab] for lab in args.shapes.split(",") if lab}, **(HELD_OUT if args.held_out else {})} \
+        if "T" in phases else {}
+    for label, (k, n) in shapes_t.items():
+        sh = Shape(k, n, groups=groups)
+        held = label in HELD_OUT
+        for m in [int(r) for r in args.rows.split(",") if int(r) > 1]:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            add("bf16 cuBLAS", "bf16", label, k, n, m, None, timing.graph_ms([lambda w=w: x @ w.t() for w in sh.w]),
+                n * k * 2, "cudagraph", phase="T", held_out=held)
+            for g in groups:
+                p0, nbytes = sh.packed[g][0], sh.packed[g][0].nbytes
+                if sh.tiny[g] is not None:
+                    add("tinygemm (torchao int4)", f"W4A16 g{g}", label, k, n, m, g,
+                        timing.graph_ms([lambda t=t: t(x) for t in sh.tiny[g]]), nbytes, "cudagraph", phase="T",
+                        held_out=held)
+                auto = w4_kernel.auto_config(p0, m)
+                best_split(sh, label, g, x, {key: v for key, v in auto.items() if key != "SPLIT_K"}, "T")
+                for r in rows:     # every split's row of this case says which one the rule picked
+                    if r.get("phase") == "T" and r.get("shape") == label and r.get("M") == m and r.get("group") == g:
+                        r["rule_split"], r["held_out"] = auto["SPLIT_K"], held
+                ref = w4_format.reference_matmul(x.float(), p0).float()
+                err = ((w4_kernel.w4a16_matmul(x, p0, auto, out_dtype=torch.float32) - ref).abs().max()
+                       / ref.abs().max()).item()
+                add("ours (Triton, auto_config)", f"W4A16 g{g}", label, k, n, m, g, try_ours(sh, label, g, x, auto, "T-auto"),
+                    nbytes, "cudagraph", config=auto, phase="T-auto", held_out=held, exact=bool(err <= 1e-3),
+                    rel_err=err)
         sh.free()
         save()
     if not phases & {"A", "B"}:

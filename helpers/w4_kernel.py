@@ -420,6 +420,14 @@ HALF2_GEMV = dict(HALF2=True, ACC16=True, BLOCK_N=64, num_warps=2, GROUPS=4)
 GEMV_WARPS_PER_SM = 32   # split-K bound of the GEMV (gemv_split): resident warps per multiprocessor
 TC_DEFAULTS = dict(KERNEL="tc", BLOCK_N=64, GROUPS=1, SPLIT_K=1, DEQUANT="lop3", SWAP=True, REDUCE="serial",
                    num_warps=4, num_stages=3)   # the family benchmarks/kernels.py chose on the H200
+# the tensor-core kernel's shape rule (auto_config, tc_split), from phase B of results/h100/kernels.json
+# (2026-12-05, the mended loads; 12 shapes × g64/g128 × M = 2, 8, 16, every power-of-2 split): two groups
+# per step at either group size (phase A2's choice), K split until the programs fill the multiprocessors
+# and no program spans more than TC_MAX_GROUPS groups
+TC_GROUPS = 2
+TC_FEW_TILES = 1.5     # output tiles per multiprocessor below which K is split to fill them ...
+TC_FILL = 2.5          # ... to at least this many programs per multiprocessor
+TC_MAX_GROUPS = 40     # groups of K one program reads at most
 
 
 def block_rows(m: int) -> int:
@@ -490,6 +498,23 @@ def gemv_split(tiles: int, steps: int, sms: int, warps: int = 4) -> int:
     return max([d for d in _divisors(steps) if d <= bound] or [1])
 
 
+def tc_split(tiles: int, k_groups: int, groups_per_step: int, sms: int) -> int:
+    """Programs along K for the tensor-core kernel: the smallest power-of-2 divisor ``d`` of its
+    ``steps = k_groups / groups_per_step`` (leaving each program ≥ 2 steps) with
+
+        tiles ≥ TC_FEW_TILES · sms  or  tiles · d ≥ TC_FILL · sms     (the programs fill the SMs)
+        k_groups / d ≤ TC_MAX_GROUPS                                     (no program reads K too long)
+
+    — the largest such divisor if none meets both. Fitted on phase B of ``results/h100/kernels.json``
+    (how close it comes: the README, "Quantized inference for real"; phase T times it on held-out shapes)."""
+    steps = max(k_groups // max(groups_per_step, 1), 1)
+    cands = [d for d in _divisors(steps) if _pow2(d) and (d == 1 or steps // d >= 2)]
+    for d in cands:
+        if (tiles >= TC_FEW_TILES * sms or tiles * d >= TC_FILL * sms) and k_groups / d <= TC_MAX_GROUPS:
+            return d
+    return cands[-1]
+
+
 def _divisors(n: int) -> list[int]:
     """The divisors of ``n``, ascending: the splits of ``K`` that give every program whole steps."""
     return [d for d in range(1, n + 1) if n % d == 0]
@@ -528,9 +553,8 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     :data:`HALF2_GEMV` (fp16-pair sums kept in fp16 for each group, 64 rows per program on 2 warps, 4
     groups per step), else 128
     rows per program with 256 codes of each row per step and fp32 sums (``family`` may set ``HALF2``
-    either way, and ``ACC16`` with it), ``K`` split by :func:`gemv_split`; more rows run the tensor-core kernel with 256 input columns per step
-    (fewer where the groups do not divide ``K``), ``K`` split in four only where the output tiles cannot
-    occupy three quarters of the multiprocessors. ``family`` overrides
+    either way, and ``ACC16`` with it), ``K`` split by :func:`gemv_split`; more rows run the tensor-core kernel with :data:`TC_GROUPS` groups per step
+    (fewer where they do not divide ``K``), ``K`` split by :func:`tc_split`. ``family`` overrides
     :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is lowered until it divides ``K``)."""
     n, k = p.shape
     sms = _sms(p)
@@ -541,13 +565,12 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
                                               "ACC16": bool(family.get("ACC16", HALF2_GEMV["ACC16"]))})
         return gemv_config(p, sms=sms, HALF2=False)
     family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL", "HALF2", "ACC16")}
-    groups = _fitting_groups(p, family.pop("GROUPS", max(1, 256 // p.group_size)))
+    groups = _fitting_groups(p, family.pop("GROUPS", TC_GROUPS))
     cfg = dict(TC_DEFAULTS, **family, GROUPS=groups)
     if _interpreted():
         cfg["DEQUANT"] = "shift"
-    step = p.group_size * cfg["GROUPS"]
     tiles = math.ceil(n / cfg["BLOCK_N"]) * math.ceil(m / block_rows(m))
-    cfg["SPLIT_K"] = 4 if tiles < 0.75 * sms and k % (4 * step) == 0 else 1
+    cfg["SPLIT_K"] = tc_split(tiles, k // p.group_size, groups, sms)
     return cfg
 
 

@@ -100,8 +100,8 @@ def test_a_model_decodes_the_same_through_the_kernel(compiled, monkeypatch, tiny
 
 
 def test_what_the_kernel_does_not_compute_goes_to_sdpa():
-    q, k = torch.randn(1, 4, 1, 32), torch.randn(1, 2, 50, 32)
-    ok = torch.ones(1, 1, 1, 50, dtype=torch.bool)
+    q, k = torch.randn(1, 4, 1, 32, device=DEV), torch.randn(1, 2, 50, 32, device=DEV)
+    ok = torch.ones(1, 1, 1, 50, dtype=torch.bool, device=DEV)
     assert da.kernel_takes(q, k, ok) and da.kernel_takes(q, k, None)
     assert not da.kernel_takes(torch.randn(1, 4, 3, 32), k, None)                        # a prefill
     assert not da.kernel_takes(torch.randn(1, 4, 1, 96), torch.randn(1, 2, 50, 96), ok)  # Phi-3-mini's head_dim

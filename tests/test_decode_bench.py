@@ -70,14 +70,17 @@ def test_the_attn_step_runs_the_fused_model_through_the_split_kv_kernel(monkeypa
 
     from helpers import decode_attention
 
+    dev = "cuda" if torch.cuda.is_available() else "cpu"     # the kernel takes CUDA tensors, or the interpreter's
+
     def logits(model):
-        ids = torch.randint(0, 300, (1, 20), generator=torch.Generator().manual_seed(2))
+        ids = torch.randint(0, 300, (1, 20), generator=torch.Generator().manual_seed(2)).to(dev)
         cache = StaticCache(config=model.config, max_cache_len=32)
         with torch.no_grad():
-            model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(20))
-            return model(input_ids=ids[:, -1:], past_key_values=cache, cache_position=torch.tensor([20])).logits
-    want = logits(decode_bench.fused_projections(tiny_llama()))
-    ours = decode_bench.fused_projections(tiny_llama())
+            model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(20, device=dev))
+            return model(input_ids=ids[:, -1:], past_key_values=cache,
+                         cache_position=torch.tensor([20], device=dev)).logits
+    want = logits(decode_bench.fused_projections(tiny_llama()).to(dev))
+    ours = decode_bench.fused_projections(tiny_llama()).to(dev)
     decode_attention.use(ours)
     assert ours.config._attn_implementation == decode_attention.NAME
     calls = []

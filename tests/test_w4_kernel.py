@@ -211,7 +211,8 @@ def test_auto_config_follows_the_measured_rule():
     assert w4_kernel.auto_config(narrow, 1, family={"HALF2": True})["HALF2"] is True   # opt-in through the family
     assert "HALF2" not in w4_kernel.auto_config(narrow, 16, family={"HALF2": False})   # the GEMV's key only
     many = w4_kernel.auto_config(narrow, 16)
-    assert many["KERNEL"] == "tc" and many["SPLIT_K"] == 4          # one output tile: split K
+    assert many["KERNEL"] == "tc" and many["GROUPS"] == 2 and many["SPLIT_K"] == 8   # one tile: K split 8 ways,
+    #                                                                 the most that leaves each program 2 steps
     wide = w4_kernel.auto_config(w4_format.pack_w4(weight(4096, 1024), 128), 16)
     assert wide["SPLIT_K"] == 1                                     # 64 tiles of 64 rows fill 8 "SMs"
     smol = w4_kernel.auto_config(w4_format.pack_w4(weight(64, 576), 64), 4)
