@@ -268,7 +268,8 @@ def main():
                 auto = w4_kernel.auto_config(p0, m)
                 best_split(sh, label, g, x, {key: v for key, v in auto.items() if key != "SPLIT_K"}, "T")
                 for r in rows:     # every split's row of this case says which one the rule picked
-                    if r.get("phase") == "T" and r.get("shape") == label and r.get("M") == m and r.get("group") == g:
+                    if r.get("phase") == "T" and r["kernel"] == "ours (Triton)" and r.get("shape") == label \
+                            and r.get("M") == m and r.get("group") == g:
                         r["rule_split"], r["held_out"] = auto["SPLIT_K"], held
                 ref = w4_format.reference_matmul(x.float(), p0).float()
                 err = ((w4_kernel.w4a16_matmul(x, p0, auto, out_dtype=torch.float32) - ref).abs().max()

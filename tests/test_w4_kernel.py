@@ -220,6 +220,55 @@ def test_auto_config_follows_the_measured_rule():
     assert w4_kernel.auto_config(narrow, 16, {"KERNEL": "tc", "BLOCK_N": 128})["BLOCK_N"] == 128
 
 
+def test_tc_split_fills_the_sms_and_bounds_each_programs_k():
+    assert w4_kernel.tc_split(tiles=448, k_groups=32, groups_per_step=2, sms=132) == 1      # tiles enough, K short
+    assert w4_kernel.tc_split(tiles=448, k_groups=128, groups_per_step=2, sms=132) == 4     # 70B gate/up g64: ≤ 40
+    assert w4_kernel.tc_split(tiles=64, k_groups=32, groups_per_step=2, sms=132) == 8       # 8B q/o: 512 programs
+    assert w4_kernel.tc_split(tiles=80, k_groups=108, groups_per_step=2, sms=132) == 2      # 54 steps: 2 divides
+    assert w4_kernel.tc_split(tiles=1, k_groups=32, groups_per_step=2, sms=8) == 8          # ≥ 2 steps a program
+    assert w4_kernel.tc_split(tiles=1, k_groups=9, groups_per_step=1, sms=8) == 1           # SmolLM2: 9 steps
+
+
+def h100_kernel_cases(phase: str) -> dict:
+    """results/h100/kernels.json's tensor-core rows of one phase: {(shape, K, N, group, M): {split: ms}}."""
+    import json
+    from collections import defaultdict
+    from pathlib import Path
+    rows = json.loads((Path(__file__).resolve().parents[1] / "results/h100/kernels.json").read_text())["rows"]
+    cases = defaultdict(dict)
+    for r in rows:
+        if r.get("phase") == phase and r["kernel"] == "ours (Triton)" and "ms" in r:
+            cases[(r["shape"], r["K"], r["N"], r["group"], r["M"])][r["config"]["SPLIT_K"]] = r["ms"]
+    return cases
+
+
+def test_tc_split_is_near_the_best_measured_split_fitted_and_held_out():
+    """The rule's split against every power-of-2 split timed on the H100 (2026-12-05): the 74 cases of
+    phase B it was fitted on, and the 36 held-out ones of phase T (6 other models' weights)."""
+    for phase, slack, count in (("B", 1.08, 74), ("T", 1.15, 36)):
+        cases = h100_kernel_cases(phase)
+        assert len(cases) == count
+        for (shape, k, n, g, m), ms in cases.items():
+            split = w4_kernel.tc_split(math.ceil(n / 64), k // g, w4_kernel.TC_GROUPS, 132)
+            assert ms[split] <= slack * min(ms.values()), (phase, shape, g, m, split, ms)
+
+
+def test_the_tc_rule_is_faster_than_bf16_on_the_held_out_weights():
+    """Phase T's auto_config rows (the rule as af3d8b3 had it, which is tc_split's pick today) against cuBLAS
+    bf16 on the same weight and rows, both under graph replay: not slower on any of the 36 cases."""
+    import json
+    from pathlib import Path
+    rows = json.loads((Path(__file__).resolve().parents[1] / "results/h100/kernels.json").read_text())["rows"]
+    t = [r for r in rows if r.get("run") == "2026-12-05 T"]
+    bf16 = {(r["shape"], r["M"]): r["ms"] for r in t if r["kernel"] == "bf16 cuBLAS"}
+    auto = [r for r in t if r.get("phase") == "T-auto"]
+    assert len(auto) == 36 and all(r["exact"] for r in auto)
+    for r in auto:
+        assert r["config"]["SPLIT_K"] == w4_kernel.tc_split(math.ceil(r["N"] / 64), r["K"] // r["group"],
+                                                            w4_kernel.TC_GROUPS, 132)
+        assert r["ms"] <= bf16[(r["shape"], r["M"])], r["shape"]
+
+
 def test_w4linear_swaps_and_matches():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(256, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(DEV)
