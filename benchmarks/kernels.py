@@ -81,6 +81,15 @@ def programs_rule_split(tiles: int, steps: int, sms: int) -> int:
     return min(w4_kernel._divisors(steps), key=lambda d: abs(math.log(d / target)))
 
 
+def rel_err(x: torch.Tensor, p, cfg: dict, ref: torch.Tensor | None = None) -> float:
+    """Our kernel's largest error with ``cfg`` against :func:`helpers.w4_format.reference_matmul` (``ref``:
+    that product, computed once by a caller checking many configs), relative to its largest output (a row
+    is ``exact`` at ≤ 1e-3)."""
+    ref = w4_format.reference_matmul(x.float(), p).float() if ref is None else ref
+    got = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
+    return ((got - ref).abs().max() / ref.abs().max()).item()
+
+
 def step_config(p, cfg: dict) -> dict:
     """A :data:`STEPS` config completed for weight ``p`` by :func:`helpers.w4_kernel.gemv_config`: one
     group per step unless the step says, and what it leaves ``None`` chosen from the shape."""
@@ -169,7 +178,7 @@ def main():
             return None
         return r["cudagraph"]
 
-    def best_split(sh, label, g, x, family, phase):
+    def best_split(sh, label, g, x, family, phase, **extra):
         best = None
         for split in SPLITS:
             cfg = {**family, "SPLIT_K": split}
@@ -180,7 +189,7 @@ def main():
             ms = try_ours(sh, label, g, x, cfg, phase)
             if ms is not None:
                 add("ours (Triton)", f"W4A16 g{g}", label, sh.k, sh.n, x.shape[0], g, ms, sh.packed[g][0].nbytes,
-                    "cudagraph", config=cfg, phase=phase)
+                    "cudagraph", config=cfg, phase=phase, **extra)
                 if best is None or ms < best[1]:
                     best = (cfg, ms)
         return best
@@ -214,8 +223,7 @@ def main():
             ref = w4_format.reference_matmul(x.float(), p0).float()
             steps = [step_config(p0, scfg) for _, scfg in STEPS]
             for cfg in gemvs + steps + [auto]:   # every timed config, exact against the readable reference
-                err = ((w4_kernel.w4a16_matmul(x, p0, cfg, out_dtype=torch.float32) - ref).abs().max()
-                       / ref.abs().max()).item()
+                err = rel_err(x, p0, cfg, ref)
                 for r in rows:
                     if r.get("phase", "").startswith("G") and r.get("shape") == label and r.get("group") == g \
                             and r.get("config") == cfg:
@@ -223,9 +231,8 @@ def main():
         sh.free()
         save()
     # ---------------- phase S: auto_config's one-row config at every split of K (g128, 2-warp rule; g64, 4-warp)
-    shapes_s = {**{lab: SHAPES[lab] for lab in args.shapes.split(",") if lab}, **(HELD_OUT if args.held_out else {})} \
-        if "S" in phases else {}
-    for label, (k, n) in shapes_s.items():
+    rule_shapes = {**{lab: SHAPES[lab] for lab in args.shapes.split(",") if lab}, **(HELD_OUT if args.held_out else {})}
+    for label, (k, n) in (rule_shapes.items() if "S" in phases else ()):
         sh = Shape(k, n, groups=groups, tiny=False)
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         sms = meta["sms"]
@@ -242,17 +249,14 @@ def main():
                 ms = try_ours(sh, label, g, x, cfg, "S")      # a split that fails is recorded there, not fatal
                 if ms is None:
                     continue
-                err = ((w4_kernel.w4a16_matmul(x, p0, cfg, out_dtype=torch.float32) - ref).abs().max()
-                       / ref.abs().max()).item()
+                err = rel_err(x, p0, cfg, ref)
                 add("ours (Triton GEMV, auto_config at each split)", f"W4A16 g{g}", label, k, n, 1, g, ms, nbytes,
                     "cudagraph", config=cfg, phase="S", held_out=label in HELD_OUT, exact=bool(err <= 1e-3),
                     rel_err=err, **picks)
         sh.free()
         save()
     # ---------------- phase T: auto_config's tensor-core config (tc_split) against every power-of-2 split, M > 1
-    shapes_t = {**{lab: SHAPES[lab] for lab in args.shapes.split(",") if lab}, **(HELD_OUT if args.held_out else {})} \
-        if "T" in phases else {}
-    for label, (k, n) in shapes_t.items():
+    for label, (k, n) in (rule_shapes.items() if "T" in phases else ()):
         sh = Shape(k, n, groups=groups)
         held = label in HELD_OUT
         for m in [int(r) for r in args.rows.split(",") if int(r) > 1]:
@@ -266,14 +270,9 @@ def main():
                         timing.graph_ms([lambda t=t: t(x) for t in sh.tiny[g]]), nbytes, "cudagraph", phase="T",
                         held_out=held)
                 auto = w4_kernel.auto_config(p0, m)
-                best_split(sh, label, g, x, {key: v for key, v in auto.items() if key != "SPLIT_K"}, "T")
-                for r in rows:     # every split's row of this case says which one the rule picked
-                    if r.get("phase") == "T" and r["kernel"] == "ours (Triton)" and r.get("shape") == label \
-                            and r.get("M") == m and r.get("group") == g:
-                        r["rule_split"], r["held_out"] = auto["SPLIT_K"], held
-                ref = w4_format.reference_matmul(x.float(), p0).float()
-                err = ((w4_kernel.w4a16_matmul(x, p0, auto, out_dtype=torch.float32) - ref).abs().max()
-                       / ref.abs().max()).item()
+                best_split(sh, label, g, x, {key: v for key, v in auto.items() if key != "SPLIT_K"}, "T",
+                           rule_split=auto["SPLIT_K"], held_out=held)     # each split's row names the rule's
+                err = rel_err(x, p0, auto)
                 add("ours (Triton, auto_config)", f"W4A16 g{g}", label, k, n, m, g, try_ours(sh, label, g, x, auto, "T-auto"),
                     nbytes, "cudagraph", config=auto, phase="T-auto", held_out=held, exact=bool(err <= 1e-3),
                     rel_err=err)
@@ -352,9 +351,7 @@ def main():
                 add("ours (Triton, best split)", f"W4A16 g{g}", label, k, n, m, g,
                     triton.testing.do_bench(lambda cfg=cfg: w4_kernel.w4a16_matmul(x, p0, cfg), return_mode="median"),
                     nbytes, "do_bench", config=cfg, phase="B")
-                ref = w4_format.reference_matmul(x.float(), p0).float()
-                got = w4_kernel.w4a16_matmul(x, p0, cfg, out_dtype=torch.float32)
-                err = ((got - ref).abs().max() / ref.abs().max()).item()
+                err = rel_err(x, p0, cfg)
                 rows[-1]["exact"] = bool(err <= 1e-3)
                 rows[-1]["rel_err"] = err
             if m in (1, 16) and si < 5:

@@ -498,16 +498,21 @@ def gemv_split(tiles: int, steps: int, sms: int, warps: int = 4) -> int:
     return max([d for d in _divisors(steps) if d <= bound] or [1])
 
 
-def tc_split(tiles: int, k_groups: int, groups_per_step: int, sms: int) -> int:
-    """Programs along K for the tensor-core kernel: the smallest power-of-2 divisor ``d`` of its
-    ``steps = k_groups / groups_per_step`` (leaving each program ≥ 2 steps) with
+def tc_split(n: int, k: int, group_size: int, m: int, sms: int, groups: int = TC_GROUPS,
+             block_n: int = TC_DEFAULTS["BLOCK_N"]) -> int:
+    """Programs along ``K`` for the tensor-core kernel on an ``[n, k]`` weight, ``m`` rows, ``sms``
+    multiprocessors, ``groups`` groups of ``group_size`` per step: with ``tiles = ⌈n / block_n⌉ ·
+    ⌈m / block_rows(m)⌉``, ``k_groups = k / group_size`` and ``steps = k_groups / groups``, the smallest
+    power-of-2 divisor ``d`` of ``steps`` (leaving each program ≥ 2 steps) with
 
         tiles ≥ TC_FEW_TILES · sms  or  tiles · d ≥ TC_FILL · sms     (the programs fill the SMs)
         k_groups / d ≤ TC_MAX_GROUPS                                     (no program reads K too long)
 
     — the largest such divisor if none meets both. Fitted on phase B of ``results/h100/kernels.json``
     (how close it comes: the README, "Quantized inference for real"; phase T times it on held-out shapes)."""
-    steps = max(k_groups // max(groups_per_step, 1), 1)
+    tiles = math.ceil(n / block_n) * math.ceil(m / block_rows(m))
+    k_groups = k // group_size
+    steps = max(k_groups // max(groups, 1), 1)
     cands = [d for d in _divisors(steps) if _pow2(d) and (d == 1 or steps // d >= 2)]
     for d in cands:
         if (tiles >= TC_FEW_TILES * sms or tiles * d >= TC_FILL * sms) and k_groups / d <= TC_MAX_GROUPS:
@@ -569,8 +574,7 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     cfg = dict(TC_DEFAULTS, **family, GROUPS=groups)
     if _interpreted():
         cfg["DEQUANT"] = "shift"
-    tiles = math.ceil(n / cfg["BLOCK_N"]) * math.ceil(m / block_rows(m))
-    cfg["SPLIT_K"] = tc_split(tiles, k // p.group_size, groups, sms)
+    cfg["SPLIT_K"] = tc_split(n, k, p.group_size, m, sms, groups, cfg["BLOCK_N"])
     return cfg
 
 

@@ -48,7 +48,6 @@ from helpers.device import use_triton_interpreter_without_gpu
 use_triton_interpreter_without_gpu()   # first: without a GPU, Triton's kernels run in its interpreter
 from helpers import w4_format, w4_kernel
 import json
-import math
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
@@ -553,7 +552,7 @@ if (H100 / "kernels.json").exists():
     mine = kr[(kr.kernel == "ours (Triton)") & kr.phase.isin(["B", "T"])]
     mine = mine.assign(group=mine.group.astype(int))
     picked = mine[mine.apply(lambda r: r.config["SPLIT_K"] == w4_kernel.tc_split(
-        math.ceil(r.N / 64), int(r.K) // int(r.group), w4_kernel.TC_GROUPS, k100["meta"]["sms"]), axis=1)]
+        r.N, r.K, r.group, r.M, sms=k100["meta"]["sms"]), axis=1)]
     bf = kr[kr.kernel == "bf16 cuBLAS"].groupby(["shape", "M"]).ms.min()
     tg = kr[kr.kernel.str.startswith("tinygemm")].groupby(["shape", "M", "group"]).ms.min()
     many = picked.assign(

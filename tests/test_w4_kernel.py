@@ -221,51 +221,52 @@ def test_auto_config_follows_the_measured_rule():
 
 
 def test_tc_split_fills_the_sms_and_bounds_each_programs_k():
-    assert w4_kernel.tc_split(tiles=448, k_groups=32, groups_per_step=2, sms=132) == 1      # tiles enough, K short
-    assert w4_kernel.tc_split(tiles=448, k_groups=128, groups_per_step=2, sms=132) == 4     # 70B gate/up g64: ≤ 40
-    assert w4_kernel.tc_split(tiles=64, k_groups=32, groups_per_step=2, sms=132) == 8       # 8B q/o: 512 programs
-    assert w4_kernel.tc_split(tiles=80, k_groups=108, groups_per_step=2, sms=132) == 2      # 54 steps: 2 divides
-    assert w4_kernel.tc_split(tiles=1, k_groups=32, groups_per_step=2, sms=8) == 8          # ≥ 2 steps a program
-    assert w4_kernel.tc_split(tiles=1, k_groups=9, groups_per_step=1, sms=8) == 1           # SmolLM2: 9 steps
+    split = w4_kernel.tc_split
+    assert split(28672, 4096, 128, m=2, sms=132) == 1       # 448 tiles are enough, 32 groups of K short enough
+    assert split(28672, 8192, 64, m=2, sms=132) == 4        # 70B gate/up g64: 128 groups → ≤ 40 a program
+    assert split(4096, 4096, 128, m=16, sms=132) == 8       # 8B q/o: 64 tiles → 512 programs
+    assert split(5120, 13824, 128, m=8, sms=132) == 2       # 54 steps: 2 is the power of 2 that divides
+    assert split(64, 4096, 128, m=16, sms=8) == 8           # one tile: as far as 2 steps a program
+    assert split(64, 576, 64, m=4, sms=8, groups=1) == 1    # SmolLM2: 9 steps, no power-of-2 split
 
 
-def h100_kernel_cases(phase: str) -> dict:
-    """results/h100/kernels.json's tensor-core rows of one phase: {(shape, K, N, group, M): {split: ms}}."""
+def h100_rows(run: str | None = None) -> list[dict]:
+    """The rows of results/h100/kernels.json (the 2026-12-05 H100 runs), of one ``run`` if given."""
     import json
-    from collections import defaultdict
     from pathlib import Path
     rows = json.loads((Path(__file__).resolve().parents[1] / "results/h100/kernels.json").read_text())["rows"]
-    cases = defaultdict(dict)
-    for r in rows:
-        if r.get("phase") == phase and r["kernel"] == "ours (Triton)" and "ms" in r:
-            cases[(r["shape"], r["K"], r["N"], r["group"], r["M"])][r["config"]["SPLIT_K"]] = r["ms"]
-    return cases
+    return [r for r in rows if run is None or r["run"] == run]
+
+
+def rule_split(r: dict) -> int:
+    """tc_split's pick for a kernels.json row, on the H100's 132 multiprocessors."""
+    return w4_kernel.tc_split(r["N"], r["K"], r["group"], r["M"], sms=132)
 
 
 def test_tc_split_is_near_the_best_measured_split_fitted_and_held_out():
     """The rule's split against every power-of-2 split timed on the H100 (2026-12-05): the 74 cases of
     phase B it was fitted on, and the 36 held-out ones of phase T (6 other models' weights)."""
+    from collections import defaultdict
     for phase, slack, count in (("B", 1.08, 74), ("T", 1.15, 36)):
-        cases = h100_kernel_cases(phase)
+        cases, picks = defaultdict(dict), {}
+        for r in h100_rows():
+            if r.get("phase") == phase and r["kernel"] == "ours (Triton)" and "ms" in r:
+                case = (r["shape"], r["group"], r["M"])
+                cases[case][r["config"]["SPLIT_K"]], picks[case] = r["ms"], rule_split(r)
         assert len(cases) == count
-        for (shape, k, n, g, m), ms in cases.items():
-            split = w4_kernel.tc_split(math.ceil(n / 64), k // g, w4_kernel.TC_GROUPS, 132)
-            assert ms[split] <= slack * min(ms.values()), (phase, shape, g, m, split, ms)
+        for case, ms in cases.items():
+            assert ms[picks[case]] <= slack * min(ms.values()), (phase, case, picks[case], ms)
 
 
 def test_the_tc_rule_is_faster_than_bf16_on_the_held_out_weights():
     """Phase T's auto_config rows (the rule as af3d8b3 had it, which is tc_split's pick today) against cuBLAS
     bf16 on the same weight and rows, both under graph replay: not slower on any of the 36 cases."""
-    import json
-    from pathlib import Path
-    rows = json.loads((Path(__file__).resolve().parents[1] / "results/h100/kernels.json").read_text())["rows"]
-    t = [r for r in rows if r.get("run") == "2026-12-05 T"]
+    t = h100_rows("2026-12-05 T")
     bf16 = {(r["shape"], r["M"]): r["ms"] for r in t if r["kernel"] == "bf16 cuBLAS"}
     auto = [r for r in t if r.get("phase") == "T-auto"]
     assert len(auto) == 36 and all(r["exact"] for r in auto)
     for r in auto:
-        assert r["config"]["SPLIT_K"] == w4_kernel.tc_split(math.ceil(r["N"] / 64), r["K"] // r["group"],
-                                                            w4_kernel.TC_GROUPS, 132)
+        assert r["config"]["SPLIT_K"] == rule_split(r)
         assert r["ms"] <= bf16[(r["shape"], r["M"])], r["shape"]
 
 
@@ -413,3 +414,15 @@ def test_gemv_config_reproduces_every_config_the_h200_run_chose():
         if r.get("run", "") <= "2026-12-04b" and "SPLIT_K" not in fixed:   # split then by that run's rule
             got["SPLIT_K"] = programs_rule_split(math.ceil(n / got["BLOCK_N"]), k // (g * got["GROUPS"]), 132)
         assert got == want, (r["kernel"], r["shape"], g)
+
+
+def test_the_kernel_benchmarks_exactness_check():
+    """benchmarks.kernels.rel_err, the check behind every row's ``exact``: our kernel against the readable
+    reference is within 1e-3; against a wrong reference it is not."""
+    from benchmarks.kernels import rel_err
+    p = w4_format.pack_w4(weight(32, 256).to(DEV), 64)
+    x = torch.randn(2, 256, device=DEV, dtype=torch.bfloat16)
+    cfg = dict(KERNEL="tc", BLOCK_N=16, GROUPS=1, SPLIT_K=2, SWAP=False, REDUCE="atomic")
+    ref = w4_format.reference_matmul(x.float(), p).float()
+    assert rel_err(x, p, cfg) <= 1e-3 and rel_err(x, p, cfg, ref) == rel_err(x, p, cfg)
+    assert rel_err(x, p, cfg, ref=-ref) > 1
