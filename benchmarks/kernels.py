@@ -22,7 +22,9 @@ and the MMA orientation, A2 the block width, groups per step, split-K reduction 
 shapes; B times the chosen family on every shape, group and M with every split of K, and the
 shape-only rule :func:`helpers.w4_kernel.auto_config` beside it. Phases S and T time the shape rules'
 split of K (:func:`helpers.w4_kernel.gemv_split`, :func:`helpers.w4_kernel.tc_split`) against every
-split, on ``--shapes`` and, with ``--held-out``, on :data:`HELD_OUT`. Every timed shape, group and M is
+split, on ``--shapes`` and, with ``--held-out``, on :data:`HELD_OUT`. Phase R (:func:`reading_bar`) times
+the bar at each weight's size — a copy of its bytes, a kernel that only loads its words — and our kernel
+with programmatic dependent launch. Every timed shape, group and M is
 checked against :func:`helpers.w4_format.reference_matmul` (``exact``).
 """
 from __future__ import annotations
@@ -36,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import decode_bench, timing, w4_format, w4_kernel
+from helpers import decode_bench, stream_read, timing, w4_format, w4_kernel
 from helpers.config import write_json
 
 SHAPES = {  # label: (K, N) — in_features, out_features
@@ -128,6 +130,67 @@ def ours_ms(sh: Shape, g: int, x: torch.Tensor, cfg: dict) -> dict:
     return {"cudagraph": timing.graph_ms(fns), "do_bench": None}
 
 
+READ_GRIDS = tuple((bn, wps, nw) for bn in (32, 64, 128) for wps in (32, 64, 128) for nw in (2, 4)
+                   if bn * wps // (32 * nw) in (8, 16, 32, 64))   # (rows, words per step, warps): 8-64 words a thread
+
+
+def read_ms(words: list, block_n: int, wps: int, split: int, num_warps: int) -> float:
+    """Graph-replay ms per call of :func:`helpers.stream_read.read_words` over the weight copies' ``words``."""
+    out = torch.empty(-(-words[0].shape[0] // block_n) * split, dtype=torch.int32, device="cuda")
+    return timing.graph_ms([lambda w=w: stream_read.read_words(w, block_n, wps, split, out, num_warps) for w in words])
+
+
+def reading_bar(sh: Shape, label: str, groups, rows_m, sms: int, add, try_ours) -> None:
+    """Phase R on one shape: what reading its bytes costs at this size, beside our kernel's time.
+
+    * ``device copy of the same bytes``: ``dst.copy_(src)`` of the packed weight's byte count, GBps counting
+      each byte read and written (as ``copy_GBps`` does);
+    * ``loads only, auto_config's grid``: :func:`helpers.stream_read.read_words` on the packed words with the
+      GEMV's rows per program, words per step, split and warps — its grid without its arithmetic;
+    * ``loads only, best grid``: the fastest of :data:`READ_GRIDS` × splits (2-64 programs per SM);
+    * ``ours (auto_config)`` and ``ours (auto_config + PDL)`` at every ``rows_m``: a chain of calls, each
+      launched while the one before finishes (``PDL``; helpers/w4_kernel.py ``_pdl_prologue``)."""
+    k, n = sh.k, sh.n
+    words = [p.words for p in sh.packed[groups[-1]]]
+    wbytes = words[0].numel() * 4
+    for g in groups:
+        nbytes = sh.packed[g][0].nbytes
+        pairs = [torch.empty(2, nbytes, dtype=torch.uint8, device="cuda")
+                 for _ in range(timing.copies_past_l2(2 * nbytes))]   # (source, destination), none left in L2
+        ms = timing.graph_ms([lambda b=b: b[1].copy_(b[0]) for b in pairs])
+        add("device copy of the same bytes", f"W4A16 g{g}", label, k, n, 1, g, ms, 2 * nbytes, "cudagraph", phase="R")
+        del pairs
+        p0 = sh.packed[g][0]
+        auto = w4_kernel.auto_config(p0, 1)
+        wps = g // 8 * auto["GROUPS"]
+        add("loads only, auto_config's grid", "int32 words", label, k, n, 1, g,
+            read_ms(words, auto["BLOCK_N"], wps, auto["SPLIT_K"], auto["num_warps"]), wbytes, "cudagraph", phase="R",
+            grid={"BLOCK_N": auto["BLOCK_N"], "WPS": wps, "SPLIT_K": auto["SPLIT_K"], "num_warps": auto["num_warps"]})
+        for m in rows_m:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            auto = w4_kernel.auto_config(p0, m)
+            for cfg, what in ((auto, "ours (auto_config)"), ({**auto, "PDL": True}, "ours (auto_config + PDL)")):
+                ms = try_ours(sh, label, g, x, cfg, "R")     # a config that fails is recorded there, not fatal
+                if ms is not None:
+                    add(what, f"W4A16 g{g}", label, k, n, m, g, ms, nbytes, "cudagraph", config=cfg, phase="R",
+                        exact=bool(rel_err(x, p0, cfg) <= 1e-3))
+    best = None
+    for bn, wps, nw in READ_GRIDS:
+        if words[0].shape[1] % wps:
+            continue
+        steps = words[0].shape[1] // wps
+        tiles = -(-n // bn)
+        for split in w4_kernel._divisors(steps):
+            if not 2 * sms <= tiles * split <= 64 * sms and not (split == 1 and tiles > 64 * sms):
+                continue
+            ms = read_ms(words, bn, wps, split, nw)
+            if best is None or ms < best[0]:
+                best = (ms, {"BLOCK_N": bn, "WPS": wps, "SPLIT_K": split, "num_warps": nw})
+    if best:
+        add("loads only, best grid", "int32 words", label, k, n, 1, None, best[0], wbytes, "cudagraph", phase="R",
+            grid=best[1])
+
+
 def main():
     import triton
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kernels")
@@ -140,7 +203,8 @@ def main():
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop phase B (rows kept) after this many seconds")
     ap.add_argument("--phases", default="G,A,B", help="G: the one-row GEMV; A, B: the tensor-core kernel; S: the "
                                                      "GEMV's split rule against every split; T: the tensor-core "
-                                                     "kernel's (both with --held-out too)")
+                                                     "kernel's (both with --held-out too); R: the bar at each "
+                                                     "size (copy, loads only) and PDL")
     ap.add_argument("--held-out", action="store_true", help="phases S and T also on HELD_OUT's shapes")
     args = ap.parse_args()
     phases = set(args.phases.split(","))
@@ -228,6 +292,14 @@ def main():
                     if r.get("phase", "").startswith("G") and r.get("shape") == label and r.get("group") == g \
                             and r.get("config") == cfg:
                         r["exact"], r["rel_err"] = bool(err <= 1e-3), err
+        sh.free()
+        save()
+    # ---------------- phase R: the bar at each size — a copy of the weight's bytes, a kernel that only loads its
+    # words (at auto_config's grid and at the best of READ_GRIDS), and our kernel with programmatic dependent launch
+    for label in (args.shapes.split(",") if "R" in phases else []):
+        k, n = SHAPES[label]
+        sh = Shape(k, n, groups=groups, tiny=False)
+        reading_bar(sh, label, groups, [int(r) for r in args.rows.split(",")], meta["sms"], add, try_ours)
         sh.free()
         save()
     # ---------------- phase S: auto_config's one-row config at every split of K (g128, 2-warp rule; g64, 4-warp)

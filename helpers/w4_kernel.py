@@ -171,6 +171,14 @@ def _add(a, b):
 
 
 @_device
+def _prefetch_l2(ptrs):
+    """Asks the L2 cache for the 128-byte line of each address (``prefetch.global.L2``; nothing is
+    waited for): a later ``tl.load`` of those bytes then finds them there."""
+    return tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@_device
 def _word_halves_f16(w, x0, x1, x2, x3, x4, x5, x6, x7):
     """:func:`_word_pairs_half2`'s two sums as two fp16 tensors, in plain Triton (the interpreter runs
     no inline PTX): codes shifted down and centred, each product and sum rounded to fp16."""
@@ -215,10 +223,25 @@ def _group_dot_acc16(w, x0, x1, x2, x3, x4, x5, x6, x7, BLOCK_N: tl.constexpr, G
     return lo.to(tl.float32) + hi.to(tl.float32)
 
 
+@_device
+def _pdl_prologue(row_ptrs, row_bytes, ELEM: tl.constexpr):
+    """The start of a kernel launched with programmatic dependent launch (``launch_pdl``, sm_90+;
+    CUTLASS's example 63 does the same for a GEMM's weights): the weight does not depend on the
+    previous kernel, so its first bytes — ``row_bytes`` from each of ``row_ptrs`` (elements of
+    ``ELEM`` bytes) — are asked of L2 (:func:`_prefetch_l2`, one 128-byte line at a time) while that
+    kernel is still finishing; then the next kernel may launch (``griddepcontrol.launch_dependents``),
+    and this one waits for the previous kernel's writes (``griddepcontrol.wait``) before it reads
+    anything they produce."""
+    for line in range(0, row_bytes, 128):
+        _prefetch_l2(row_ptrs + line // ELEM)
+    tl.extra.cuda.gdc_launch_dependents()
+    tl.extra.cuda.gdc_wait()
+
+
 def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K, SPLIT_K, stride_wn, stride_sn,
                        GROUP: tl.constexpr, GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, SERIAL: tl.constexpr,
                        MAGIC: tl.constexpr, HALF2: tl.constexpr, ACC16: tl.constexpr, ACC_LIMIT: tl.constexpr,
-                       STAGES: tl.constexpr):
+                       STAGES: tl.constexpr, PDL: tl.constexpr):
     """One row of x (decode at batch 1) on CUDA cores, ``GROUPS`` groups per step: every thread sums its
     rows' codes in registers (no reduction across threads per word), then ``acc += s·(Σ x·q − z·Σ x)``
     per group. ``STAGES`` > 1: the next steps' words are already on their way (asynchronous copies)
@@ -229,7 +252,9 @@ def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K
     ``ACC16`` (with ``HALF2``): each group's sums stay in fp16 pairs until the group is done
     (:func:`_group_dot_acc16`), and every step's ``x`` is scaled by the power of two that puts its largest
     magnitude in ``(ACC_LIMIT/2, ACC_LIMIT]`` (:func:`acc16_x_limit`: no group sum can overflow, and
-    small activations keep fp16's precision)."""
+    small activations keep fp16's precision). ``PDL`` (programmatic dependent launch, sm_90+): the
+    program asks L2 for its span of the weight, lets the next kernel launch, and only then waits for
+    the previous kernel's output (:func:`_pdl_prologue`)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     WPG: tl.constexpr = GROUP // 8                    # int32 words per row and group
@@ -243,6 +268,8 @@ def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K
     span = steps // SPLIT_K
     w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :]
     w_mask = mask_n[:, None] & (offs_w[None, :] < WPS)
+    if PDL:   # the weight words of this program's span (4 bytes each) asked of L2 before x can be read
+        _pdl_prologue(w_ptr + tl.where(mask_n, offs_n, 0) * stride_wn + pid_k * span * WPS, span * WPS * 4, 4)
     for step in tl.range(pid_k * span, (pid_k + 1) * span, num_stages=STAGES):
         w = tl.load(w_ptrs + step * WPS, mask=w_mask, other=0, eviction_policy="evict_first")   # [BN, WPS]
         x0, x1, x2, x3, x4, x5, x6, x7 = _load_x(x_ptr, step, offs_w, WPS)
@@ -289,10 +316,11 @@ def _w4a16_tc_kernel(x_ptr, b_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, M, N, 
                      stride_xm, stride_bn, stride_sn, stride_ym,
                      GROUP: tl.constexpr, GROUPS: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, DEQUANT: tl.constexpr, SWAP: tl.constexpr,
-                     REDUCE: tl.constexpr, CODE_DT: tl.constexpr, OFFSET: tl.constexpr):
+                     REDUCE: tl.constexpr, CODE_DT: tl.constexpr, OFFSET: tl.constexpr, PDL: tl.constexpr):
     """Up to 64 rows on tensor cores. Per group: the bytes [BN, g/2] become the even and the odd codes
     (two 16-bit tiles), multiplied by x's even and odd columns; then acc += s·(x·q − z·Σx). OFFSET
-    names the magic number of the lop3 variant (1024: fp16 codes, 128: bf16 codes)."""
+    names the magic number of the lop3 variant (1024: fp16 codes, 128: bf16 codes). ``PDL``: as the
+    GEMV's (:func:`_pdl_prologue`)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -312,6 +340,9 @@ def _w4a16_tc_kernel(x_ptr, b_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, M, N, 
     # asynchronously (scripts/kernel_sass.py --kernel tc: 8 bytes per weight copy, 16 per activation copy)
     STEP: tl.constexpr = GROUP * GROUPS
     span = K // STEP // SPLIT_K
+    if PDL:   # this program's bytes of the weight asked of L2 before x can be read
+        _pdl_prologue(b_ptr + tl.where(mask_n, offs_n, 0) * stride_bn + pid_k * span * (STEP // 2),
+                      span * (STEP // 2), 1)
     for step in range(pid_k * span, (pid_k + 1) * span):
         for j in tl.static_range(GROUPS):
             kg = step * STEP + j * GROUP                                             # first column of the group
@@ -399,8 +430,8 @@ def _kernel(name: str):
 
 
 GEMV_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "MAGIC", "HALF2", "ACC16", "num_warps", "num_stages",
-             "maxnreg"}
-TC_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "DEQUANT", "SWAP", "REDUCE", "num_warps", "num_stages"}
+             "maxnreg", "PDL"}
+TC_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "DEQUANT", "SWAP", "REDUCE", "num_warps", "num_stages", "PDL"}
 DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, GROUPS=1, SPLIT_K=1, MAGIC=True, HALF2=False, ACC16=False,
                       num_warps=4, num_stages=1)
 # the GEMV's shapes worth timing, (rows per program, warps, sums): the registers per thread set how many
@@ -458,6 +489,8 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
         cfg["num_stages"] = v.positive_int(cfg["num_stages"], "config num_stages")
     if cfg.get("maxnreg") is not None:   # a register cap per thread (ptxas spills what does not fit)
         cfg["maxnreg"] = v.positive_int(cfg["maxnreg"], "config maxnreg", "registers per thread")
+    if "PDL" in cfg:   # optional: programmatic dependent launch (sm_90+; a no-op in the interpreter)
+        cfg["PDL"] = v.flag(cfg["PDL"], "config PDL")
     if "num_warps" in cfg and not _pow2(cfg["num_warps"]):
         raise ValueError(f"config num_warps must be a power of 2, got {cfg['num_warps']!r}")
     if kind == "gemv":
@@ -558,17 +591,18 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     :data:`HALF2_GEMV` (fp16-pair sums kept in fp16 for each group, 64 rows per program on 2 warps, 4
     groups per step), else 128
     rows per program with 256 codes of each row per step and fp32 sums (``family`` may set ``HALF2``
-    either way, and ``ACC16`` with it), ``K`` split by :func:`gemv_split`; more rows run the tensor-core kernel with :data:`TC_GROUPS` groups per step
+    either way, and ``ACC16`` with it; ``PDL`` passes through to either kernel), ``K`` split by :func:`gemv_split`; more rows run the tensor-core kernel with :data:`TC_GROUPS` groups per step
     (fewer where they do not divide ``K``), ``K`` split by :func:`tc_split`. ``family`` overrides
     :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is lowered until it divides ``K``)."""
     n, k = p.shape
     sms = _sms(p)
     if m == 1 and _pow2(p.group_size) and (family is None or family.get("KERNEL", "gemv") == "gemv"):
         family = family or {}
+        pdl = {"PDL": family["PDL"]} if "PDL" in family else {}
         if family.get("HALF2", p.group_size >= 128) or family.get("ACC16"):
             return gemv_config(p, sms=sms, **{**HALF2_GEMV, "GROUPS": _fitting_groups(p, HALF2_GEMV["GROUPS"]),
-                                              "ACC16": bool(family.get("ACC16", HALF2_GEMV["ACC16"]))})
-        return gemv_config(p, sms=sms, HALF2=False)
+                                              "ACC16": bool(family.get("ACC16", HALF2_GEMV["ACC16"])), **pdl})
+        return gemv_config(p, sms=sms, HALF2=False, **pdl)
     family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL", "HALF2", "ACC16")}
     groups = _fitting_groups(p, family.pop("GROUPS", TC_GROUPS))
     cfg = dict(TC_DEFAULTS, **family, GROUPS=groups)
@@ -624,6 +658,13 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
     x = x.contiguous()
     extra = {key: cfg[key] for key in ("num_warps", "num_stages", "maxnreg")
              if cfg.get(key) is not None and x.device.type == "cuda"}
+    pdl = bool(cfg.get("PDL")) and x.device.type == "cuda"
+    if pdl:
+        if torch.cuda.get_device_capability(x.device) < (9, 0):
+            raise ValueError(f"config PDL (programmatic dependent launch) needs compute capability ≥ 9.0; "
+                             f"{torch.cuda.get_device_name(x.device)} has {torch.cuda.get_device_capability(x.device)}:"
+                             " leave PDL out")
+        extra["launch_pdl"] = True
     if cfg["KERNEL"] == "gemv":
         split = cfg["SPLIT_K"]
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)
@@ -634,7 +675,7 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
                               p.scale.stride(0), GROUP=p.group_size, GROUPS=cfg["GROUPS"], BLOCK_N=cfg["BLOCK_N"],
                               SERIAL=split > 1,
                               MAGIC=cfg["MAGIC"] and not _interpreted(), HALF2=cfg["HALF2"], ACC16=cfg["ACC16"],
-                              ACC_LIMIT=acc16_x_limit(p.group_size), STAGES=cfg["num_stages"], **extra)
+                              ACC_LIMIT=acc16_x_limit(p.group_size), STAGES=cfg["num_stages"], PDL=pdl, **extra)
         return y
     bm, split = block_rows(m), cfg["SPLIT_K"]
     reduce = "none" if split == 1 else cfg["REDUCE"]
@@ -654,7 +695,7 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
                         GROUP=p.group_size, GROUPS=cfg["GROUPS"], BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"],
                         DEQUANT=dequant, SWAP=bool(cfg["SWAP"]), REDUCE=reduce,
                         CODE_DT=code_dt,
-                        OFFSET=(128.0 if bf16 else 1024.0) if dequant == "lop3" else 0.0, **extra)
+                        OFFSET=(128.0 if bf16 else 1024.0) if dequant == "lop3" else 0.0, PDL=pdl, **extra)
     return y if reduce != "atomic" else y.to(out_dtype)
 
 

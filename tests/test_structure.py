@@ -12,7 +12,7 @@ LAYERS = {
         "solutions", "host_alloc", "units"},
     1: {"models", "data", "allocator_ops", "allocator_sim", "allocator_replay", "gpu_share"},
     2: {"quant", "measure", "budget", "budget_inputs", "budget_shape", "budget_layout", "budget_kv", "budget_activations",
-        "budget_replay", "calib", "leaks"},
+        "budget_replay", "calib", "leaks", "stream_read"},
     3: {"gptq", "gptq_kernel", "awq", "kvcache", "evaluate", "llm_compressor", "course_model", "w4_format", "w4_kernel", "decode_attention", "engine_plan",
         "loading", "parallel"},
     4: {"generation", "variants", "gguf_run", "decode_bench", "w4_linear", "tp_run"},

@@ -185,6 +185,47 @@ def test_tensor_core_kernel_matches_reference_every_group_and_row_count(group, m
             assert (y - ref).abs().max() <= (2e-3 if half2 else 1e-5) * ref.abs().max(), (dtype, cfg)
 
 
+@pytest.mark.parametrize("cfg", [dict(KERNEL="gemv", BLOCK_N=16, SPLIT_K=2, GROUPS=2, PDL=True),
+                                 dict(KERNEL="gemv", BLOCK_N=64, SPLIT_K=4, HALF2=True, ACC16=True, num_warps=2, PDL=True),
+                                 dict(KERNEL="tc", BLOCK_N=16, GROUPS=2, SPLIT_K=2, PDL=True)])
+def test_programmatic_dependent_launch_changes_no_output(cfg):
+    """PDL (the weight asked of L2 before waiting for the previous kernel) computes the same product,
+    one call after another on one stream — and, on a GPU, replayed from a CUDA graph, where the next
+    call launches while this one finishes."""
+    if DEV == "cuda" and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs compute capability ≥ 9.0")
+    ps = [w4_format.pack_w4(weight(40, 512, seed=s).to(DEV), 128) for s in (1, 2)]
+    m = 1 if cfg["KERNEL"] == "gemv" else 3
+    x = torch.randn(m, 512, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16).to(DEV)
+    refs = [w4_format.reference_matmul(x.float(), p) for p in ps]
+    tol = 2e-3 if cfg.get("HALF2") else 1e-5
+    for p, ref in zip(ps, refs):
+        got = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
+        assert (got - ref).abs().max() <= tol * ref.abs().max()
+        assert torch.equal(got, w4_kernel.w4a16_matmul(x, p, {**cfg, "PDL": False}, out_dtype=torch.float32))
+    if DEV == "cuda":   # two calls captured back to back, the second reading the first's output too
+        outs = []
+        w4_kernel.w4a16_matmul(x, ps[0], cfg)            # compiled before capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y0 = w4_kernel.w4a16_matmul(x, ps[0], cfg, out_dtype=torch.float32)
+            outs = [y0, w4_kernel.w4a16_matmul(x, ps[1], cfg, out_dtype=torch.float32) + y0]
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert (outs[0] - refs[0]).abs().max() <= tol * refs[0].abs().max()
+        assert (outs[1] - (refs[0] + refs[1])).abs().max() <= 2 * tol * (refs[0] + refs[1]).abs().max()
+
+
+def test_pdl_is_a_flag_passed_through_auto_config():
+    p = w4_format.pack_w4(weight(64, 1024), 128)
+    assert w4_kernel.auto_config(p, 1, {"PDL": True})["PDL"] is True
+    assert w4_kernel.auto_config(p, 8, {"PDL": True})["PDL"] is True
+    assert "PDL" not in w4_kernel.auto_config(p, 1) and "PDL" not in w4_kernel.auto_config(p, 8)
+    with pytest.raises(TypeError, match="config PDL must be True or False"):
+        w4_kernel.w4a16_matmul(torch.randn(1, 1024), p, dict(KERNEL="gemv", PDL="yes"))
+
+
 def test_serial_reduction_leaves_its_counters_at_zero():
     p = w4_format.pack_w4(weight(32, 512).to(DEV), 64)
     locks = torch.zeros(16, dtype=torch.int32, device=DEV)
