@@ -30,6 +30,7 @@ checked against :func:`helpers.w4_format.reference_matmul` (``exact``).
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import statistics
 import sys
@@ -134,6 +135,9 @@ READ_GRIDS = tuple((bn, wps, nw) for bn in (32, 64, 128) for wps in (32, 64, 128
                    if bn * wps // (32 * nw) in (8, 16, 32, 64))   # (rows, words per step, warps): 8-64 words a thread
 
 
+R_GEMV_TILES = ((32, 4), (32, 2), (16, 2), (64, 4))   # (rows per program, warps) of phase R's GEMV sweep
+
+
 def read_ms(words: list, block_n: int, wps: int, split: int, num_warps: int) -> float:
     """Graph-replay ms per call of :func:`helpers.stream_read.read_words` over the weight copies' ``words``."""
     out = torch.empty(-(-words[0].shape[0] // block_n) * split, dtype=torch.int32, device="cuda")
@@ -149,7 +153,10 @@ def reading_bar(sh: Shape, label: str, groups, rows_m, sms: int, add, try_ours) 
       GEMV's rows per program, words per step, split and warps — its grid without its arithmetic;
     * ``loads only, best grid``: the fastest of :data:`READ_GRIDS` × splits (2-64 programs per SM);
     * ``ours (auto_config)`` and ``ours (auto_config + PDL)`` at every ``rows_m``: a chain of calls, each
-      launched while the one before finishes (``PDL``; helpers/w4_kernel.py ``_pdl_prologue``)."""
+      launched while the one before finishes (``PDL``; helpers/w4_kernel.py ``_pdl_prologue``);
+    * ``ours (GEMV, phase R sweep)``: the one-row GEMV on the loads-only kernel's kind of grid — fewer rows
+      per program (:data:`R_GEMV_TILES`), 64 or 128 words of each row per step, fp32 or fp16-pair sums —
+      at :func:`helpers.w4_kernel.gemv_split`'s split and its two neighbouring divisors."""
     k, n = sh.k, sh.n
     words = [p.words for p in sh.packed[groups[-1]]]
     wbytes = words[0].numel() * 4
@@ -174,6 +181,22 @@ def reading_bar(sh: Shape, label: str, groups, rows_m, sms: int, add, try_ours) 
                 if ms is not None:
                     add(what, f"W4A16 g{g}", label, k, n, m, g, ms, nbytes, "cudagraph", config=cfg, phase="R",
                         exact=bool(rel_err(x, p0, cfg) <= 1e-3))
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        ref = w4_format.reference_matmul(x.float(), p0).float()
+        for (bn, nw), wps, sums in itertools.product(R_GEMV_TILES, (64, 128), ("fp32", "acc16")):
+            gs = wps // (g // 8)
+            if k % (g * gs):
+                continue
+            steps = k // (g * gs)
+            divs = w4_kernel._divisors(steps)
+            i = divs.index(w4_kernel.gemv_split(math.ceil(n / bn), steps, sms, nw))
+            for split in divs[max(0, i - 1):i + 2]:
+                cfg = w4_kernel._check_config(dict(KERNEL="gemv", BLOCK_N=bn, GROUPS=gs, SPLIT_K=split, MAGIC=True,
+                                                   **w4_kernel.SUMS[sums], num_warps=nw, num_stages=1), p0, 1)
+                ms = try_ours(sh, label, g, x, cfg, "R")
+                if ms is not None:
+                    add("ours (GEMV, phase R sweep)", f"W4A16 g{g}", label, k, n, 1, g, ms, nbytes, "cudagraph",
+                        config=cfg, phase="R", exact=bool(rel_err(x, p0, cfg, ref) <= 1e-3))
     best = None
     for bn, wps, nw in READ_GRIDS:
         if words[0].shape[1] % wps:
@@ -195,8 +218,9 @@ def main():
     import triton
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kernels")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--shapes", default=",".join(SHAPES), help="SHAPES' labels, comma-separated ('--shapes=': "
-                                                                 "none, e.g. phase S or T on HELD_OUT alone)")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="SHAPES' labels, comma-separated, '_' for a space "
+                                                                 "('--shapes=': none, e.g. phase S or T on HELD_OUT "
+                                                                 "alone)")
     ap.add_argument("--rows", default="1,2,8,16")
     ap.add_argument("--crossover-rows", default="4,32,64", help="extra M on the first phase-A shape")
     ap.add_argument("--groups", default="64,128")
@@ -207,6 +231,11 @@ def main():
                                                      "size (copy, loads only) and PDL")
     ap.add_argument("--held-out", action="store_true", help="phases S and T also on HELD_OUT's shapes")
     args = ap.parse_args()
+    # labels hold spaces; "_" stands for one (a shell variable passes the list as one word)
+    args.shapes = ",".join(lab.replace("_", " ") for lab in args.shapes.split(",") if lab)
+    unknown = [lab for lab in args.shapes.split(",") if lab and lab not in SHAPES]
+    if unknown:
+        ap.error(f"--shapes: unknown {unknown}; SHAPES has {list(SHAPES)}")
     phases = set(args.phases.split(","))
     if not torch.cuda.is_available():
         sys.exit("kernels.py times CUDA kernels; there is no CUDA device here")

@@ -224,15 +224,16 @@ def _group_dot_acc16(w, x0, x1, x2, x3, x4, x5, x6, x7, BLOCK_N: tl.constexpr, G
 
 
 @_device
-def _pdl_prologue(row_ptrs, row_bytes, ELEM: tl.constexpr):
+def _pdl_prologue(row_ptrs, ROW_BYTES: tl.constexpr, ELEM: tl.constexpr):
     """The start of a kernel launched with programmatic dependent launch (``launch_pdl``, sm_90+;
     CUTLASS's example 63 does the same for a GEMM's weights): the weight does not depend on the
-    previous kernel, so its first bytes — ``row_bytes`` from each of ``row_ptrs`` (elements of
-    ``ELEM`` bytes) — are asked of L2 (:func:`_prefetch_l2`, one 128-byte line at a time) while that
-    kernel is still finishing; then the next kernel may launch (``griddepcontrol.launch_dependents``),
-    and this one waits for the previous kernel's writes (``griddepcontrol.wait``) before it reads
-    anything they produce."""
-    for line in range(0, row_bytes, 128):
+    previous kernel, so its first bytes — ``ROW_BYTES`` from each of ``row_ptrs`` (elements of
+    ``ELEM`` bytes), one step's — are asked of L2 (:func:`_prefetch_l2`, one 128-byte line at a time)
+    while that kernel is still finishing; then the next kernel may launch
+    (``griddepcontrol.launch_dependents``), and this one waits for the previous kernel's writes
+    (``griddepcontrol.wait``) before it reads anything they produce. (Asking for a program's whole
+    span instead was slower on large weights: results/h100/kernels.json, phase R of 773d89d.)"""
+    for line in tl.static_range(0, ROW_BYTES, 128):
         _prefetch_l2(row_ptrs + line // ELEM)
     tl.extra.cuda.gdc_launch_dependents()
     tl.extra.cuda.gdc_wait()
@@ -268,8 +269,8 @@ def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K
     span = steps // SPLIT_K
     w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :]
     w_mask = mask_n[:, None] & (offs_w[None, :] < WPS)
-    if PDL:   # the weight words of this program's span (4 bytes each) asked of L2 before x can be read
-        _pdl_prologue(w_ptr + tl.where(mask_n, offs_n, 0) * stride_wn + pid_k * span * WPS, span * WPS * 4, 4)
+    if PDL:   # the weight words of this program's first step (4 bytes each) asked of L2 before x can be read
+        _pdl_prologue(w_ptr + tl.where(mask_n, offs_n, 0) * stride_wn + pid_k * span * WPS, WPS * 4, 4)
     for step in tl.range(pid_k * span, (pid_k + 1) * span, num_stages=STAGES):
         w = tl.load(w_ptrs + step * WPS, mask=w_mask, other=0, eviction_policy="evict_first")   # [BN, WPS]
         x0, x1, x2, x3, x4, x5, x6, x7 = _load_x(x_ptr, step, offs_w, WPS)
@@ -340,9 +341,8 @@ def _w4a16_tc_kernel(x_ptr, b_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, M, N, 
     # asynchronously (scripts/kernel_sass.py --kernel tc: 8 bytes per weight copy, 16 per activation copy)
     STEP: tl.constexpr = GROUP * GROUPS
     span = K // STEP // SPLIT_K
-    if PDL:   # this program's bytes of the weight asked of L2 before x can be read
-        _pdl_prologue(b_ptr + tl.where(mask_n, offs_n, 0) * stride_bn + pid_k * span * (STEP // 2),
-                      span * (STEP // 2), 1)
+    if PDL:   # the bytes of this program's first step asked of L2 before x can be read
+        _pdl_prologue(b_ptr + tl.where(mask_n, offs_n, 0) * stride_bn + pid_k * span * (STEP // 2), STEP // 2, 1)
     for step in range(pid_k * span, (pid_k + 1) * span):
         for j in tl.static_range(GROUPS):
             kg = step * STEP + j * GROUP                                             # first column of the group

@@ -20,10 +20,19 @@ T0=$(date +%s)
 left() { local t=$(( ${1:-585} - ($(date +%s) - T0) )); echo $(( t > ${2:-0} ? t : ${2:-0} )); }
 gpu() { bash scripts/gpu.sh "$@"; }
 case "${1:-}" in
-  1) TESTS="tests/test_w4_kernel.py tests/test_stream_read.py tests/test_decode_attention.py \
-tests/test_decode_bench.py tests/test_kernel_once.py" PART_TIMEOUT=220 gpu pytest
-     KERNEL_ARGS="--phases R --rows 1,16" PART_TIMEOUT=$(left 585 60) gpu kernels
-     mv "$OUT/kernels.json" "$OUT/kernels_R.json" ;;
+  1) TESTS="tests/test_stream_read.py tests/test_w4_kernel.py::test_programmatic_dependent_launch_changes_no_output \
+tests/test_w4_kernel.py::test_pdl_is_a_flag_passed_through_auto_config" PART_TIMEOUT=150 gpu pytest
+     KERNEL_ARGS="--phases R --rows 1,16 --shapes=8B_q/o_4096x4096,8B_gate/up_4096x14336,8B_down_14336x4096,\
+14B-class_5120x13824,14B-class_13824x5120,7B-class_3584x18944,70B_gate/up_8192x28672,8B_q|k|v_4096x6144" \
+       PART_TIMEOUT=$(left 330 60) gpu kernels
+     mv "$OUT/kernels.json" "$OUT/kernels_R.json"
+     if [ -d .whl ]; then export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH; else export PYTHONPATH=$PWD; fi
+     for fam in '{"PDL":false}' '{"PDL":true}'; do
+       tag=$(echo "$fam" | tr -dc 'a-z'); tag=${tag#pdl}
+       DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 --recipes fused+head+attn \
+--family $fam" PART_TIMEOUT=$(left 585 30) gpu decode
+       mv "$OUT/decode.json" "$OUT/decode_pdl_$tag.json"; mv "$OUT/decode.log" "$OUT/decode_pdl_$tag.log"
+     done ;;
   2) if [ -d .whl ]; then export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH; else export PYTHONPATH=$PWD; fi
      DECODE_FORMATS="bf16,W4A16 ours" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 \
 --recipes fused+attn,fused+head+attn --profile compiled" PART_TIMEOUT=$(left 430 60) gpu decode
