@@ -24,7 +24,8 @@ shape-only rule :func:`helpers.w4_kernel.auto_config` beside it. Phases S and T 
 split of K (:func:`helpers.w4_kernel.gemv_split`, :func:`helpers.w4_kernel.tc_split`) against every
 split, on ``--shapes`` and, with ``--held-out``, on :data:`HELD_OUT`. Phase R (:func:`reading_bar`) times
 the bar at each weight's size — a copy of its bytes, a kernel that only loads its words — and our kernel
-with programmatic dependent launch. Every timed shape, group and M is
+with programmatic dependent launch; phase N (:func:`narrow_tiles`) the GEMV on phase R's fastest tiles at
+every split, the rows a shape rule for them is fitted on. Every timed shape, group and M is
 checked against :func:`helpers.w4_format.reference_matmul` (``exact``).
 """
 from __future__ import annotations
@@ -214,6 +215,42 @@ def reading_bar(sh: Shape, label: str, groups, rows_m, sms: int, add, try_ours) 
             grid=best[1])
 
 
+N_TILES = ((16, 2), (32, 2), (32, 4))   # (rows per program, warps) of phase N: phase R2's best tiles
+
+
+def narrow_tiles(sh: Shape, label: str, groups, sms: int, held_out: bool, add, try_ours) -> None:
+    """Phase N on one shape: the one-row GEMV with fp16-pair sums kept per group, on :data:`N_TILES` with
+    64 or 128 words of each row per step, at every split of ``K`` up to 64 programs per SM; beside it
+    ``auto_config`` and tinygemm (``held_out`` marks a :data:`HELD_OUT` shape)."""
+    k, n = sh.k, sh.n
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    for g in groups:
+        p0, nbytes = sh.packed[g][0], sh.packed[g][0].nbytes
+        if sh.tiny[g] is not None:
+            add("tinygemm (torchao int4)", f"W4A16 g{g}", label, k, n, 1, g,
+                timing.graph_ms([lambda t=t: t(x) for t in sh.tiny[g]]), nbytes, "cudagraph", phase="N",
+                held_out=held_out)
+        auto = w4_kernel.auto_config(p0, 1)
+        add("ours (Triton GEMV, auto_config)", f"W4A16 g{g}", label, k, n, 1, g, try_ours(sh, label, g, x, auto, "N"),
+            nbytes, "cudagraph", config=auto, phase="N", held_out=held_out)
+        ref = w4_format.reference_matmul(x.float(), p0).float()
+        for (bn, nw), wps in itertools.product(N_TILES, (64, 128)):
+            gs = wps // (g // 8)
+            if k % (g * gs):
+                continue
+            tiles = math.ceil(n / bn)
+            for split in w4_kernel._divisors(k // (g * gs)):
+                if split > 1 and tiles * split > 64 * sms:
+                    break
+                cfg = w4_kernel._check_config(dict(KERNEL="gemv", BLOCK_N=bn, GROUPS=gs, SPLIT_K=split, MAGIC=True,
+                                                   HALF2=True, ACC16=True, num_warps=nw, num_stages=1), p0, 1)
+                ms = try_ours(sh, label, g, x, cfg, "N")
+                if ms is not None:
+                    add("ours (GEMV narrow tile, every split)", f"W4A16 g{g}", label, k, n, 1, g, ms, nbytes,
+                        "cudagraph", config=cfg, phase="N", held_out=held_out,
+                        exact=bool(rel_err(x, p0, cfg, ref) <= 1e-3))
+
+
 def main():
     import triton
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kernels")
@@ -228,8 +265,9 @@ def main():
     ap.add_argument("--phases", default="G,A,B", help="G: the one-row GEMV; A, B: the tensor-core kernel; S: the "
                                                      "GEMV's split rule against every split; T: the tensor-core "
                                                      "kernel's (both with --held-out too); R: the bar at each "
-                                                     "size (copy, loads only) and PDL")
-    ap.add_argument("--held-out", action="store_true", help="phases S and T also on HELD_OUT's shapes")
+                                                     "size (copy, loads only) and PDL; N: the narrow-tile "
+                                                     "GEMV at every split (with --held-out too)")
+    ap.add_argument("--held-out", action="store_true", help="phases S, T and N also on HELD_OUT's shapes")
     args = ap.parse_args()
     # labels hold spaces; "_" stands for one (a shell variable passes the list as one word)
     args.shapes = ",".join(lab.replace("_", " ") for lab in args.shapes.split(",") if lab)
@@ -331,8 +369,16 @@ def main():
         reading_bar(sh, label, groups, [int(r) for r in args.rows.split(",")], meta["sms"], add, try_ours)
         sh.free()
         save()
-    # ---------------- phase S: auto_config's one-row config at every split of K (g128, 2-warp rule; g64, 4-warp)
+    # the shapes of phases N, S and T: --shapes, and HELD_OUT with --held-out
     rule_shapes = {**{lab: SHAPES[lab] for lab in args.shapes.split(",") if lab}, **(HELD_OUT if args.held_out else {})}
+    # ---------------- phase N: the narrow-tile GEMV (phase R's fastest kind) at every split of K, beside
+    # auto_config and tinygemm in the same process — the rows a shape rule for it is fitted on (and held out)
+    for label, (k, n) in (rule_shapes.items() if "N" in phases else ()):
+        sh = Shape(k, n, groups=groups)
+        narrow_tiles(sh, label, groups, meta["sms"], label in HELD_OUT, add, try_ours)
+        sh.free()
+        save()
+    # ---------------- phase S: auto_config's one-row config at every split of K (g128, 2-warp rule; g64, 4-warp)
     for label, (k, n) in (rule_shapes.items() if "S" in phases else ()):
         sh = Shape(k, n, groups=groups, tiny=False)
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)

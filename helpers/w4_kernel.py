@@ -439,8 +439,12 @@ DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, GROUPS=1, SPLIT_K=1, MAGIC=Tru
 # warps 126 in fp32, 99 with fp16 pairs; 64 rows on 2 warps 94, 256 on 8 warps 106 with fp16 pairs);
 # sums: "fp32" (one FFMA per code), "half2" (fp16 pairs per word, HALF2), "acc16" (fp16 pairs per group,
 # HALF2 + ACC16: 21.1 instructions per word instead of 23.2 for 64 rows on 2 warps, 4 groups of 128)
+# — and, since phase R of results/h100/kernels.json (run "2026-12-05 R2"), 16 and 32 rows on 2 warps with
+# fp16-pair sums kept per group and 64-128 words of each row per step (up to 8 groups): the fastest of that
+# run's sweep on most of its weights (notebook 08 prints how many), not yet a rule (auto_config)
 GEMV_SHAPES = ((128, 4, "fp32"), (64, 4, "fp32"), (128, 4, "half2"), (64, 2, "half2"), (256, 8, "half2"),
-               (128, 4, "acc16"), (64, 2, "acc16"))
+               (128, 4, "acc16"), (64, 2, "acc16"), (32, 2, "acc16"), (16, 2, "acc16"))
+GEMV_GROUPS = (1, 2, 4, 8)   # groups per step a GEMV candidate takes
 SUMS = {"fp32": dict(HALF2=False, ACC16=False), "half2": dict(HALF2=True, ACC16=False),
         "acc16": dict(HALF2=True, ACC16=True)}
 # the one-row rule at group ≥ 128: fp16 pairs (HALF2), 64 rows on 2 warps — faster than the fp32 rule on
@@ -703,14 +707,14 @@ def candidate_configs(p: W4Weight, m: int) -> list[dict]:
     """Configs worth timing for one weight and row count (all valid for its K and group): the
     tensor-core kernel's block widths, groups per step, splits and both orientations; for one row
     also the CUDA-core GEMV — :data:`GEMV_SHAPES` (rows per program, warps, fp32 or fp16-pair sums)
-    with 1, 2 or 4 groups per step, each at the split :func:`gemv_split` picks and its two
+    with :data:`GEMV_GROUPS` groups per step, each at the split :func:`gemv_split` picks and its two
     neighbouring divisors of the steps (the H200 sweep of every split: the best sat next to it)."""
     grid = [dict(KERNEL="tc", BLOCK_N=bn, GROUPS=gs, SPLIT_K=sk, SWAP=sw, REDUCE="atomic", DEQUANT="lop3",
                  num_warps=4, num_stages=3)
             for bn in (64, 128) for gs in (1, 2) for sk in (1, 2, 4, 8, 16) for sw in (False, True)]
     n, k = p.shape
     if m == 1:
-        for (bn, nw, sums), gs in itertools.product(GEMV_SHAPES, (1, 2, 4)):
+        for (bn, nw, sums), gs in itertools.product(GEMV_SHAPES, GEMV_GROUPS):
             if k % (p.group_size * gs):
                 continue
             steps = k // (p.group_size * gs)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU measurements the code of this commit still owes (README, "Measurements owed"), in calls of at
 # most 10 minutes, one process on the card at a time:  COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh CALL
-#   1  the GPU tests of the newest paths (W4A16 kernels with PDL, the loads-only kernel, split-KV decode attention,
-#      decode recipes, kernel_once); then the bar at each weight's size (kernels phase R: a copy of its bytes, its
-#      loads alone, our kernel with and without programmatic dependent launch, M = 1 and 16)
+#   1  the GPU tests of the newest paths (PDL under graph capture, the loads-only kernel); the narrow-tile GEMV
+#      at every split on the twelve shapes and the held-out ones, beside auto_config and tinygemm (kernels phase
+#      N: the rows its shape rule is fitted on); the bar at each size on eight shapes (phase R)
 #   2  whole-model decode with the split-KV attention (bf16 and ours, fused+attn and fused+head+attn, batch 1
 #      compiled, 8, 16, compiled-step profiles); then ours fused+head+attn again with PDL
 #   3  the W4A16 kernels: the tensor-core kernel (phases A and B, M = 2-16), its split rule on the held-out shapes
@@ -22,17 +22,12 @@ gpu() { bash scripts/gpu.sh "$@"; }
 case "${1:-}" in
   1) TESTS="tests/test_stream_read.py tests/test_w4_kernel.py::test_programmatic_dependent_launch_changes_no_output \
 tests/test_w4_kernel.py::test_pdl_is_a_flag_passed_through_auto_config" PART_TIMEOUT=150 gpu pytest
+     KERNEL_ARGS="--phases N --held-out --rows 1" PART_TIMEOUT=$(left 400 60) gpu kernels
+     mv "$OUT/kernels.json" "$OUT/kernels_N.json"
      KERNEL_ARGS="--phases R --rows 1,16 --shapes=8B_q/o_4096x4096,8B_gate/up_4096x14336,8B_down_14336x4096,\
 14B-class_5120x13824,14B-class_13824x5120,7B-class_3584x18944,70B_gate/up_8192x28672,8B_q|k|v_4096x6144" \
-       PART_TIMEOUT=$(left 330 60) gpu kernels
-     mv "$OUT/kernels.json" "$OUT/kernels_R.json"
-     if [ -d .whl ]; then export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH; else export PYTHONPATH=$PWD; fi
-     for fam in '{"PDL":false}' '{"PDL":true}'; do
-       tag=$(echo "$fam" | tr -dc 'a-z'); tag=${tag#pdl}
-       DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 --recipes fused+head+attn \
---family $fam" PART_TIMEOUT=$(left 585 30) gpu decode
-       mv "$OUT/decode.json" "$OUT/decode_pdl_$tag.json"; mv "$OUT/decode.log" "$OUT/decode_pdl_$tag.log"
-     done ;;
+       PART_TIMEOUT=$(left 585 30) gpu kernels
+     mv "$OUT/kernels.json" "$OUT/kernels_R.json" ;;
   2) if [ -d .whl ]; then export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH; else export PYTHONPATH=$PWD; fi
      DECODE_FORMATS="bf16,W4A16 ours" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 \
 --recipes fused+attn,fused+head+attn --profile compiled" PART_TIMEOUT=$(left 430 60) gpu decode

@@ -38,7 +38,7 @@ GEMV_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": 
 DIVISIBLE = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "y_ptr", "ws_ptr", "lock_ptr", "N", "K", "stride_wn")
 
 
-SWITCHES = {"MAGIC": True, "HALF2": False, "ACC16": False}   # the GEMV's on/off constexprs
+SWITCHES = {"MAGIC": True, "HALF2": False, "ACC16": False, "PDL": False}   # the GEMV's on/off constexprs
 TC_SIGNATURE = {"x_ptr": "*bf16", "b_ptr": "*u8", "s_ptr": "*fp16", "z_ptr": "*fp16", "y_ptr": "*bf16",
                 "ws_ptr": "*fp32", "lock_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "SPLIT_K": "i32",
                 "stride_xm": "i32", "stride_bn": "i32", "stride_sn": "i32", "stride_ym": "i32"}
@@ -107,7 +107,7 @@ def tc_sass(group: int = 128, groups: int = 2, block_n: int = 64, warps: int = 4
 
     from helpers import w4_kernel
     constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_M=block_m, BLOCK_N=block_n, DEQUANT="lop3", SWAP=swap,
-                      REDUCE="none", CODE_DT=tl.bfloat16, OFFSET=128.0)
+                      REDUCE="none", CODE_DT=tl.bfloat16, OFFSET=128.0, PDL=False)
     return _sass_of(w4_kernel._w4a16_tc_kernel, TC_SIGNATURE, constexprs, TC_DIVISIBLE, arch,
                     dict(num_warps=warps, num_stages=stages))
 

@@ -103,3 +103,15 @@ def test_the_tensor_core_kernel_copies_its_weights_several_bytes_at_a_time_and_p
         assert mem["LDGSTS.E.64"] == weight_bytes // 8    # the weights: 8-byte copies, evict-first (x: 16-byte)
         assert sum(ks.opcodes(loop).values()) <= 800     # 689 (Triton 3.9), 667 (3.6) when written; 1,579 before
         assert ks.registers(sass) <= 160                 # 126 when written; 216 before
+
+
+def test_pdl_asks_l2_for_one_step_then_waits_for_the_previous_kernel():
+    """PDL: before the loop, an L2 prefetch (``CCTL.E.PF2``), ``griddepcontrol.launch_dependents``
+    (``PREEXIT``) and ``griddepcontrol.wait`` (``ACQBULK``); the loop loads the same and does the same
+    work (a few compares and moves of difference); without PDL none of the three."""
+    on, off = _sass(PDL=True), _sass()
+    assert ks.memory_ops(ks.inner_loop(on)) == ks.memory_ops(ks.inner_loop(off))
+    n_on, n_off = sum(ks.opcodes(ks.inner_loop(on)).values()), sum(ks.opcodes(ks.inner_loop(off)).values())
+    assert abs(n_on - n_off) <= 0.01 * n_off
+    for op in ("CCTL.E.PF2", "PREEXIT", "ACQBULK"):
+        assert op in on and op not in off, op
