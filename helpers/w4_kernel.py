@@ -439,12 +439,14 @@ DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, GROUPS=1, SPLIT_K=1, MAGIC=Tru
 # warps 126 in fp32, 99 with fp16 pairs; 64 rows on 2 warps 94, 256 on 8 warps 106 with fp16 pairs);
 # sums: "fp32" (one FFMA per code), "half2" (fp16 pairs per word, HALF2), "acc16" (fp16 pairs per group,
 # HALF2 + ACC16: 21.1 instructions per word instead of 23.2 for 64 rows on 2 warps, 4 groups of 128)
-# — and, since phase R of results/h100/kernels.json (run "2026-12-05 R2"), 16 and 32 rows on 2 warps with
-# fp16-pair sums kept per group and 64-128 words of each row per step (up to 8 groups): the fastest of that
-# run's sweep on most of its weights (notebook 08 prints how many), not yet a rule (auto_config)
+# — and, since phase R of results/h100/kernels.json (run "2026-12-05 R2"), 16-64 rows on 2 or 4 warps with
+# fp16-pair sums kept per group and 64-128 words of each row per step: the best of that run's sweep on 15
+# of its 16 weight × group cases (notebook 08), not yet a rule (auto_config)
 GEMV_SHAPES = ((128, 4, "fp32"), (64, 4, "fp32"), (128, 4, "half2"), (64, 2, "half2"), (256, 8, "half2"),
-               (128, 4, "acc16"), (64, 2, "acc16"), (32, 2, "acc16"), (16, 2, "acc16"))
-GEMV_GROUPS = (1, 2, 4, 8)   # groups per step a GEMV candidate takes
+               (128, 4, "acc16"), (64, 2, "acc16"), (64, 4, "acc16"), (32, 4, "acc16"), (32, 2, "acc16"),
+               (16, 2, "acc16"))
+GEMV_GROUPS = (1, 2, 4, 8, 16)   # groups per step a GEMV candidate takes ...
+GEMV_MAX_WORDS = 128             # ... up to this many int32 words of each row per step (16 groups of 64)
 SUMS = {"fp32": dict(HALF2=False, ACC16=False), "half2": dict(HALF2=True, ACC16=False),
         "acc16": dict(HALF2=True, ACC16=True)}
 # the one-row rule at group ≥ 128: fp16 pairs (HALF2), 64 rows on 2 warps — faster than the fp32 rule on
@@ -703,23 +705,24 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
     return y if reduce != "atomic" else y.to(out_dtype)
 
 
-def candidate_configs(p: W4Weight, m: int) -> list[dict]:
+def candidate_configs(p: W4Weight, m: int, sms: int | None = None) -> list[dict]:
     """Configs worth timing for one weight and row count (all valid for its K and group): the
     tensor-core kernel's block widths, groups per step, splits and both orientations; for one row
     also the CUDA-core GEMV — :data:`GEMV_SHAPES` (rows per program, warps, fp32 or fp16-pair sums)
-    with :data:`GEMV_GROUPS` groups per step, each at the split :func:`gemv_split` picks and its two
-    neighbouring divisors of the steps (the H200 sweep of every split: the best sat next to it)."""
+    with :data:`GEMV_GROUPS` groups per step (at most :data:`GEMV_MAX_WORDS` words of each row), each at
+    the split :func:`gemv_split` picks for ``sms`` multiprocessors (default the weight's device's) and its
+    two neighbouring divisors of the steps (the H200 sweep of every split: the best sat next to it)."""
     grid = [dict(KERNEL="tc", BLOCK_N=bn, GROUPS=gs, SPLIT_K=sk, SWAP=sw, REDUCE="atomic", DEQUANT="lop3",
                  num_warps=4, num_stages=3)
             for bn in (64, 128) for gs in (1, 2) for sk in (1, 2, 4, 8, 16) for sw in (False, True)]
     n, k = p.shape
     if m == 1:
         for (bn, nw, sums), gs in itertools.product(GEMV_SHAPES, GEMV_GROUPS):
-            if k % (p.group_size * gs):
+            if k % (p.group_size * gs) or p.group_size // 8 * gs > GEMV_MAX_WORDS:
                 continue
             steps = k // (p.group_size * gs)
             divisors = _divisors(steps)
-            i = divisors.index(gemv_split(math.ceil(n / bn), steps, _sms(p), nw))
+            i = divisors.index(gemv_split(math.ceil(n / bn), steps, _sms(p) if sms is None else sms, nw))
             grid += [dict(KERNEL="gemv", BLOCK_N=bn, GROUPS=gs, SPLIT_K=sk, MAGIC=True, **SUMS[sums], num_warps=nw,
                           num_stages=1) for sk in divisors[max(0, i - 1):i + 2]]
     out = []
