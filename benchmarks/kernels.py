@@ -223,7 +223,7 @@ def narrow_tiles(sh: Shape, label: str, groups, sms: int, held_out: bool, add, t
     64 or 128 words of each row per step, at every split of ``K`` up to 64 programs per SM; beside it
     ``auto_config`` and tinygemm (``held_out`` marks a :data:`HELD_OUT` shape)."""
     k, n = sh.k, sh.n
-    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, k, device=sh.packed[groups[0]][0].words.device, dtype=torch.bfloat16)
     for g in groups:
         p0, nbytes = sh.packed[g][0], sh.packed[g][0].nbytes
         if sh.tiny[g] is not None:

@@ -508,3 +508,33 @@ def test_the_kernel_benchmarks_exactness_check():
     ref = w4_format.reference_matmul(x.float(), p).float()
     assert rel_err(x, p, cfg) <= 1e-3 and rel_err(x, p, cfg, ref) == rel_err(x, p, cfg)
     assert rel_err(x, p, cfg, ref=-ref) > 1
+
+
+def test_phase_n_times_every_narrow_tile_at_every_split_and_checks_each():
+    """benchmarks.kernels.narrow_tiles (phase N) on a small weight, its timing stubbed (it runs each config
+    once): every N_TILES tile × 64/128 words per step that fits K, at every split of K up to 64 programs
+    per SM, each row exact, beside auto_config."""
+    from types import SimpleNamespace
+
+    from benchmarks.kernels import N_TILES, narrow_tiles
+    w = weight(32, 1024).to(DEV)
+    sh = SimpleNamespace(k=1024, n=32, packed={g: [w4_format.pack_w4(w, g)] for g in (64, 128)}, tiny={64: None, 128: None})
+    rows = []
+
+    def add(kernel, fmt, label, k, n, m, g, ms, nbytes, timing_kind, **extra):
+        if ms is not None:
+            rows.append({"kernel": kernel, "group": g, "ms": ms, **extra})
+
+    def try_ours(sh, label, g, x, cfg, phase):
+        w4_kernel.w4a16_matmul(x, sh.packed[g][0], cfg)
+        return 1.0
+    narrow_tiles(sh, "small", (64, 128), sms=1, held_out=True, add=add, try_ours=try_ours)
+    tiles = [r for r in rows if r["kernel"] == "ours (GEMV narrow tile, every split)"]
+    want = 0
+    for g in (64, 128):
+        for wps in (64, 128):
+            steps = 1024 // (g * (wps // (g // 8)))           # 1024 columns in steps of wps words
+            want += len(N_TILES) * len(w4_kernel._divisors(steps)) if steps else 0
+    assert len(tiles) == want and all(r["exact"] and r["held_out"] for r in tiles)
+    assert sum(r["kernel"] == "ours (Triton GEMV, auto_config)" for r in rows) == 2
+    assert {r["config"]["SPLIT_K"] for r in tiles} == {1, 2}
