@@ -269,8 +269,10 @@ def main():
                                                      "GEMV at every split (with --held-out too)")
     ap.add_argument("--held-out", action="store_true", help="phases S, T and N also on HELD_OUT's shapes")
     args = ap.parse_args()
-    # labels hold spaces; "_" stands for one (a shell variable passes the list as one word)
-    args.shapes = ",".join(lab.replace("_", " ") for lab in args.shapes.split(",") if lab)
+    # labels hold spaces; "_" stands for one (a shell variable passes the list as one word), and a label's own "_"
+    # ("8B lm_head ...") is matched either way
+    by_spaces = {lab.replace("_", " "): lab for lab in SHAPES}
+    args.shapes = ",".join(by_spaces.get(lab.replace("_", " "), lab) for lab in args.shapes.split(",") if lab)
     unknown = [lab for lab in args.shapes.split(",") if lab and lab not in SHAPES]
     if unknown:
         ap.error(f"--shapes: unknown {unknown}; SHAPES has {list(SHAPES)}")

@@ -21,8 +21,8 @@ step of each, ``benchmarks/kernels.py``):
   ``16^-j`` once per column instead. ``HALF2`` sums two codes per instruction in fp16 pairs
   (:func:`_word_dot_half2`; a step whose ``|x|`` could overflow them is scaled by a power of two
   first), and ``ACC16`` keeps those sums in fp16 for a whole group (:func:`_group_dot_acc16`: one
-  conversion per group, ``x`` scaled next to :func:`acc16_x_limit`); :func:`auto_config` uses both at
-  group ≥ 128 (:data:`HALF2_GEMV`).
+  conversion per group, ``x`` scaled next to :func:`acc16_x_limit`); :func:`auto_config` uses both
+  on narrow tiles (:data:`NARROW_GEMV`, 32 rows per program).
 * ``KERNEL="tc"`` — any ``M`` up to 64 on tensor cores (``tl.dot``; one row is padded to a 16-row
   tile, whose wasted products cost less than the unpacking they replace): per group, the even and
   the odd codes of each byte become two 16-bit tiles multiplied by the even and odd columns of
@@ -441,7 +441,7 @@ DEFAULT_CONFIG = dict(KERNEL="gemv", BLOCK_N=128, GROUPS=1, SPLIT_K=1, MAGIC=Tru
 # HALF2 + ACC16: 21.1 instructions per word instead of 23.2 for 64 rows on 2 warps, 4 groups of 128)
 # — and, since phase R of results/h100/kernels.json (run "2026-12-05 R2"), 16-64 rows on 2 or 4 warps with
 # fp16-pair sums kept per group and 64-128 words of each row per step: the best of that run's sweep on 15
-# of its 16 weight × group cases (notebook 08), not yet a rule (auto_config)
+# of its 16 weight × group cases (notebook 08), and since phase N the rule (NARROW_GEMV)
 GEMV_SHAPES = ((128, 4, "fp32"), (64, 4, "fp32"), (128, 4, "half2"), (64, 2, "half2"), (256, 8, "half2"),
                (128, 4, "acc16"), (64, 2, "acc16"), (64, 4, "acc16"), (32, 4, "acc16"), (32, 2, "acc16"),
                (16, 2, "acc16"))
@@ -455,6 +455,13 @@ SUMS = {"fp32": dict(HALF2=False, ACC16=False), "half2": dict(HALF2=True, ACC16=
 # (results/h200/kernels.json); at g64 the fp32 rule stayed faster on most shapes
 HALF2_GEMV = dict(HALF2=True, ACC16=True, BLOCK_N=64, num_warps=2, GROUPS=4)
 GEMV_WARPS_PER_SM = 32   # split-K bound of the GEMV (gemv_split): resident warps per multiprocessor
+# the one-row rule of auto_config since phase N of results/h100/kernels.json (run "2026-12-05 N", every split of
+# three narrow tiles × two step lengths on 12 shapes, fitted there and checked on its 6 held-out shapes): 32 rows
+# per program on 2 warps, fp16-pair sums kept per group, 512 codes (64 words) of each row per step, K split
+# until NARROW_WARPS_PER_SM warps per multiprocessor — at either group size
+NARROW_GEMV = dict(HALF2=True, ACC16=True, BLOCK_N=32, num_warps=2)
+NARROW_CODES = 512
+NARROW_WARPS_PER_SM = 16
 TC_DEFAULTS = dict(KERNEL="tc", BLOCK_N=64, GROUPS=1, SPLIT_K=1, DEQUANT="lop3", SWAP=True, REDUCE="serial",
                    num_warps=4, num_stages=3)   # the family benchmarks/kernels.py chose on the H200
 # the tensor-core kernel's shape rule (auto_config, tc_split), from phase B of results/h100/kernels.json
@@ -527,13 +534,14 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
     return cfg
 
 
-def gemv_split(tiles: int, steps: int, sms: int, warps: int = 4) -> int:
+def gemv_split(tiles: int, steps: int, sms: int, warps: int = 4, per_sm: int = GEMV_WARPS_PER_SM) -> int:
     """Programs along K for the GEMV: the largest divisor ``d`` of the ``steps`` per row with
-    ``tiles · d · warps ≤`` :data:`GEMV_WARPS_PER_SM` ``· sms`` (1 if none) — as many programs as keep every
+    ``tiles · d · warps ≤ per_sm · sms`` (1 if none) — as many programs as keep every
     multiprocessor's warps streaming, no more: beyond that they only add partial sums to add up.
     Counted in warps, not programs (``results/h200/kernels.json``, run 2026-12-04b: the best split of the
-    2-warp programs sat at 13.6–16.4 programs, 27–33 warps, per SM on the large g128 weights)."""
-    bound = GEMV_WARPS_PER_SM * sms / (max(tiles, 1) * warps)
+    2-warp programs sat at 13.6–16.4 programs, 27–33 warps, per SM on the large g128 weights; the narrow
+    tiles of :data:`NARROW_GEMV` want fewer, :data:`NARROW_WARPS_PER_SM`)."""
+    bound = per_sm * sms / (max(tiles, 1) * warps)
     return max([d for d in _divisors(steps) if d <= bound] or [1])
 
 
@@ -591,24 +599,35 @@ def gemv_config(p: W4Weight, sms: int | None = None, **fixed) -> dict:
     return cfg
 
 
+def narrow_gemv_config(p: W4Weight, sms: int | None = None, **fixed) -> dict:
+    """The one-row rule: :data:`NARROW_GEMV` (32 rows per program on 2 warps, fp16-pair sums kept per
+    group) with :data:`NARROW_CODES` codes of each row per step (``GROUPS`` halved until it divides the
+    groups per row) and ``K`` split by :func:`gemv_split` up to :data:`NARROW_WARPS_PER_SM` warps per
+    multiprocessor; ``fixed`` keys (``ACC16``, ``PDL``) set on top."""
+    n, k = p.shape
+    cfg = {**NARROW_GEMV, **fixed}
+    cfg["GROUPS"] = _fitting_groups(p, max(1, NARROW_CODES // p.group_size))
+    cfg["SPLIT_K"] = gemv_split(math.ceil(n / cfg["BLOCK_N"]), k // (p.group_size * cfg["GROUPS"]),
+                                _sms(p) if sms is None else sms, cfg["num_warps"], NARROW_WARPS_PER_SM)
+    return gemv_config(p, sms=sms, **cfg)
+
+
 def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
-    """A config chosen from the shape alone, by the rule the H200 measurements support
-    (``results/h200/kernels.json``): one row runs the CUDA-core GEMV — at group ≥ 128
-    :data:`HALF2_GEMV` (fp16-pair sums kept in fp16 for each group, 64 rows per program on 2 warps, 4
-    groups per step), else 128
-    rows per program with 256 codes of each row per step and fp32 sums (``family`` may set ``HALF2``
-    either way, and ``ACC16`` with it; ``PDL`` passes through to either kernel), ``K`` split by :func:`gemv_split`; more rows run the tensor-core kernel with :data:`TC_GROUPS` groups per step
-    (fewer where they do not divide ``K``), ``K`` split by :func:`tc_split`. ``family`` overrides
-    :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is lowered until it divides ``K``)."""
+    """A config chosen from the shape alone: one row runs the CUDA-core GEMV by
+    :func:`narrow_gemv_config` (phase N of ``results/h100/kernels.json``; ``family`` may set ``ACC16=False``
+    — fp16-pair sums per word — or ``HALF2=False``: the fp32 GEMV of :func:`gemv_config`, 128 rows per
+    program; ``PDL`` passes through to either kernel); more rows run the tensor-core kernel with
+    :data:`TC_GROUPS` groups per step (fewer where they do not divide ``K``), ``K`` split by
+    :func:`tc_split`. ``family`` overrides :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is
+    lowered until it divides ``K``)."""
     n, k = p.shape
     sms = _sms(p)
     if m == 1 and _pow2(p.group_size) and (family is None or family.get("KERNEL", "gemv") == "gemv"):
         family = family or {}
         pdl = {"PDL": family["PDL"]} if "PDL" in family else {}
-        if family.get("HALF2", p.group_size >= 128) or family.get("ACC16"):
-            return gemv_config(p, sms=sms, **{**HALF2_GEMV, "GROUPS": _fitting_groups(p, HALF2_GEMV["GROUPS"]),
-                                              "ACC16": bool(family.get("ACC16", HALF2_GEMV["ACC16"])), **pdl})
-        return gemv_config(p, sms=sms, HALF2=False, **pdl)
+        if family.get("HALF2", True) is False:
+            return gemv_config(p, sms=sms, HALF2=False, **pdl)
+        return narrow_gemv_config(p, sms=sms, ACC16=bool(family.get("ACC16", True)), **pdl)
     family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL", "HALF2", "ACC16")}
     groups = _fitting_groups(p, family.pop("GROUPS", TC_GROUPS))
     cfg = dict(TC_DEFAULTS, **family, GROUPS=groups)
