@@ -56,6 +56,8 @@ HELD_OUT = {  # shapes no rule was fitted on (phase S): Qwen2.5-7B/32B, Llama-3.
     "Qwen2.5-7B gate|up joined 3584x37888": (3584, 37888), "Llama-3.2-3B gate/up 3072x8192": (3072, 8192),
     "Llama-3.2-3B down 8192x3072": (8192, 3072), "Qwen2.5-32B gate/up 5120x27648": (5120, 27648),
     "Qwen2.5-32B down 27648x5120": (27648, 5120), "Mistral-Nemo q|k|v 5120x6144": (5120, 6144),
+    # added after phase N (round 9): Llama-2-7B's, whose down projection has a prime number of steps (43 at g128)
+    "Llama-2-7B down 11008x4096": (11008, 4096), "Llama-2-7B gate|up joined 4096x22016": (4096, 22016),
 }
 PHASE_A_SHAPES = ("8B gate/up 4096x14336", "70B gate/up 8192x28672")
 SPLITS = (1, 2, 4, 8, 16)
@@ -220,7 +222,7 @@ N_TILES = ((16, 2), (32, 2), (32, 4))   # (rows per program, warps) of phase N: 
 
 def narrow_tiles(sh: Shape, label: str, groups, sms: int, held_out: bool, add, try_ours) -> None:
     """Phase N on one shape: the one-row GEMV with fp16-pair sums kept per group, on :data:`N_TILES` with
-    64 or 128 words of each row per step, at every split of ``K`` up to 64 programs per SM; beside it
+    64 or 128 words of each row per step (fewer where they do not divide ``K``), at every split of ``K`` up to 64 programs per SM; beside it
     ``auto_config`` and tinygemm (``held_out`` marks a :data:`HELD_OUT` shape)."""
     k, n = sh.k, sh.n
     x = torch.randn(1, k, device=sh.packed[groups[0]][0].words.device, dtype=torch.bfloat16)
@@ -234,10 +236,9 @@ def narrow_tiles(sh: Shape, label: str, groups, sms: int, held_out: bool, add, t
         add("ours (Triton GEMV, auto_config)", f"W4A16 g{g}", label, k, n, 1, g, try_ours(sh, label, g, x, auto, "N"),
             nbytes, "cudagraph", config=auto, phase="N", held_out=held_out)
         ref = w4_format.reference_matmul(x.float(), p0).float()
-        for (bn, nw), wps in itertools.product(N_TILES, (64, 128)):
-            gs = wps // (g // 8)
-            if k % (g * gs):
-                continue
+        # groups per step: 64 or 128 words of each row, halved until they divide the row (Llama-2-7B's 86 groups)
+        steps_of = sorted({w4_kernel._fitting_groups(p0, wps // (g // 8)) for wps in (64, 128)})
+        for (bn, nw), gs in itertools.product(N_TILES, steps_of):
             tiles = math.ceil(n / bn)
             for split in w4_kernel._divisors(k // (g * gs)):
                 if split > 1 and tiles * split > 64 * sms:

@@ -33,6 +33,16 @@ def _w4_gemv(fn) -> str | None:
     return None if err < 1e-3 * want.abs().max().item() else f"max error {err:.3g} against dequantize-then-matmul"
 
 
+def _narrow_split(fn) -> str | None:
+    # (tiles, steps, sms, warps, per_sm): 8B q/o, 70B gate/up, Llama-2-7B's down (43 steps), SmolLM2's o, a CPU's 8 "SMs"
+    cases = [(128, 8, 132, 2, 16), (896, 8, 132, 2, 16), (128, 43, 132, 2, 16), (18, 9, 132, 2, 16), (5, 9, 8, 4, 32)]
+    for case in cases:
+        got, want = fn(*case), solutions.narrow_split(*case)
+        if got != want:
+            return f"for (tiles, steps, sms, warps, per_sm) = {case} expected split {want}, got {got}"
+    return None
+
+
 def _kv_pool_blocks(fn) -> str | None:
     GiB = 1024**3   # vllm-project/vllm#12330: 35.55 − 14.96 − 9.37 − 0.10 GiB, 128 KiB per token → ~5693 blocks
     got = fn(35.55 * GiB, 14.96 * GiB, 9.37 * GiB, 0.10 * GiB, 131072)
@@ -214,6 +224,8 @@ EXERCISES = {
                                 "(scale + minimum) per group, for K and V"),
     "w4_gemv": (_w4_gemv, solutions.w4_gemv, "reshape to [rows, groups, group]; sum x·q per group; "
                                                "subtract zero · Σx per group; multiply by the scale; sum groups"),
+    "narrow_split": (_narrow_split, solutions.narrow_split, "target = per_sm · sms / (tiles · warps); of the divisors "
+                     "of steps, the one with the smallest |log(d / target)|"),
     "kv_pool_blocks": (_kv_pool_blocks, solutions.kv_pool_blocks,
                        "usable − weights − activation peak − non-torch, divided by bytes per block"),
     "correct_vocab_check": (_correct_vocab_check, solutions.correct_vocab_check,

@@ -14,6 +14,13 @@ def w4_gemv(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: tor
     return (scale.float() * (dots - zero.float() * xg.sum(-1))).sum(-1)
 
 
+def narrow_split(tiles: int, steps: int, sms: int, warps: int, per_sm: int) -> int:
+    """08: the divisor ``d`` of ``steps`` nearest in ratio to ``per_sm · sms / (tiles · warps)``."""
+    import math
+    target = per_sm * sms / (tiles * warps)
+    return min((d for d in range(1, steps + 1) if steps % d == 0), key=lambda d: abs(math.log(d / target)))
+
+
 def kv_pool_blocks(usable: float, weights: float, activation_peak: float, non_torch: float,
                    bytes_per_token: int, block_size: int = 16) -> int:
     """09 repair: vLLM's KV blocks are what is left after weights, activations and non-torch memory."""

@@ -458,7 +458,7 @@ GEMV_WARPS_PER_SM = 32   # split-K bound of the GEMV (gemv_split): resident warp
 # the one-row rule of auto_config since phase N of results/h100/kernels.json (run "2026-12-05 N", every split of
 # three narrow tiles × two step lengths on 12 shapes, fitted there and checked on its 6 held-out shapes): 32 rows
 # per program on 2 warps, fp16-pair sums kept per group, 512 codes (64 words) of each row per step, K split
-# until NARROW_WARPS_PER_SM warps per multiprocessor — at either group size
+# to about NARROW_WARPS_PER_SM warps per multiprocessor (narrow_split) — at either group size
 NARROW_GEMV = dict(HALF2=True, ACC16=True, BLOCK_N=32, num_warps=2)
 NARROW_CODES = 512
 NARROW_WARPS_PER_SM = 16
@@ -534,14 +534,14 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
     return cfg
 
 
-def gemv_split(tiles: int, steps: int, sms: int, warps: int = 4, per_sm: int = GEMV_WARPS_PER_SM) -> int:
+def gemv_split(tiles: int, steps: int, sms: int, warps: int = 4) -> int:
     """Programs along K for the GEMV: the largest divisor ``d`` of the ``steps`` per row with
-    ``tiles · d · warps ≤ per_sm · sms`` (1 if none) — as many programs as keep every
+    ``tiles · d · warps ≤`` :data:`GEMV_WARPS_PER_SM` ``· sms`` (1 if none) — as many programs as keep every
     multiprocessor's warps streaming, no more: beyond that they only add partial sums to add up.
     Counted in warps, not programs (``results/h200/kernels.json``, run 2026-12-04b: the best split of the
     2-warp programs sat at 13.6–16.4 programs, 27–33 warps, per SM on the large g128 weights; the narrow
-    tiles of :data:`NARROW_GEMV` want fewer, :data:`NARROW_WARPS_PER_SM`)."""
-    bound = per_sm * sms / (max(tiles, 1) * warps)
+    tiles of :data:`NARROW_GEMV` want fewer: :func:`narrow_split`)."""
+    bound = GEMV_WARPS_PER_SM * sms / (max(tiles, 1) * warps)
     return max([d for d in _divisors(steps) if d <= bound] or [1])
 
 
@@ -602,14 +602,23 @@ def gemv_config(p: W4Weight, sms: int | None = None, **fixed) -> dict:
 def narrow_gemv_config(p: W4Weight, sms: int | None = None, **fixed) -> dict:
     """The one-row rule: :data:`NARROW_GEMV` (32 rows per program on 2 warps, fp16-pair sums kept per
     group) with :data:`NARROW_CODES` codes of each row per step (``GROUPS`` halved until it divides the
-    groups per row) and ``K`` split by :func:`gemv_split` up to :data:`NARROW_WARPS_PER_SM` warps per
+    groups per row) and ``K`` split by :func:`narrow_split` to about :data:`NARROW_WARPS_PER_SM` warps per
     multiprocessor; ``fixed`` keys (``ACC16``, ``PDL``) set on top."""
     n, k = p.shape
     cfg = {**NARROW_GEMV, **fixed}
     cfg["GROUPS"] = _fitting_groups(p, max(1, NARROW_CODES // p.group_size))
-    cfg["SPLIT_K"] = gemv_split(math.ceil(n / cfg["BLOCK_N"]), k // (p.group_size * cfg["GROUPS"]),
-                                _sms(p) if sms is None else sms, cfg["num_warps"], NARROW_WARPS_PER_SM)
+    cfg["SPLIT_K"] = narrow_split(math.ceil(n / cfg["BLOCK_N"]), k // (p.group_size * cfg["GROUPS"]),
+                                  _sms(p) if sms is None else sms, cfg["num_warps"])
     return gemv_config(p, sms=sms, **cfg)
+
+
+def narrow_split(tiles: int, steps: int, sms: int, warps: int) -> int:
+    """Programs along K for the narrow-tile GEMV: the divisor ``d`` of the ``steps`` per row nearest (in
+    ratio) to ``NARROW_WARPS_PER_SM · sms / (tiles · warps)`` — nearest, not the largest below it: a row of
+    43 steps (Llama-2-7B's down projection, 86 groups of 128, 2 per step) splits 43 ways, not once, since a
+    split of 1 leaves 128 programs each walking all 43 steps one after another."""
+    target = NARROW_WARPS_PER_SM * sms / (max(tiles, 1) * warps)
+    return min(_divisors(steps), key=lambda d: abs(math.log(d / target)))
 
 
 def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The GPU measurements the code of this commit still owes (README, "Measurements owed"), in calls of at
 # most 10 minutes, one process on the card at a time:  COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh CALL
-#   1  the GPU tests of the newest paths (PDL under graph capture, the loads-only kernel); the narrow-tile GEMV
+#   1  round 9's check, on any card: the narrow rule (nearest-divisor split) at M = 1 on the held-out shapes,
+#      Llama-2-7B's two among them (kernels phase N); decode of Llama-3.1-8B (bf16 fused+attn, ours fused+attn
+#      and fused+head+attn, batch 1 compiled, 8, 16) and of Llama-2-7B (bf16, ours, tinygemm; batch 1 compiled,
+#      compiled-step profiles), each in one process
+#   2  the GPU tests of the newest paths (PDL under graph capture, the loads-only kernel); the narrow-tile GEMV
 #      at every split on the twelve shapes and the held-out ones, beside auto_config and tinygemm (kernels phase
 #      N: the rows its shape rule is fitted on); the bar at each size on eight shapes (phase R)
-#   2  whole-model decode with the split-KV attention (bf16 and ours, fused+attn and fused+head+attn, batch 1
+#   3  whole-model decode with the split-KV attention (bf16 and ours, fused+attn and fused+head+attn, batch 1
 #      compiled, 8, 16, compiled-step profiles); then ours fused+head+attn again with PDL
-#   3  the W4A16 kernels: the tensor-core kernel (phases A and B, M = 2-16), its split rule on the held-out shapes
+#   4  the W4A16 kernels: the tensor-core kernel (phases A and B, M = 2-16), its split rule on the held-out shapes
 #      (phase T), the GEMV at M = 1 (phase G)
-#   4  the rest of the test suite (one process)
-#   5, 6  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
+#   5  the rest of the test suite (one process)
+#   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
 set -uo pipefail
@@ -20,7 +24,15 @@ T0=$(date +%s)
 left() { local t=$(( ${1:-585} - ($(date +%s) - T0) )); echo $(( t > ${2:-0} ? t : ${2:-0} )); }
 gpu() { bash scripts/gpu.sh "$@"; }
 case "${1:-}" in
-  1) TESTS="tests/test_stream_read.py tests/test_w4_kernel.py::test_programmatic_dependent_launch_changes_no_output \
+  1) KERNEL_ARGS="--phases N --held-out --shapes= --rows 1" PART_TIMEOUT=100 gpu kernels
+     mv "$OUT/kernels.json" "$OUT/kernels_N_held.json"; mv "$OUT/kernels.log" "$OUT/kernels_N_held.log"
+     DECODE_FORMATS="bf16,W4A16 ours" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 \
+--recipes fused+attn,fused+head+attn" PART_TIMEOUT=$(left 330 60) gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_8B.json"; mv "$OUT/decode.log" "$OUT/decode_8B.log"
+     DECODE_FORMATS="bf16,W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 \
+--recipes fused+attn,fused+head+attn --profile compiled" PART_TIMEOUT=$(left 585 30) gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_llama2.json"; mv "$OUT/decode.log" "$OUT/decode_llama2.log" ;;
+  2) TESTS="tests/test_stream_read.py tests/test_w4_kernel.py::test_programmatic_dependent_launch_changes_no_output \
 tests/test_w4_kernel.py::test_pdl_is_a_flag_passed_through_auto_config" PART_TIMEOUT=150 gpu pytest
      KERNEL_ARGS="--phases N --held-out --rows 1" PART_TIMEOUT=$(left 400 60) gpu kernels
      mv "$OUT/kernels.json" "$OUT/kernels_N.json"
@@ -28,26 +40,26 @@ tests/test_w4_kernel.py::test_pdl_is_a_flag_passed_through_auto_config" PART_TIM
 14B-class_5120x13824,14B-class_13824x5120,7B-class_3584x18944,70B_gate/up_8192x28672,8B_q|k|v_4096x6144" \
        PART_TIMEOUT=$(left 585 30) gpu kernels
      mv "$OUT/kernels.json" "$OUT/kernels_R.json" ;;
-  2) if [ -d .whl ]; then export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH; else export PYTHONPATH=$PWD; fi
+  3) if [ -d .whl ]; then export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH; else export PYTHONPATH=$PWD; fi
      DECODE_FORMATS="bf16,W4A16 ours" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 \
 --recipes fused+attn,fused+head+attn --profile compiled" PART_TIMEOUT=$(left 430 60) gpu decode
      mv "$OUT/decode.json" "$OUT/decode_attn.json"; mv "$OUT/decode.log" "$OUT/decode_attn.log"
      DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 --recipes fused+head+attn \
 --family {\"PDL\":true}" PART_TIMEOUT=$(left 585 30) gpu decode
      mv "$OUT/decode.json" "$OUT/decode_pdl.json"; mv "$OUT/decode.log" "$OUT/decode_pdl.log" ;;
-  3) KERNEL_ARGS="--phases A,B --rows 2,8,16 --crossover-rows 4" KERNEL_BUDGET=200 PART_TIMEOUT=220 gpu kernels
+  4) KERNEL_ARGS="--phases A,B --rows 2,8,16 --crossover-rows 4" KERNEL_BUDGET=200 PART_TIMEOUT=220 gpu kernels
      mv "$OUT/kernels.json" "$OUT/kernels_AB.json"
      KERNEL_ARGS="--phases T --held-out --shapes= --rows 2,8,16" PART_TIMEOUT=$(left 300 60) gpu kernels
      mv "$OUT/kernels.json" "$OUT/kernels_T.json"
      KERNEL_ARGS="--phases G --rows 1" PART_TIMEOUT=$(left 585 60) gpu kernels
      mv "$OUT/kernels.json" "$OUT/kernels_G.json" ;;
-  4) TESTS="tests --ignore=tests/test_w4_kernel.py --ignore=tests/test_stream_read.py \
+  5) TESTS="tests --ignore=tests/test_w4_kernel.py --ignore=tests/test_stream_read.py \
 --ignore=tests/test_decode_attention.py --ignore=tests/test_decode_bench.py --ignore=tests/test_kernel_once.py" \
        PART_TIMEOUT=570 gpu pytest ;;
-  5) NOTEBOOKS="notebooks/00_setup.ipynb notebooks/01_memory_budget.ipynb notebooks/02_allocator_fragmentation.ipynb \
+  6) NOTEBOOKS="notebooks/00_setup.ipynb notebooks/01_memory_budget.ipynb notebooks/02_allocator_fragmentation.ipynb \
 notebooks/03_quantization_basics.ipynb notebooks/04_gptq.ipynb notebooks/05_awq.ipynb" PART_TIMEOUT=580 gpu notebooks ;;
-  6) NOTEBOOKS="notebooks/06_perplexity.ipynb notebooks/07_kv_cache_ab.ipynb notebooks/08_quantized_inference.ipynb \
+  7) NOTEBOOKS="notebooks/06_perplexity.ipynb notebooks/07_kv_cache_ab.ipynb notebooks/08_quantized_inference.ipynb \
 notebooks/09_clinic.ipynb notebooks/10_multi_gpu.ipynb" PART_TIMEOUT=580 gpu notebooks ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|3|4|5|6 (see the header)"; exit 2 ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|3|4|5|6|7 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"
