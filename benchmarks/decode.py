@@ -75,8 +75,11 @@ def main():
     if json.loads(args.family):
         family = {**(family or {}), **json.loads(args.family)}
     for fmt, recipe in ((f, r) for f in args.formats.split(",") for r in recipes):
-        if recipe.head and fmt == "bf16":
-            continue                     # its head is already in the 16-bit format
+        if recipe.head and fmt == "bf16":   # its head is already in the 16-bit format
+            if not any(not r.head for r in recipes):
+                print(f"bf16 has no row: {recipe.label} quantizes the head, which bf16 keeps as it is — add a recipe "
+                      "without 'head' (e.g. fused+attn) to --recipes for bf16's row", flush=True)
+            continue
         try:
             model = build(args.arch, fmt, family=family, recipe=recipe)
         except Exception as e:  # noqa: BLE001 - record what could not be built (e.g. torchao missing)
