@@ -52,12 +52,12 @@ SHAPES = {  # label: (K, N) — in_features, out_features
     "8B q|k|v 4096x6144": (4096, 6144), "8B gate|up joined 4096x28672": (4096, 28672),
     "8B lm_head 4096x128256": (4096, 128256),
 }
-HELD_OUT = {  # shapes no rule was fitted on (phase S): Qwen2.5-7B/32B, Llama-3.2-3B, Mistral-Nemo-12B layouts
+HELD_OUT = {  # shapes no rule was fitted on (phase S): Llama-2-7B (first: added after phase N, round 9 — its down
+    # projection has a prime number of steps, 43 at g128), Qwen2.5-7B/32B, Llama-3.2-3B, Mistral-Nemo-12B layouts
+    "Llama-2-7B down 11008x4096": (11008, 4096), "Llama-2-7B gate|up joined 4096x22016": (4096, 22016),
     "Qwen2.5-7B gate|up joined 3584x37888": (3584, 37888), "Llama-3.2-3B gate/up 3072x8192": (3072, 8192),
     "Llama-3.2-3B down 8192x3072": (8192, 3072), "Qwen2.5-32B gate/up 5120x27648": (5120, 27648),
     "Qwen2.5-32B down 27648x5120": (27648, 5120), "Mistral-Nemo q|k|v 5120x6144": (5120, 6144),
-    # added after phase N (round 9): Llama-2-7B's, whose down projection has a prime number of steps (43 at g128)
-    "Llama-2-7B down 11008x4096": (11008, 4096), "Llama-2-7B gate|up joined 4096x22016": (4096, 22016),
 }
 PHASE_A_SHAPES = ("8B gate/up 4096x14336", "70B gate/up 8192x28672")
 SPLITS = (1, 2, 4, 8, 16)

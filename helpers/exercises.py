@@ -34,8 +34,10 @@ def _w4_gemv(fn) -> str | None:
 
 
 def _narrow_split(fn) -> str | None:
-    # (tiles, steps, sms, warps, per_sm): 8B q/o, 70B gate/up, Llama-2-7B's down (43 steps), SmolLM2's o, a CPU's 8 "SMs"
-    cases = [(128, 8, 132, 2, 16), (896, 8, 132, 2, 16), (128, 43, 132, 2, 16), (18, 9, 132, 2, 16), (5, 9, 8, 4, 32)]
+    # (tiles, steps, sms, warps, per_sm): 8B q/o, 70B gate/up (16 steps), Llama-2-7B's down (43 steps), the
+    # 14B-class 13824x5120 (27 steps), SmolLM2's o, a CPU's 8 "SMs"
+    cases = [(128, 8, 132, 2, 16), (896, 16, 132, 2, 16), (128, 43, 132, 2, 16), (160, 27, 132, 2, 16),
+             (18, 9, 132, 2, 16), (5, 9, 8, 4, 32)]
     for case in cases:
         got, want = fn(*case), solutions.narrow_split(*case)
         if got != want:

@@ -17,7 +17,7 @@ def w4_gemv(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: tor
 def narrow_split(tiles: int, steps: int, sms: int, warps: int, per_sm: int) -> int:
     """08: the divisor ``d`` of ``steps`` nearest in ratio to ``per_sm · sms / (tiles · warps)``."""
     import math
-    target = per_sm * sms / (tiles * warps)
+    target = per_sm * sms / (max(tiles, 1) * warps)
     return min((d for d in range(1, steps + 1) if steps % d == 0), key=lambda d: abs(math.log(d / target)))
 
 

@@ -614,9 +614,12 @@ def narrow_gemv_config(p: W4Weight, sms: int | None = None, **fixed) -> dict:
 
 def narrow_split(tiles: int, steps: int, sms: int, warps: int) -> int:
     """Programs along K for the narrow-tile GEMV: the divisor ``d`` of the ``steps`` per row nearest (in
-    ratio) to ``NARROW_WARPS_PER_SM · sms / (tiles · warps)`` — nearest, not the largest below it: a row of
-    43 steps (Llama-2-7B's down projection, 86 groups of 128, 2 per step) splits 43 ways, not once, since a
-    split of 1 leaves 128 programs each walking all 43 steps one after another."""
+    ratio, ``|log(d / target)|``; the smaller on a tie) to ``target = NARROW_WARPS_PER_SM · sms / (tiles ·
+    warps)`` — nearest, not the largest below it: on 132 SMs a row of 43 steps (Llama-2-7B's down projection,
+    86 groups of 128, 2 per step; target 8.25) splits 43 ways, not once, since a split of 1 leaves 128
+    programs each walking all 43 steps one after another."""
+    if steps < 1 or sms < 1 or warps < 1:
+        raise ValueError(f"narrow_split needs steps, sms and warps ≥ 1, got steps={steps}, sms={sms}, warps={warps}")
     target = NARROW_WARPS_PER_SM * sms / (max(tiles, 1) * warps)
     return min(_divisors(steps), key=lambda d: abs(math.log(d / target)))
 

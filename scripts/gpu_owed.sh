@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU measurements the code of this commit still owes (README, "Measurements owed"), in calls of at
 # most 10 minutes, one process on the card at a time:  COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh CALL
-#   1  round 9's check, on any card: the narrow rule (nearest-divisor split) at M = 1 on the held-out shapes,
-#      Llama-2-7B's two among them (kernels phase N); decode of Llama-3.1-8B (bf16 fused+attn, ours fused+attn
-#      and fused+head+attn, batch 1 compiled, 8, 16) and of Llama-2-7B (bf16, ours, tinygemm; batch 1 compiled,
-#      compiled-step profiles), each in one process
+#   1  round 9's check, on any card, most important first: decode of Llama-2-7B (ours and tinygemm fused+head+attn
+#      in one process, batch 1 compiled, compiled-step profiles; then bf16 fused+attn), of Llama-3.1-8B (bf16
+#      fused+attn, ours fused+attn and fused+head+attn, batch 1 compiled, 8, 16, one process); then the narrow
+#      rule (nearest-divisor split) at M = 1 on the held-out shapes, Llama-2-7B's two first (kernels phase N)
 #   2  the GPU tests of the newest paths (PDL under graph capture, the loads-only kernel); the narrow-tile GEMV
 #      at every split on the twelve shapes and the held-out ones, beside auto_config and tinygemm (kernels phase
 #      N: the rows its shape rule is fitted on); the bar at each size on eight shapes (phase R)
@@ -24,14 +24,17 @@ T0=$(date +%s)
 left() { local t=$(( ${1:-585} - ($(date +%s) - T0) )); echo $(( t > ${2:-0} ? t : ${2:-0} )); }
 gpu() { bash scripts/gpu.sh "$@"; }
 case "${1:-}" in
-  1) KERNEL_ARGS="--phases N --held-out --shapes= --rows 1" PART_TIMEOUT=100 gpu kernels
-     mv "$OUT/kernels.json" "$OUT/kernels_N_held.json"; mv "$OUT/kernels.log" "$OUT/kernels_N_held.log"
+  1) DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 \
+--recipes fused+head+attn --profile compiled" PART_TIMEOUT=200 gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_llama2_w4.json"; mv "$OUT/decode.log" "$OUT/decode_llama2_w4.log"
+     DECODE_FORMATS="bf16" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 --recipes fused+attn" \
+       PART_TIMEOUT=$(left 290 40) gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_llama2_bf16.json"; mv "$OUT/decode.log" "$OUT/decode_llama2_bf16.log"
      DECODE_FORMATS="bf16,W4A16 ours" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 \
---recipes fused+attn,fused+head+attn" PART_TIMEOUT=$(left 330 60) gpu decode
+--recipes fused+attn,fused+head+attn" PART_TIMEOUT=$(left 500 60) gpu decode
      mv "$OUT/decode.json" "$OUT/decode_8B.json"; mv "$OUT/decode.log" "$OUT/decode_8B.log"
-     DECODE_FORMATS="bf16,W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 \
---recipes fused+attn,fused+head+attn --profile compiled" PART_TIMEOUT=$(left 585 30) gpu decode
-     mv "$OUT/decode.json" "$OUT/decode_llama2.json"; mv "$OUT/decode.log" "$OUT/decode_llama2.log" ;;
+     KERNEL_ARGS="--phases N --held-out --shapes= --rows 1" PART_TIMEOUT=$(left 585 30) gpu kernels
+     mv "$OUT/kernels.json" "$OUT/kernels_N_held.json"; mv "$OUT/kernels.log" "$OUT/kernels_N_held.log" ;;
   2) TESTS="tests/test_stream_read.py tests/test_w4_kernel.py::test_programmatic_dependent_launch_changes_no_output \
 tests/test_w4_kernel.py::test_pdl_is_a_flag_passed_through_auto_config" PART_TIMEOUT=150 gpu pytest
      KERNEL_ARGS="--phases N --held-out --rows 1" PART_TIMEOUT=$(left 400 60) gpu kernels

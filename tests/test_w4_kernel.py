@@ -582,9 +582,14 @@ def test_narrow_split_is_the_nearest_divisor_not_the_largest_below():
     largest divisor below the target of 8.25: 128 programs each walking 43 steps — the H100's decode of
     4810976 read Llama-2-7B's int4 weights slower than bf16's: results/h100/decode.json, run 2026-12-05g)."""
     assert w4_kernel.narrow_split(tiles=128, steps=43, sms=132, warps=2) == 43
-    assert w4_kernel.gemv_split(tiles=128, steps=43, sms=132, warps=2) == 1          # the other rule's answer
+    # the fp32 GEMV's rule (gemv_split: the largest divisor below 32 warps per SM) says 1 here as well
+    assert w4_kernel.gemv_split(tiles=128, steps=43, sms=132, warps=2) == 1
     assert w4_kernel.narrow_split(tiles=128, steps=8, sms=132, warps=2) == 8         # 8B q/o: target 8.25
-    assert w4_kernel.narrow_split(tiles=896, steps=8, sms=132, warps=2) == 1         # 70B gate/up: 1.2
+    assert w4_kernel.narrow_split(tiles=896, steps=16, sms=132, warps=2) == 1        # 70B gate/up: 1.18
+    assert w4_kernel.narrow_split(tiles=160, steps=27, sms=132, warps=2) == 9        # 14B 13824x5120: 6.6 → 9, not 3
+    for bad in (dict(steps=0), dict(sms=0), dict(warps=0)):
+        with pytest.raises(ValueError, match="≥ 1"):
+            w4_kernel.narrow_split(**{**dict(tiles=128, steps=43, sms=132, warps=2), **bad})
     p = w4_format.W4Weight(torch.zeros(4096, 1376, dtype=torch.int32), torch.zeros(4096, 86, dtype=torch.float16),
                            torch.zeros(4096, 86, dtype=torch.float16), 128, (4096, 11008))
     assert w4_kernel.narrow_gemv_config(p, sms=132)["SPLIT_K"] == 43 and w4_kernel.auto_config(p, 1)["GROUPS"] == 2
@@ -609,5 +614,9 @@ def test_the_one_row_rule_gives_every_known_architecture_a_valid_config():
                                        torch.zeros(n, k // g, dtype=torch.float16, device="meta"), g, (n, k))
                 cfg = w4_kernel.narrow_gemv_config(p, sms=132)
                 assert w4_kernel._check_config(dict(cfg), p, 1) == cfg, (arch, n, k, g)
+                # no divisor of the steps is nearer (in ratio) to the target: brute force, not narrow_split again
                 steps = k // (g * cfg["GROUPS"])
-                assert cfg["SPLIT_K"] == w4_kernel.narrow_split(math.ceil(n / 32), steps, 132, 2), (arch, n, k, g)
+                target = w4_kernel.NARROW_WARPS_PER_SM * 132 / (math.ceil(n / 32) * 2)
+                assert steps % cfg["SPLIT_K"] == 0, (arch, n, k, g)
+                assert all(abs(math.log(cfg["SPLIT_K"] / target)) <= abs(math.log(d / target)) + 1e-12
+                           for d in range(1, steps + 1) if steps % d == 0), (arch, n, k, g)
