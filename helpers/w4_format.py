@@ -63,6 +63,15 @@ class W4Weight:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.words, self.scale, self.zero))
 
+    @classmethod
+    def stand_in(cls, n: int, k: int, group_size: int, device="meta") -> W4Weight:
+        """An ``[n, k]`` weight in groups of ``group_size`` with no values (on the meta device by default):
+        what the shape rules (``w4_kernel.auto_config``, ``candidate_configs``) read, for any model's shapes
+        without its memory."""
+        return cls(torch.zeros(n, k // 8, dtype=torch.int32, device=device),
+                   torch.zeros(n, k // group_size, dtype=torch.float16, device=device),
+                   torch.zeros(n, k // group_size, dtype=torch.float16, device=device), group_size, (n, k))
+
     def to(self, device) -> W4Weight:
         return W4Weight(self.words.to(device), self.scale.to(device), self.zero.to(device), self.group_size,
                         self.shape)

@@ -534,14 +534,15 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
     return cfg
 
 
-def gemv_split(tiles: int, steps: int, sms: int, warps: int = 4) -> int:
+def gemv_split(tiles: int, steps: int, sms: int, warps: int = 4, per_sm: int = GEMV_WARPS_PER_SM) -> int:
     """Programs along K for the GEMV: the largest divisor ``d`` of the ``steps`` per row with
-    ``tiles · d · warps ≤`` :data:`GEMV_WARPS_PER_SM` ``· sms`` (1 if none) — as many programs as keep every
+    ``tiles · d · warps ≤ per_sm · sms`` (default :data:`GEMV_WARPS_PER_SM`; 1 if none) — as many programs as keep every
     multiprocessor's warps streaming, no more: beyond that they only add partial sums to add up.
     Counted in warps, not programs (``results/h200/kernels.json``, run 2026-12-04b: the best split of the
     2-warp programs sat at 13.6–16.4 programs, 27–33 warps, per SM on the large g128 weights; the narrow
-    tiles of :data:`NARROW_GEMV` want fewer: :func:`narrow_split`)."""
-    bound = GEMV_WARPS_PER_SM * sms / (max(tiles, 1) * warps)
+    tiles of :data:`NARROW_GEMV` want fewer, and the nearest divisor rather than the largest below:
+    :func:`narrow_split`)."""
+    bound = per_sm * sms / (max(tiles, 1) * warps)
     return max([d for d in _divisors(steps) if d <= bound] or [1])
 
 

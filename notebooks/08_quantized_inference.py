@@ -697,8 +697,7 @@ if (H100 / "kernels.json").exists():
         case = one_r[(one_r["shape"] == shape) & (one_r.group == g)]
         best = case[case.kernel == "ours (GEMV, phase R sweep)"].sort_values("ms").iloc[0]
         n, k = best.N, best.K
-        p = w4_format.W4Weight(torch.zeros(n, k // 8, dtype=torch.int32), torch.zeros(n, k // g, dtype=torch.float16),
-                               torch.zeros(n, k // g, dtype=torch.float16), g, (n, k))
+        p = w4_format.W4Weight.stand_in(n, k, g)
         return best.config in w4_kernel.candidate_configs(p, 1, sms=k100["meta"]["sms"])
     offered = sum(offered(sh, g) for sh, g in zip(bars["shape"], bars.group))
     print(f"  w4_kernel.candidate_configs offers {offered} of those {len(bars)} best configs (tuned_config's search)")
@@ -777,14 +776,13 @@ if (H100 / "kernels.json").exists():
     def rule_row(shape, g):
         case = nn[(nn["shape"] == shape) & (nn.group == g)]
         n, k = int(case.N.iloc[0]), int(case.K.iloc[0])
-        p = w4_format.W4Weight(torch.zeros(n, k // 8, dtype=torch.int32), torch.zeros(n, k // g, dtype=torch.float16),
-                               torch.zeros(n, k // g, dtype=torch.float16), g, (n, k))
+        p = w4_format.W4Weight.stand_in(n, k, g)
         want = {**w4_kernel.narrow_gemv_config(p, sms=k100["meta"]["sms"]), "MAGIC": True}
         sweep = case[case.kernel.str.startswith("ours (GEMV narrow")]
         rule = sweep[[c == want for c in sweep.config]].iloc[0]
-        steps = k // (g * want["GROUPS"])       # the split the decode runs g-i used: the largest divisor below
-        target = w4_kernel.NARROW_WARPS_PER_SM * k100["meta"]["sms"] / (-(-n // want["BLOCK_N"]) * want["num_warps"])
-        below = max([d for d in w4_kernel._divisors(steps) if d <= target] or [1])
+        # the split the decode runs g-i used: the largest divisor below the same target (gemv_split's way)
+        below = w4_kernel.gemv_split(-(-n // want["BLOCK_N"]), k // (g * want["GROUPS"]), k100["meta"]["sms"],
+                                     want["num_warps"], per_sm=w4_kernel.NARROW_WARPS_PER_SM)
         at_below = sweep[[c == {**want, "SPLIT_K": below} for c in sweep.config]].iloc[0]
         old = case[case.kernel.str.contains("auto_config")].iloc[0]
         tiny = case[case.kernel.str.startswith("tinygemm")].ms.min()
@@ -863,12 +861,12 @@ def my_narrow_split(tiles, steps, sms, warps, per_sm):
 exercises.check("narrow_split", my_narrow_split)
 target = w4_kernel.NARROW_WARPS_PER_SM * 132 / (4096 // 32 * 2)
 print(f"Llama-2-7B down (4096 × 11008, g128), 132 SMs, target {target:.2f}:",
-      "largest divisor below it →", max(d for d in w4_kernel._divisors(43) if d <= target),
+      "largest divisor below it →", w4_kernel.gemv_split(4096 // 32, 43, 132, 2, per_sm=w4_kernel.NARROW_WARPS_PER_SM),
       "| nearest →", w4_kernel.narrow_split(tiles=4096 // 32, steps=43, sms=132, warps=2))
 
 # %% [markdown]
-# Going further: call `w4_kernel.narrow_gemv_config` on stand-in weights (zeros of the right shapes, as
-# `rule_row` does above) for every linear of an architecture in `models.ARCHITECTURES`, and print each
+# Going further: call `w4_kernel.narrow_gemv_config` on stand-in weights (`w4_format.W4Weight.stand_in`,
+# as `rule_row` does above: the shapes without the memory) for every linear of an architecture in `models.ARCHITECTURES`, and print each
 # one's split and warps per SM. Which weights can no split bring near the target, and what would (hint:
 # fewer groups per step make more steps to divide)?
 

@@ -1,7 +1,7 @@
 """Every exercise checker accepts its solution, rejects a wrong answer, and treats "not written" as the profile says."""
 import pytest
 
-from helpers import exercises, solutions
+from helpers import exercises, solutions, w4_kernel
 
 
 def _no_hinv_diag(W1, Hinv1, i, q):
@@ -28,15 +28,9 @@ def _gap_only(snapshot, request, cap):
     return "fragmentation" if free >= request else "too-big"
 
 
-def _largest_below(tiles, steps, sms, warps, per_sm):
-    """The split rule before round 9: the largest divisor at or below the target (1 for 43 steps)."""
-    return max([d for d in range(1, steps + 1) if steps % d == 0 and d <= per_sm * sms / (tiles * warps)] or [1])
-
-
 def test_the_split_exercises_solution_is_the_kernels_rule():
     """helpers.solutions.narrow_split, the exercise's hidden answer, is w4_kernel.narrow_split at the rule's own
     warps per SM, on every tile count and step count of a grid (ties included)."""
-    from helpers import w4_kernel
     for tiles in (1, 3, 5, 18, 64, 128, 448, 896, 4008):
         for steps in range(1, 65):
             for sms in (8, 132):
@@ -62,8 +56,8 @@ def test_solution_passes_and_wrong_answer_fails(name, capsys, monkeypatch):
              "ppl_from_logits": _off_by_one,                                              # logits[t] vs token t
              "int4_kv_bytes_per_token": lambda L, h, d, g: 2 * L * h * d / 2,            # forgot the scales
              "diagnose_snapshot": _gap_only,
-             "tp_kv_bytes_per_rank": lambda L, h, d, tp, n, b: 2 * L * h / tp * d * n * b,
-             "narrow_split": _largest_below}[name]   # splits a head                                        # reserved − allocated only
+             "tp_kv_bytes_per_rank": lambda L, h, d, tp, n, b: 2 * L * h / tp * d * n * b,   # splits a head
+             "narrow_split": w4_kernel.gemv_split}[name]          # the largest divisor below, not the nearest
     assert exercises.check(name, wrong) is False
     assert "✗" in capsys.readouterr().out
 

@@ -158,8 +158,7 @@ def test_gemv_split_fills_the_warps_per_sm_and_no_more():
     assert w4_kernel.gemv_split(tiles=128, steps=56, sms=132, warps=2) == 14  # 70B down: 50.7 µs (8: 54.7)
     assert w4_kernel.gemv_split(tiles=80, steps=27, sms=132, warps=2) == 9    # 14B 13824x5120: 27 would overshoot
     # auto_config passes its programs' warps: the g128 rule's 2-warp GEMV on 70B gate/up splits in 4 (4 warps: 2)
-    p = w4_format.W4Weight(torch.zeros(28672, 1024, dtype=torch.int32), torch.zeros(28672, 64, dtype=torch.float16),
-                           torch.zeros(28672, 64, dtype=torch.float16), 128, (28672, 8192))
+    p = w4_format.W4Weight.stand_in(28672, 8192, 128)
     assert w4_kernel.gemv_config(p, sms=132, **w4_kernel.HALF2_GEMV)["SPLIT_K"] == 4
     assert w4_kernel.gemv_config(p, sms=132, **{**w4_kernel.HALF2_GEMV, "num_warps": 4})["SPLIT_K"] == 2
 
@@ -333,9 +332,7 @@ def test_round_8_rows_say_what_the_notebook_and_readme_say():
         won += best["ms"] < auto["ms"]
         for name, r in (("auto", auto), ("sweep", best)):
             met[name] += shape in big and r["GBps"] >= 0.7 * copy and tg[(shape, g)] / r["ms"] >= 1.3
-        p = w4_format.W4Weight(torch.zeros(best["N"], best["K"] // 8, dtype=torch.int32),
-                               torch.zeros(best["N"], best["K"] // g, dtype=torch.float16),
-                               torch.zeros(best["N"], best["K"] // g, dtype=torch.float16), g, (best["N"], best["K"]))
+        p = w4_format.W4Weight.stand_in(best["N"], best["K"], g)
         offered = [{**c, "MAGIC": True} for c in w4_kernel.candidate_configs(p, 1, sms=132)]
         assert best["config"] in offered, (shape, g, best["config"])
     assert won == 15 and met == {"auto": 0, "sweep": 4}
@@ -480,8 +477,7 @@ def test_gemv_config_reproduces_every_config_the_h200_run_chose():
     assert len(rows) >= 100
     for r in rows:
         n, k, g = r["N"], r["K"], r["group"]
-        p = w4_format.W4Weight(torch.zeros(n, k // 8, dtype=torch.int32), torch.zeros(n, k // g, dtype=torch.float16),
-                               torch.zeros(n, k // g, dtype=torch.float16), g, (n, k))
+        p = w4_format.W4Weight.stand_in(n, k, g)
         want = dict(r["config"])
         want.setdefault("HALF2", False)          # rows timed before HALF2 existed ran without it
         want.setdefault("ACC16", False)          # ... and before ACC16
@@ -563,8 +559,7 @@ def test_the_narrow_rule_is_what_phase_n_measured_it_to_be():
     for (label, g) in sorted({(r["shape"], r["group"]) for r in rows}):
         case = [r for r in rows if (r["shape"], r["group"]) == (label, g)]
         n, k = case[0]["N"], case[0]["K"]
-        p = w4_format.W4Weight(torch.zeros(n, k // 8, dtype=torch.int32), torch.zeros(n, k // g, dtype=torch.float16),
-                               torch.zeros(n, k // g, dtype=torch.float16), g, (n, k))
+        p = w4_format.W4Weight.stand_in(n, k, g)
         rule = {**w4_kernel.narrow_gemv_config(p, sms=132), "MAGIC": True}   # the interpreter here turns MAGIC off
         (mine,) = [r for r in case if "narrow" in r["kernel"] and r["config"] == rule]
         old = next(r for r in case if "auto_config" in r["kernel"])
@@ -582,16 +577,16 @@ def test_narrow_split_is_the_nearest_divisor_not_the_largest_below():
     largest divisor below the target of 8.25: 128 programs each walking 43 steps — the H100's decode of
     4810976 read Llama-2-7B's int4 weights slower than bf16's: results/h100/decode.json, run 2026-12-05g)."""
     assert w4_kernel.narrow_split(tiles=128, steps=43, sms=132, warps=2) == 43
-    # the fp32 GEMV's rule (gemv_split: the largest divisor below 32 warps per SM) says 1 here as well
-    assert w4_kernel.gemv_split(tiles=128, steps=43, sms=132, warps=2) == 1
+    # the largest divisor below the same target (gemv_split's way, the rule of 4810976) says 1
+    assert w4_kernel.gemv_split(tiles=128, steps=43, sms=132, warps=2, per_sm=w4_kernel.NARROW_WARPS_PER_SM) == 1
+    assert w4_kernel.gemv_split(tiles=160, steps=27, sms=132, warps=2, per_sm=w4_kernel.NARROW_WARPS_PER_SM) == 3
     assert w4_kernel.narrow_split(tiles=128, steps=8, sms=132, warps=2) == 8         # 8B q/o: target 8.25
     assert w4_kernel.narrow_split(tiles=896, steps=16, sms=132, warps=2) == 1        # 70B gate/up: 1.18
     assert w4_kernel.narrow_split(tiles=160, steps=27, sms=132, warps=2) == 9        # 14B 13824x5120: 6.6 → 9, not 3
     for bad in (dict(steps=0), dict(sms=0), dict(warps=0)):
         with pytest.raises(ValueError, match="≥ 1"):
             w4_kernel.narrow_split(**{**dict(tiles=128, steps=43, sms=132, warps=2), **bad})
-    p = w4_format.W4Weight(torch.zeros(4096, 1376, dtype=torch.int32), torch.zeros(4096, 86, dtype=torch.float16),
-                           torch.zeros(4096, 86, dtype=torch.float16), 128, (4096, 11008))
+    p = w4_format.W4Weight.stand_in(4096, 11008, 128)
     assert w4_kernel.narrow_gemv_config(p, sms=132)["SPLIT_K"] == 43 and w4_kernel.auto_config(p, 1)["GROUPS"] == 2
 
 
@@ -609,9 +604,7 @@ def test_the_one_row_rule_gives_every_known_architecture_a_valid_config():
             for g in (64, 128):
                 if not n or not k or k % g:
                     continue
-                p = w4_format.W4Weight(torch.zeros(n, k // 8, dtype=torch.int32, device="meta"),
-                                       torch.zeros(n, k // g, dtype=torch.float16, device="meta"),
-                                       torch.zeros(n, k // g, dtype=torch.float16, device="meta"), g, (n, k))
+                p = w4_format.W4Weight.stand_in(n, k, g)
                 cfg = w4_kernel.narrow_gemv_config(p, sms=132)
                 assert w4_kernel._check_config(dict(cfg), p, 1) == cfg, (arch, n, k, g)
                 # no divisor of the steps is nearer (in ratio) to the target: brute force, not narrow_split again
@@ -620,3 +613,14 @@ def test_the_one_row_rule_gives_every_known_architecture_a_valid_config():
                 assert steps % cfg["SPLIT_K"] == 0, (arch, n, k, g)
                 assert all(abs(math.log(cfg["SPLIT_K"] / target)) <= abs(math.log(d / target)) + 1e-12
                            for d in range(1, steps + 1) if steps % d == 0), (arch, n, k, g)
+
+
+def test_a_stand_in_weight_has_the_shape_and_no_memory():
+    """W4Weight.stand_in: the packed tensors' shapes for an [n, k] weight on the meta device (what the shape rules
+    read), checked like any W4Weight — a k its groups do not divide is refused, naming the shape."""
+    p = w4_format.W4Weight.stand_in(4096, 11008, 128)
+    assert p.words.shape == (4096, 1376) and p.scale.shape == p.zero.shape == (4096, 86)
+    assert p.words.is_meta and p.shape == (4096, 11008)
+    assert w4_format.W4Weight.stand_in(32, 512, 64, device="cpu").words.device.type == "cpu"
+    with pytest.raises(ValueError, match="in_features must be a positive multiple"):
+        w4_format.W4Weight.stand_in(32, 1000, 64)
