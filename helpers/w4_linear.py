@@ -52,13 +52,26 @@ class W4Linear(torch.nn.Module):
                              persistent=False)
         self.group_size, self.shape = group_size, p.shape
         self.bias = linear.bias
-        # row tile → config, every tile chosen here, once (torch.compile then traces no choosing)
-        self.configs = {tile: auto_config(p, tile, family) for tile in (1, 16, 32, 64)} | dict(configs or {})
-        self.family = family
+        self.family, self.given_configs = family, dict(configs or {})
         self.dense_above = dense_above
         self._op = w4a16_op()   # registered now: torch.compile cannot register an op while it traces
+        self._choose_configs()
+
+    def _choose_configs(self):
+        """Row tile → config for the device the weight is on now (its multiprocessors set the split),
+        every tile chosen here, once (torch.compile then traces no choosing); given configs win."""
+        self.configs = {tile: auto_config(self.p, tile, self.family) for tile in (1, 16, 32, 64)} | self.given_configs
         self._op_configs = {tile: json.dumps(cfg) for tile, cfg in self.configs.items()} | {
             "fp32": json.dumps(DEFAULT_CONFIG)}   # the op takes its config as a string
+        self.configs_device = self.words.device
+
+    def _apply(self, fn, recurse=True):
+        # ``.to``/``.cuda`` land here: a layer swapped on the CPU and moved to a GPU re-chooses its configs
+        # for that GPU (on the CPU they are chosen for the interpreter and 8 stand-in multiprocessors)
+        module = super()._apply(fn, recurse)
+        if self.words.device != self.configs_device:
+            self._choose_configs()
+        return module
 
     @property
     def p(self) -> W4Weight:

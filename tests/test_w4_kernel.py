@@ -446,6 +446,27 @@ def test_w4linear_large_batches_take_the_dense_path():
     assert torch.allclose(w4(x), w4_format.reference_matmul(x, w4.p), atol=1e-4)
 
 
+def test_w4linear_moved_to_another_device_chooses_its_configs_there():
+    """A layer swapped on the CPU (configs for the interpreter and 8 stand-in SMs) and moved with ``.to``
+    chooses again for the device it lands on — on a GPU, what a layer built there chooses; given configs
+    stay. On the CPU alone the move goes to ``meta``."""
+    lin = torch.nn.Linear(1024, 256, bias=False)
+    given = {16: dict(w4_kernel.TC_DEFAULTS, SPLIT_K=1)}
+    w4 = w4_linear.W4Linear(lin, 128, configs=given)
+    target = DEV if DEV != "cpu" else "meta"
+    w4.to(target)
+    assert w4.configs_device.type == target and w4.words.device.type == target
+    assert w4.configs[16] == given[16]
+    if DEV != "cpu":
+        built_there = w4_linear.W4Linear(lin.to(DEV), 128)
+        assert w4.configs[1] == built_there.configs[1] and w4.configs[32] == built_there.configs[32]
+        x = torch.randn(1, 1024, device=DEV, dtype=torch.bfloat16)
+        assert torch.equal(w4(x), built_there(x))
+    chosen = w4.configs
+    w4.to(target)                           # no move: the configs are the ones it had
+    assert w4.configs is chosen
+
+
 def test_w4linear_compiles_whole_as_one_custom_op():
     """torch.compile traces the layer without a graph break: our kernel is one opaque op
     (``course::w4a16_matmul``) with a fake for its shape, everything around it is fused by the compiler."""
