@@ -66,9 +66,17 @@ class W4Linear(torch.nn.Module):
         self.configs_device = self.words.device
 
     def _apply(self, fn, recurse=True):
-        # ``.to``/``.cuda`` land here: a layer swapped on the CPU and moved to a GPU re-chooses its configs
-        # for that GPU (on the CPU they are chosen for the interpreter and 8 stand-in multiprocessors)
+        # ``.to``/``.cuda``/``.half`` land here. The fp16 scales and zeros are part of the packed format: a
+        # cast of the model (``model.to(torch.bfloat16)``) moves them but keeps them fp16, exact (a round
+        # trip through bf16 would lose 3 bits of each). A layer swapped on the CPU and moved to a GPU
+        # re-chooses its configs for that GPU (on the CPU they are chosen for the interpreter and 8
+        # stand-in multiprocessors).
+        scale, zero = self.scale, self.zero
         module = super()._apply(fn, recurse)
+        if self.scale.dtype != torch.float16:
+            self.scale = scale.to(self.scale.device)
+        if self.zero.dtype != torch.float16:
+            self.zero = zero.to(self.zero.device)
         if self.words.device != self.configs_device:
             self._choose_configs()
         return module

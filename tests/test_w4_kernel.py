@@ -467,6 +467,23 @@ def test_w4linear_moved_to_another_device_chooses_its_configs_there():
     assert w4.configs is chosen
 
 
+def test_w4linear_keeps_its_fp16_scales_when_the_model_is_cast():
+    """``model.to(torch.bfloat16)`` after the swap: the activations' dtype changes, the packed format's
+    fp16 scales and zeros stay fp16 and bit for bit the same, and the layer computes the same product."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 32, bias=False)).to(DEV)
+    w4_linear.swap_linears(net, 64, skip=())
+    scale, zero = net[0].scale.clone(), net[0].zero.clone()
+    x = torch.randn(1, 256, device=DEV, dtype=torch.bfloat16)
+    before = net(x)
+    net.to(torch.bfloat16)
+    assert net[0].scale.dtype == net[0].zero.dtype == torch.float16
+    assert torch.equal(net[0].scale, scale) and torch.equal(net[0].zero, zero)
+    assert torch.equal(net(x), before)
+    net.float()
+    assert net[0].scale.dtype == torch.float16
+
+
 def test_w4linear_compiles_whole_as_one_custom_op():
     """torch.compile traces the layer without a graph break: our kernel is one opaque op
     (``course::w4a16_matmul``) with a fake for its shape, everything around it is fused by the compiler."""
