@@ -13,6 +13,8 @@
 #   4  the W4A16 kernels: the tensor-core kernel (phases A and B, M = 2-16), its split rule on the held-out shapes
 #      (phase T), the GEMV at M = 1 (phase G)
 #   5  the rest of the test suite (one process)
+#   8  the kernel tests (W4Linear moved across devices and cast, every kernel path) and the decode tests; then Nsight
+#      Compute on the narrow-tile GEMV (auto_config at M = 1) on the 8B gate/up and down and the 14B-class weights
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -63,6 +65,11 @@ tests/test_w4_kernel.py::test_pdl_is_a_flag_passed_through_auto_config" PART_TIM
 notebooks/03_quantization_basics.ipynb notebooks/04_gptq.ipynb notebooks/05_awq.ipynb" PART_TIMEOUT=580 gpu notebooks ;;
   7) NOTEBOOKS="notebooks/06_perplexity.ipynb notebooks/07_kv_cache_ab.ipynb notebooks/08_quantized_inference.ipynb \
 notebooks/09_clinic.ipynb notebooks/10_multi_gpu.ipynb" PART_TIMEOUT=580 gpu notebooks ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|3|4|5|6|7 (see the header)"; exit 2 ;;
+  8) TESTS="tests/test_w4_kernel.py tests/test_decode_bench.py tests/test_decode_attention.py tests/test_kernel_once.py" \
+       PART_TIMEOUT=240 gpu pytest
+     mv "$OUT/pytest_part.txt" "$OUT/pytest_kernels.txt"
+     NCU_CASES="8B gate/up 4096x14336:128:1;8B down 14336x4096:128:1;14B-class 13824x5120:128:1;70B gate/up 8192x28672:128:1" \
+       PART_TIMEOUT=$(left 420 30) gpu ncu ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|3|4|5|6|7|8 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"
