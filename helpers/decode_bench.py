@@ -115,19 +115,23 @@ class Recipe:
 
 
 def fused_projections(model) -> torch.nn.Module:
-    """The same Llama-architecture decoder with ``q|k|v`` as one projection and ``gate|up`` as another:
-    transformers' Phi-3 classes, whose ``Phi3Attention`` slices one ``qkv_proj`` output into q, k and v
-    and whose ``Phi3MLP`` chunks one ``gate_up_proj`` output (``modeling_phi3.py``), holding the
-    weights concatenated along the output dimension. It computes the same function (tested); each
-    layer runs 4 matmuls instead of 7. The source model's tensors are copied (it can be deleted after)."""
+    """The same Llama- or Mistral-architecture decoder with ``q|k|v`` as one projection and ``gate|up`` as
+    another: transformers' Phi-3 classes, whose ``Phi3Attention`` slices one ``qkv_proj`` output into q, k
+    and v and whose ``Phi3MLP`` chunks one ``gate_up_proj`` output (``modeling_phi3.py``), holding the
+    weights concatenated along the output dimension; Mistral's ``sliding_window`` is Phi-3's too (both
+    pass it to the attention and choose the sliding-window mask by it). It computes the same function
+    (tested); each layer runs 4 matmuls instead of 7. The source model's tensors are copied (it can be
+    deleted after)."""
     from transformers import AutoModelForCausalLM, Phi3Config
     from transformers.initialization import no_init_weights
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    if cfg.model_type != "llama" or cfg.attention_bias or cfg.mlp_bias or cfg.hidden_act != "silu" \
+    if cfg.model_type not in ("llama", "mistral") or getattr(cfg, "attention_bias", False) \
+            or getattr(cfg, "mlp_bias", False) or cfg.hidden_act != "silu" \
             or head_dim != cfg.hidden_size // cfg.num_attention_heads:
-        raise ValueError("fused_projections takes a Llama-architecture model (model_type 'llama', no biases, SiLU, "
-                         f"head_dim = hidden_size / heads); got model_type {cfg.model_type!r}")
+        raise ValueError("fused_projections takes a Llama- or Mistral-architecture model (model_type 'llama' or "
+                         "'mistral', no biases, SiLU, head_dim = hidden_size / heads); got model_type "
+                         f"{cfg.model_type!r}")
     rope = dict(cfg.rope_parameters or {})
     if rope.get("rope_type", "default") != "default":   # Phi3Config accepts 'default' and 'longrope' only
         raise ValueError(f"fused_projections keeps the rotary embedding as Phi-3's classes compute it: rope_type "
@@ -139,6 +143,7 @@ def fused_projections(model) -> torch.nn.Module:
                      max_position_embeddings=cfg.max_position_embeddings,
                      original_max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
                      tie_word_embeddings=cfg.tie_word_embeddings, rope_parameters=rope,
+                     sliding_window=getattr(cfg, "sliding_window", None),
                      bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id)
     phi._attn_implementation = cfg._attn_implementation
     weight = next(model.parameters())

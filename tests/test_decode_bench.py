@@ -31,13 +31,30 @@ def test_fused_projections_compute_the_same_function_with_four_matmuls_per_layer
     assert torch.equal(qkv, torch.cat([src.q_proj.weight, src.k_proj.weight, src.v_proj.weight]))
 
 
+def test_fused_projections_keep_mistrals_sliding_window():
+    """Mistral is Llama with a sliding window: fused, the same logits on a sequence longer than the window
+    (so the window matters: without it the logits differ, checked)."""
+    from transformers import MistralConfig, MistralForCausalLM
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=256, head_dim=32)
+    m = MistralForCausalLM(MistralConfig(**cfg, sliding_window=8)).eval()
+    f = decode_bench.fused_projections(m)
+    assert f.config.sliding_window == 8
+    ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(m(ids).logits, f(ids).logits, atol=1e-5)
+        f.config.sliding_window = None
+        assert not torch.allclose(m(ids).logits, f(ids).logits, atol=1e-3)
+
+
 def test_fused_projections_refuse_what_they_cannot_keep_the_same():
     with pytest.raises(ValueError, match="rope_type 'default' only"):
         decode_bench.fused_projections(tiny_llama(rope_parameters={
             "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}))
-    with pytest.raises(ValueError, match="Llama-architecture"):
+    with pytest.raises(ValueError, match="Llama- or Mistral-architecture"):
         decode_bench.fused_projections(tiny_llama(attention_bias=True))
-    with pytest.raises(ValueError, match="Llama-architecture"):
+    with pytest.raises(ValueError, match="Llama- or Mistral-architecture"):
         decode_bench.fused_projections(tiny_llama(head_dim=64))
 
 
