@@ -15,6 +15,8 @@
 #   5  the rest of the test suite (one process)
 #   8  the kernel tests (W4Linear moved across devices and cast, every kernel path) and the decode tests; then Nsight
 #      Compute on the narrow-tile GEMV (auto_config at M = 1) on the 8B gate/up and down and the 14B-class weights
+#   9  call 1 without the 8B decode, with the layer tests first (a short call when device time is short): W4Linear's
+#      tests, Llama-2-7B decode (ours and tinygemm; then bf16), phase N on the held-out shapes
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -70,6 +72,16 @@ notebooks/09_clinic.ipynb notebooks/10_multi_gpu.ipynb" PART_TIMEOUT=580 gpu not
      mv "$OUT/pytest_part.txt" "$OUT/pytest_kernels.txt"
      NCU_CASES="8B gate/up 4096x14336:128:1;8B down 14336x4096:128:1;14B-class 13824x5120:128:1;70B gate/up 8192x28672:128:1" \
        PART_TIMEOUT=$(left 420 30) gpu ncu ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|3|4|5|6|7|8 (see the header)"; exit 2 ;;
+  9) TESTS="tests/test_w4_kernel.py -k w4linear" PART_TIMEOUT=60 gpu pytest
+     mv "$OUT/pytest_part.txt" "$OUT/pytest_w4linear.txt"
+     DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 \
+--recipes fused+head+attn --profile compiled" PART_TIMEOUT=$(left 260 60) gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_llama2_w4.json"; mv "$OUT/decode.log" "$OUT/decode_llama2_w4.log"
+     DECODE_FORMATS="bf16" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 --recipes fused+attn" \
+       PART_TIMEOUT=$(left 360 40) gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_llama2_bf16.json"; mv "$OUT/decode.log" "$OUT/decode_llama2_bf16.log"
+     KERNEL_ARGS="--phases N --held-out --shapes= --rows 1" PART_TIMEOUT=$(left 420 30) gpu kernels
+     mv "$OUT/kernels.json" "$OUT/kernels_N_held.json"; mv "$OUT/kernels.log" "$OUT/kernels_N_held.log" ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|3|4|5|6|7|8|9 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"
