@@ -25,7 +25,8 @@ split of K (:func:`helpers.w4_kernel.gemv_split`, :func:`helpers.w4_kernel.tc_sp
 split, on ``--shapes`` and, with ``--held-out``, on :data:`HELD_OUT`. Phase R (:func:`reading_bar`) times
 the bar at each weight's size — a copy of its bytes, a kernel that only loads its words — and our kernel
 with programmatic dependent launch; phase N (:func:`narrow_tiles`) the GEMV on phase R's fastest tiles at
-every split, the rows a shape rule for them is fitted on. Every timed shape, group and M is
+every split, the rows a shape rule for them is fitted on; phase U (:func:`uneven_splits`) the rule's tile at
+splits that need not divide the steps. Every timed shape, group and M is
 checked against :func:`helpers.w4_format.reference_matmul` (``exact``).
 """
 from __future__ import annotations
@@ -252,6 +253,39 @@ def narrow_tiles(sh: Shape, label: str, groups, sms: int, held_out: bool, add, t
                         exact=bool(rel_err(x, p0, cfg, ref) <= 1e-3))
 
 
+U_PER_SM = (12, 16, 24, 32)   # warps per SM phase U fills with programs that need not divide the steps
+
+
+def uneven_splits(sh: Shape, label: str, groups, sms: int, held_out: bool, add, try_ours) -> None:
+    """Phase U on one shape: the one-row rule's tile (``narrow_gemv_config``) at its split (the nearest
+    divisor), at the largest divisor below the same target, and at :func:`~helpers.w4_kernel.uneven_split`'s
+    split — programs of ``⌈steps / split⌉`` steps, the last fewer — for one wave of :data:`U_PER_SM` warps
+    per SM; beside them tinygemm, in one process (``held_out`` marks a :data:`HELD_OUT` shape)."""
+    k, n = sh.k, sh.n
+    x = torch.randn(1, k, device=sh.packed[groups[0]][0].words.device, dtype=torch.bfloat16)
+    for g in groups:
+        p0, nbytes = sh.packed[g][0], sh.packed[g][0].nbytes
+        if sh.tiny[g] is not None:
+            add("tinygemm (torchao int4)", f"W4A16 g{g}", label, k, n, 1, g,
+                timing.graph_ms([lambda t=t: t(x) for t in sh.tiny[g]]), nbytes, "cudagraph", phase="U",
+                held_out=held_out)
+        ref = w4_format.reference_matmul(x.float(), p0).float()
+        rule = w4_kernel.narrow_gemv_config(p0, sms=sms)
+        tiles, steps = math.ceil(n / rule["BLOCK_N"]), k // (g * rule["GROUPS"])
+        splits = {"nearest divisor (the rule)": rule["SPLIT_K"],
+                  "largest divisor below": w4_kernel.gemv_split(tiles, steps, sms, rule["num_warps"],
+                                                                per_sm=w4_kernel.NARROW_WARPS_PER_SM)}
+        for per_sm in U_PER_SM:
+            splits[f"uneven, {per_sm} warps/SM"] = w4_kernel.uneven_split(tiles, steps, sms, rule["num_warps"], per_sm)
+        for how, split in splits.items():
+            cfg = {**rule, "SPLIT_K": split}
+            ms = try_ours(sh, label, g, x, cfg, "U")
+            if ms is not None:
+                add(f"ours (narrow rule tile, split: {how})", f"W4A16 g{g}", label, k, n, 1, g, ms, nbytes,
+                    "cudagraph", config=cfg, phase="U", held_out=held_out, split_by=how, steps=steps,
+                    exact=bool(rel_err(x, p0, cfg, ref) <= 1e-3))
+
+
 def main():
     import triton
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kernels")
@@ -267,8 +301,9 @@ def main():
                                                      "GEMV's split rule against every split; T: the tensor-core "
                                                      "kernel's (both with --held-out too); R: the bar at each "
                                                      "size (copy, loads only) and PDL; N: the narrow-tile "
-                                                     "GEMV at every split (with --held-out too)")
-    ap.add_argument("--held-out", action="store_true", help="phases S, T and N also on HELD_OUT's shapes")
+                                                     "GEMV at every split; U: its rule's tile at uneven "
+                                                     "splits (both with --held-out too)")
+    ap.add_argument("--held-out", action="store_true", help="phases S, T, N and U also on HELD_OUT's shapes")
     args = ap.parse_args()
     # labels hold spaces; "_" stands for one (a shell variable passes the list as one word), and a label's own "_"
     # ("8B lm_head ...") is matched either way
@@ -372,13 +407,20 @@ def main():
         reading_bar(sh, label, groups, [int(r) for r in args.rows.split(",")], meta["sms"], add, try_ours)
         sh.free()
         save()
-    # the shapes of phases N, S and T: --shapes, and HELD_OUT with --held-out
+    # the shapes of phases N, U, S and T: --shapes, and HELD_OUT with --held-out
     rule_shapes = {**{lab: SHAPES[lab] for lab in args.shapes.split(",") if lab}, **(HELD_OUT if args.held_out else {})}
     # ---------------- phase N: the narrow-tile GEMV (phase R's fastest kind) at every split of K, beside
     # auto_config and tinygemm in the same process — the rows a shape rule for it is fitted on (and held out)
     for label, (k, n) in (rule_shapes.items() if "N" in phases else ()):
         sh = Shape(k, n, groups=groups)
         narrow_tiles(sh, label, groups, meta["sms"], label in HELD_OUT, add, try_ours)
+        sh.free()
+        save()
+    # ---------------- phase U: the rule's tile at splits that need not divide the steps (uneven_split), beside
+    # its own split, the largest divisor below and tinygemm
+    for label, (k, n) in (rule_shapes.items() if "U" in phases else ()):
+        sh = Shape(k, n, groups=groups)
+        uneven_splits(sh, label, groups, meta["sms"], label in HELD_OUT, add, try_ours)
         sh.free()
         save()
     # ---------------- phase S: auto_config's one-row config at every split of K (g128, 2-warp rule; g64, 4-warp)

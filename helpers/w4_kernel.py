@@ -242,7 +242,7 @@ def _pdl_prologue(row_ptrs, ROW_BYTES: tl.constexpr, ELEM: tl.constexpr):
 def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K, SPLIT_K, stride_wn, stride_sn,
                        GROUP: tl.constexpr, GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, SERIAL: tl.constexpr,
                        MAGIC: tl.constexpr, HALF2: tl.constexpr, ACC16: tl.constexpr, ACC_LIMIT: tl.constexpr,
-                       STAGES: tl.constexpr, PDL: tl.constexpr):
+                       STAGES: tl.constexpr, PDL: tl.constexpr, EVEN: tl.constexpr):
     """One row of x (decode at batch 1) on CUDA cores, ``GROUPS`` groups per step: every thread sums its
     rows' codes in registers (no reduction across threads per word), then ``acc += s·(Σ x·q − z·Σ x)``
     per group. ``STAGES`` > 1: the next steps' words are already on their way (asynchronous copies)
@@ -255,7 +255,8 @@ def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K
     magnitude in ``(ACC_LIMIT/2, ACC_LIMIT]`` (:func:`acc16_x_limit`: no group sum can overflow, and
     small activations keep fp16's precision). ``PDL`` (programmatic dependent launch, sm_90+): the
     program asks L2 for its span of the weight, lets the next kernel launch, and only then waits for
-    the previous kernel's output (:func:`_pdl_prologue`)."""
+    the previous kernel's output (:func:`_pdl_prologue`). ``EVEN``: ``SPLIT_K`` divides the steps; else
+    each program takes ``⌈steps / SPLIT_K⌉`` of them and the last fewer (:func:`uneven_split`)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     WPG: tl.constexpr = GROUP // 8                    # int32 words per row and group
@@ -266,12 +267,17 @@ def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K
     offs_g = tl.arange(0, GROUPS)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     steps = K // (GROUP * GROUPS)
-    span = steps // SPLIT_K
+    if EVEN:
+        span = steps // SPLIT_K
+        end = (pid_k + 1) * span
+    else:   # ⌈steps / SPLIT_K⌉ steps a program, the last one fewer
+        span = tl.cdiv(steps, SPLIT_K)
+        end = tl.minimum((pid_k + 1) * span, steps)
     w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :]
     w_mask = mask_n[:, None] & (offs_w[None, :] < WPS)
     if PDL:   # the weight words of this program's first step (4 bytes each) asked of L2 before x can be read
         _pdl_prologue(w_ptr + tl.where(mask_n, offs_n, 0) * stride_wn + pid_k * span * WPS, WPS * 4, 4)
-    for step in tl.range(pid_k * span, (pid_k + 1) * span, num_stages=STAGES):
+    for step in tl.range(pid_k * span, end, num_stages=STAGES):
         w = tl.load(w_ptrs + step * WPS, mask=w_mask, other=0, eviction_policy="evict_first")   # [BN, WPS]
         x0, x1, x2, x3, x4, x5, x6, x7 = _load_x(x_ptr, step, offs_w, WPS)
         xw = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))                    # [WPS] Σ x per word
@@ -529,7 +535,13 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
             v.one_of(cfg[key], f"config {key}", allowed_v)
         cfg["SWAP"] = v.flag(cfg["SWAP"], "config SWAP")
         step = p.group_size * cfg["GROUPS"]
-    if k % (step * cfg["SPLIT_K"]):
+    if kind == "gemv":   # the GEMV's programs may take unequal numbers of steps (uneven_split)
+        if k % step:
+            raise ValueError(f"in_features={k} must be a multiple of K per step = {p.group_size}·GROUPS = {step}")
+        if cfg["SPLIT_K"] > k // step:
+            raise ValueError(f"config SPLIT_K={cfg['SPLIT_K']} must be at most the {k // step} steps of each row "
+                             f"(in_features={k} / {step} per step)")
+    elif k % (step * cfg["SPLIT_K"]):
         raise ValueError(f"in_features={k} must be a multiple of (K per step)·SPLIT_K = {step}·{cfg['SPLIT_K']}")
     return cfg
 
@@ -600,16 +612,18 @@ def gemv_config(p: W4Weight, sms: int | None = None, **fixed) -> dict:
     return cfg
 
 
-def narrow_gemv_config(p: W4Weight, sms: int | None = None, **fixed) -> dict:
+def narrow_gemv_config(p: W4Weight, sms: int | None = None, uneven: bool = False, **fixed) -> dict:
     """The one-row rule: :data:`NARROW_GEMV` (32 rows per program on 2 warps, fp16-pair sums kept per
     group) with :data:`NARROW_CODES` codes of each row per step (``GROUPS`` halved until it divides the
     groups per row) and ``K`` split by :func:`narrow_split` to about :data:`NARROW_WARPS_PER_SM` warps per
-    multiprocessor; ``fixed`` keys (``ACC16``, ``PDL``) set on top."""
+    multiprocessor (``uneven``: by :func:`uneven_split`, one wave of programs that need not divide the
+    steps — the next round's candidate, not yet the rule); ``fixed`` keys (``ACC16``, ``PDL``) set on top."""
     n, k = p.shape
     cfg = {**NARROW_GEMV, **fixed}
     cfg["GROUPS"] = _fitting_groups(p, max(1, NARROW_CODES // p.group_size))
-    cfg["SPLIT_K"] = narrow_split(math.ceil(n / cfg["BLOCK_N"]), k // (p.group_size * cfg["GROUPS"]),
-                                  _sms(p) if sms is None else sms, cfg["num_warps"])
+    split_of = uneven_split if uneven else narrow_split
+    cfg["SPLIT_K"] = split_of(math.ceil(n / cfg["BLOCK_N"]), k // (p.group_size * cfg["GROUPS"]),
+                              _sms(p) if sms is None else sms, cfg["num_warps"])
     return gemv_config(p, sms=sms, **cfg)
 
 
@@ -625,9 +639,23 @@ def narrow_split(tiles: int, steps: int, sms: int, warps: int) -> int:
     return min(_divisors(steps), key=lambda d: abs(math.log(d / target)))
 
 
+def uneven_split(tiles: int, steps: int, sms: int, warps: int, per_sm: int = NARROW_WARPS_PER_SM) -> int:
+    """Programs along K when they need not divide the ``steps`` of a row (each takes ``⌈steps / split⌉``,
+    the last fewer): the most whose warps fit ``per_sm · sms`` — one wave, at least 1, at most ``steps`` —
+    then the fewest that keep the same steps per program (``⌈steps / ⌈steps / split⌉⌉``, so none is left
+    empty). Llama-2-7B's down projection on 132 SMs: 43 steps, 8 programs of 6 steps (a divisor gives 1 or
+    43: results/h100/kernels.json, run N2)."""
+    if tiles < 1 or steps < 1 or sms < 1 or warps < 1 or per_sm < 1:
+        raise ValueError(f"uneven_split needs tiles, steps, sms, warps and per_sm ≥ 1, got tiles={tiles}, "
+                         f"steps={steps}, sms={sms}, warps={warps}, per_sm={per_sm}")
+    split = max(1, min(steps, per_sm * sms // (tiles * warps)))
+    return math.ceil(steps / math.ceil(steps / split))
+
+
 def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     """A config chosen from the shape alone: one row runs the CUDA-core GEMV by
-    :func:`narrow_gemv_config` (phase N of ``results/h100/kernels.json``; ``family`` may set ``ACC16=False``
+    :func:`narrow_gemv_config` (phase N of ``results/h100/kernels.json``; ``family`` may set ``UNEVEN=True``
+    — its split by :func:`uneven_split` — ``ACC16=False``
     — fp16-pair sums per word — or ``HALF2=False``: the fp32 GEMV of :func:`gemv_config`, 128 rows per
     program; ``PDL`` passes through to either kernel); more rows run the tensor-core kernel with
     :data:`TC_GROUPS` groups per step (fewer where they do not divide ``K``), ``K`` split by
@@ -640,8 +668,10 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
         pdl = {"PDL": family["PDL"]} if "PDL" in family else {}
         if family.get("HALF2", True) is False:
             return gemv_config(p, sms=sms, HALF2=False, **pdl)
-        return narrow_gemv_config(p, sms=sms, ACC16=bool(family.get("ACC16", True)), **pdl)
-    family = {key: v for key, v in (family or {}).items() if key not in ("SPLIT_K", "KERNEL", "HALF2", "ACC16")}
+        return narrow_gemv_config(p, sms=sms, uneven=bool(family.get("UNEVEN", False)),
+                                  ACC16=bool(family.get("ACC16", True)), **pdl)
+    family = {key: v for key, v in (family or {}).items()
+              if key not in ("SPLIT_K", "KERNEL", "HALF2", "ACC16", "UNEVEN")}
     groups = _fitting_groups(p, family.pop("GROUPS", TC_GROUPS))
     cfg = dict(TC_DEFAULTS, **family, GROUPS=groups)
     if _interpreted():
@@ -713,7 +743,8 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
                               p.scale.stride(0), GROUP=p.group_size, GROUPS=cfg["GROUPS"], BLOCK_N=cfg["BLOCK_N"],
                               SERIAL=split > 1,
                               MAGIC=cfg["MAGIC"] and not _interpreted(), HALF2=cfg["HALF2"], ACC16=cfg["ACC16"],
-                              ACC_LIMIT=acc16_x_limit(p.group_size), STAGES=cfg["num_stages"], PDL=pdl, **extra)
+                              ACC_LIMIT=acc16_x_limit(p.group_size), STAGES=cfg["num_stages"], PDL=pdl,
+                              EVEN=(k // (p.group_size * cfg["GROUPS"])) % split == 0, **extra)
         return y
     bm, split = block_rows(m), cfg["SPLIT_K"]
     reduce = "none" if split == 1 else cfg["REDUCE"]

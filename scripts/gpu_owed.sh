@@ -17,6 +17,9 @@
 #      Compute on the narrow-tile GEMV (auto_config at M = 1) on the 8B gate/up and down and the 14B-class weights
 #   9  call 1 without the 8B decode, with the layer tests first (a short call when device time is short): W4Linear's
 #      tests, Llama-2-7B decode (ours and tinygemm; then bf16), phase N on the held-out shapes
+#   10 the next round's candidate (not yet on a GPU): phase U (the rule's tile at splits that need not divide the
+#      steps, uneven_split) on the twelve shapes and the held-out ones; then decode of Llama-2-7B and Llama-3.1-8B
+#      with --family {"UNEVEN":true} beside the rule (batch 1 compiled, fused+head+attn)
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -82,6 +85,15 @@ notebooks/09_clinic.ipynb notebooks/10_multi_gpu.ipynb" PART_TIMEOUT=580 gpu not
      mv "$OUT/decode.json" "$OUT/decode_llama2_bf16.json"; mv "$OUT/decode.log" "$OUT/decode_llama2_bf16.log"
      KERNEL_ARGS="--phases N --held-out --shapes= --rows 1" PART_TIMEOUT=$(left 420 30) gpu kernels
      mv "$OUT/kernels.json" "$OUT/kernels_N_held.json"; mv "$OUT/kernels.log" "$OUT/kernels_N_held.log" ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|3|4|5|6|7|8|9 (see the header)"; exit 2 ;;
+  10) KERNEL_ARGS="--phases U --held-out --rows 1" PART_TIMEOUT=200 gpu kernels
+     mv "$OUT/kernels.json" "$OUT/kernels_U.json"; mv "$OUT/kernels.log" "$OUT/kernels_U.log"
+     for arch in Llama-2-7B Llama-3.1-8B; do
+       for fam in '{"UNEVEN":false}' '{"UNEVEN":true}'; do
+         DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--arch $arch --batches 1 --eager= --compile 1 --recipes fused+head+attn \
+--family $fam" PART_TIMEOUT=$(left 585 30) gpu decode
+         mv "$OUT/decode.json" "$OUT/decode_${arch}_$(echo "$fam" | tr -dc a-z).json"
+       done
+     done ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|10 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"

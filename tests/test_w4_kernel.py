@@ -371,7 +371,8 @@ def test_candidate_configs_all_valid():
 @pytest.mark.parametrize("bad, match", [
     (dict(KERNEL="gemv", BLOCK_K=256), "unknown keys"),
     (dict(KERNEL="gemv", num_stages=0), "num_stages must be a positive integer"),
-    (dict(KERNEL="gemv", SPLIT_K=3), "multiple of"),
+    (dict(KERNEL="gemv", SPLIT_K=5), "must be at most the 4 steps"),
+    (dict(KERNEL="tc", SPLIT_K=3), "multiple of"),
     (dict(KERNEL="gemv", BLOCK_Q=4), "unknown keys"),
     (dict(KERNEL="gemv", BLOCK_N=0), "BLOCK_N must be a power of 2"),
     (dict(KERNEL="gemv", BLOCK_N=48), "BLOCK_N must be a power of 2"),
@@ -585,6 +586,34 @@ def test_phase_n_times_every_narrow_tile_at_every_split_and_checks_each():
         (64, 4, 1), (64, 4, 3), (128, 2, 1), (128, 2, 3)}
 
 
+def test_phase_u_times_the_rules_tile_at_uneven_splits_and_checks_each():
+    """benchmarks.kernels.uneven_splits (phase U) on a weight of 7 steps (g128, 4 groups a step), its timing
+    stubbed (it runs each config once): the rule's tile at its own split, the largest divisor below and
+    uneven_split's at each of U_PER_SM warps per SM, every row exact and labelled with how its split was
+    chosen."""
+    from types import SimpleNamespace
+
+    from benchmarks.kernels import U_PER_SM, uneven_splits
+    w = weight(64, 7 * 512).to(DEV)
+    sh = SimpleNamespace(k=7 * 512, n=64, packed={128: [w4_format.pack_w4(w, 128)]}, tiny={128: None})
+    rows = []
+
+    def add(kernel, fmt, label, k, n, m, g, ms, nbytes, timing_kind, **extra):
+        rows.append({"kernel": kernel, "group": g, "ms": ms, **extra})
+
+    def try_ours(sh, label, g, x, cfg, phase):
+        w4_kernel.w4a16_matmul(x, sh.packed[g][0], cfg)
+        return 1.0
+    torch.manual_seed(0)                      # the activation phase U draws
+    uneven_splits(sh, "seven steps", (128,), sms=1, held_out=True, add=add, try_ours=try_ours)
+    assert len(rows) == 2 + len(U_PER_SM)
+    assert [r["exact"] and r["held_out"] and r["steps"] == 7 for r in rows] == [True] * len(rows)
+    by = {r["split_by"]: r["config"]["SPLIT_K"] for r in rows}
+    assert by == {"nearest divisor (the rule)": 7, "largest divisor below": 1,
+                  **{f"uneven, {s} warps/SM": w4_kernel.uneven_split(2, 7, 1, 2, s) for s in U_PER_SM}}
+    assert [w4_kernel.uneven_split(2, 7, 1, 2, s) for s in U_PER_SM] == [3, 4, 4, 7]   # 3, 4, 6, 8 programs' worth
+
+
 def test_the_narrow_rule_is_what_phase_n_measured_it_to_be():
     """auto_config's one-row rule (narrow_gemv_config) on the H100's phase N rows (run "2026-12-05 N": every
     split of the narrow tiles, auto_config of the commit before it, in one process): for each weight × group
@@ -607,6 +636,73 @@ def test_the_narrow_rule_is_what_phase_n_measured_it_to_be():
         of_best[held].append(min(r["ms"] for r in case if "narrow" in r["kernel"]) / mine["ms"])
     assert (sum(faster[False]), len(faster[False]), sum(faster[True]), len(faster[True])) == (22, 24, 10, 12)
     assert statistics.geometric_mean(of_best[False]) > 0.95 and statistics.geometric_mean(of_best[True]) > 0.95
+
+
+def test_the_nearest_divisor_as_measured_on_llama2():
+    """Round 9's check on the H100 (a3a5c04): phase N on the held-out weights (run "2026-12-05 N2") times
+    the rule's tile at Llama-2-7B's down projection 4.5-5.4x faster at the nearest split (43) than at the
+    largest divisor below (1), and on its joined gate|up *slower* at the nearest (2: about 21 warps per SM,
+    over the 16 resident) than at 1; every row exact. Decode (runs h, j, k): ours compiled from 156.9 to
+    about 317 tok/s, over 1.8x bf16's (the next process), under tinygemm's (the same process). What notebook
+    08's "Round 9's check" prints and its prose says."""
+    import json
+    from pathlib import Path
+    rows = h100_rows("2026-12-05 N2")
+    assert rows and all(r["exact"] for r in rows if "narrow" in r["kernel"])
+
+    def at(label, g, split):
+        case = [r for r in rows if r["shape"] == label and r["group"] == g and "narrow" in r["kernel"]]
+        p = w4_format.W4Weight.stand_in(case[0]["N"], case[0]["K"], g)
+        want = {**w4_kernel.narrow_gemv_config(p, sms=132), "MAGIC": True, "SPLIT_K": split}
+        (row,) = [r for r in case if r["config"] == want]
+        return row["ms"]
+    for g in (64, 128):
+        assert at("Llama-2-7B down 11008x4096", g, 1) / at("Llama-2-7B down 11008x4096", g, 43) > 4
+        assert at("Llama-2-7B gate|up joined 4096x22016", g, 2) > at("Llama-2-7B gate|up joined 4096x22016", g, 1)
+    dec = json.loads((Path(__file__).resolve().parents[1] / "results/h100/decode.json").read_text())["rows"]
+    tok = {(r["run"], r["format"], r.get("compiled")): r["decode_tok_s"] for r in dec
+           if r.get("run") in ("2026-12-05h", "2026-12-05j", "2026-12-05k") and r.get("decode_tok_s")}
+    ours, tiny, bf = tok[("2026-12-05j", "W4A16 ours", True)], tok[("2026-12-05j", "W4A16 tinygemm", True)], \
+        tok[("2026-12-05k", "bf16", True)]
+    assert ours > 1.8 * bf and ours > 1.8 * tok[("2026-12-05h", "W4A16 ours", True)] and ours < tiny
+
+
+@pytest.mark.parametrize("split", [2, 3, 4])
+@pytest.mark.parametrize("sums", ["fp32", "acc16"])
+def test_an_uneven_split_is_exact(split, sums):
+    """K split into programs that do not divide its 5 steps: ⌈5 / split⌉ steps each, the last fewer (at 4:
+    2, 2, 1 and one program with none, which adds zeros) — the same product as one program."""
+    torch.manual_seed(0)
+    p = w4_format.pack_w4(weight(64, 5 * 128).to(DEV), 128)
+    x = torch.randn(1, 5 * 128, device=DEV)
+    keys = dict(HALF2=True, ACC16=True) if sums == "acc16" else {}
+    base = dict(KERNEL="gemv", BLOCK_N=32, GROUPS=1, num_warps=2, **keys)
+    one = w4_kernel.w4a16_matmul(x, p, dict(base, SPLIT_K=1))
+    got = w4_kernel.w4a16_matmul(x, p, dict(base, SPLIT_K=split))
+    ref = w4_format.reference_matmul(x, p)
+    assert (got - ref).abs().max() <= 1e-3 * ref.abs().max() and torch.allclose(got, one, atol=1e-4, rtol=1e-4)
+
+
+def test_uneven_split_fills_one_wave_and_leaves_no_program_empty():
+    """Llama-2-7B's down projection (128 tiles of 32 rows, 43 steps, 2 warps) on 132 SMs: 8 programs of 6
+    steps (a divisor gives 1 or 43); the 8B gate/up (448 tiles, 8 steps): 2; a row that fits many times: all
+    its steps; never more programs than ⌈steps / span⌉."""
+    assert w4_kernel.uneven_split(tiles=128, steps=43, sms=132, warps=2) == 8
+    assert w4_kernel.uneven_split(tiles=448, steps=8, sms=132, warps=2) == 2
+    assert w4_kernel.uneven_split(tiles=4, steps=9, sms=132, warps=2) == 9
+    assert w4_kernel.uneven_split(tiles=5000, steps=9, sms=132, warps=2) == 1
+    for steps in range(1, 60):
+        for tiles in (1, 7, 128, 448, 900):
+            s = w4_kernel.uneven_split(tiles, steps, 132, 2)
+            span = math.ceil(steps / s)
+            assert 1 <= s <= steps and (s - 1) * span < steps       # the last program has a step
+            assert s == 1 or tiles * s * 2 <= 16 * 132              # one wave
+    with pytest.raises(ValueError, match="≥ 1"):
+        w4_kernel.uneven_split(tiles=0, steps=43, sms=132, warps=2)
+    p = w4_format.W4Weight.stand_in(4096, 11008, 128)
+    assert w4_kernel.auto_config(p, 1, {"UNEVEN": True})["SPLIT_K"] == w4_kernel.uneven_split(
+        128, 43, w4_kernel._sms(p), 2)
+    assert w4_kernel.narrow_gemv_config(p, sms=132, uneven=True)["SPLIT_K"] == 8
 
 
 def test_narrow_split_is_the_nearest_divisor_not_the_largest_below():
