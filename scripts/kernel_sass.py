@@ -89,7 +89,7 @@ def gemv_sass(group: int = 128, groups: int = 2, block_n: int = 128, warps: int 
                           "--warps", str(warps), "--arch", str(arch)] + (["--maxnreg", str(maxnreg)] if maxnreg else [])
                          + [f"--{'on' if on else 'off'}={name}" for name, on in switches.items()])
     from helpers import w4_kernel
-    constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_N=block_n, SERIAL=True, STAGES=1,
+    constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_N=block_n, SERIAL=True, STAGES=1, EVEN=True,
                       ACC_LIMIT=w4_kernel.acc16_x_limit(group), **switches)
     return _sass_of(w4_kernel._w4a16_gemv_kernel, GEMV_SIGNATURE, constexprs, DIVISIBLE, arch,
                     dict(num_warps=warps, num_stages=1, maxnreg=maxnreg))
