@@ -133,11 +133,13 @@ def _set_slider(widget, label: str, value: int):
     readout.press("Enter")
 
 
-def _changed(widget, before: str, timeout_s: int = 60) -> str:
+def _changed(widget, before: str, timeout_s: int = 60, shows: str = "") -> str:
+    """The widget's output once it differs from ``before`` (and holds ``shows``: a slider's events may
+    re-render the output with an earlier value first)."""
     start = time.time()
     while time.time() - start < timeout_s:
         now = _widget_text(widget)
-        if now != before and now.strip():
+        if now != before and now.strip() and shows in now:
             return now
         time.sleep(0.5)
     pytest.fail(f"the widget's output did not change within {timeout_s} s")
@@ -162,7 +164,7 @@ def test_widgets_render_and_respond(lab, browser, name, slider_values, dropdown)
         text = _widget_text(w)
         for label, value in slider_values.items():
             _set_slider(w, label, value)
-            text = _changed(w, text)
+            text = _changed(w, text, shows=str(value))
             assert str(value) in text, f"{name}: after setting {label}={value} the output does not show it: {text[:300]}"
         if dropdown:
             label, option = dropdown
