@@ -221,6 +221,14 @@ def reading_bar(sh: Shape, label: str, groups, rows_m, sms: int, add, try_ours) 
 N_TILES = ((16, 2), (32, 2), (32, 4))   # (rows per program, warps) of phase N: phase R2's best tiles
 
 
+def tinygemm_row(sh: Shape, label: str, g: int, x, phase: str, held_out: bool, add) -> None:
+    """tinygemm's one-row time on this shape and group (where torchao has it), a row of ``phase``."""
+    if sh.tiny[g] is not None:
+        add("tinygemm (torchao int4)", f"W4A16 g{g}", label, sh.k, sh.n, 1, g,
+            timing.graph_ms([lambda t=t: t(x) for t in sh.tiny[g]]), sh.packed[g][0].nbytes, "cudagraph",
+            phase=phase, held_out=held_out)
+
+
 def narrow_tiles(sh: Shape, label: str, groups, sms: int, held_out: bool, add, try_ours) -> None:
     """Phase N on one shape: the one-row GEMV with fp16-pair sums kept per group, on :data:`N_TILES` with
     64 or 128 words of each row per step (fewer where they do not divide ``K``), at every split of ``K`` up to 64 programs per SM; beside it
@@ -229,10 +237,7 @@ def narrow_tiles(sh: Shape, label: str, groups, sms: int, held_out: bool, add, t
     x = torch.randn(1, k, device=sh.packed[groups[0]][0].words.device, dtype=torch.bfloat16)
     for g in groups:
         p0, nbytes = sh.packed[g][0], sh.packed[g][0].nbytes
-        if sh.tiny[g] is not None:
-            add("tinygemm (torchao int4)", f"W4A16 g{g}", label, k, n, 1, g,
-                timing.graph_ms([lambda t=t: t(x) for t in sh.tiny[g]]), nbytes, "cudagraph", phase="N",
-                held_out=held_out)
+        tinygemm_row(sh, label, g, x, "N", held_out, add)
         auto = w4_kernel.auto_config(p0, 1)
         add("ours (Triton GEMV, auto_config)", f"W4A16 g{g}", label, k, n, 1, g, try_ours(sh, label, g, x, auto, "N"),
             nbytes, "cudagraph", config=auto, phase="N", held_out=held_out)
@@ -265,10 +270,7 @@ def uneven_splits(sh: Shape, label: str, groups, sms: int, held_out: bool, add, 
     x = torch.randn(1, k, device=sh.packed[groups[0]][0].words.device, dtype=torch.bfloat16)
     for g in groups:
         p0, nbytes = sh.packed[g][0], sh.packed[g][0].nbytes
-        if sh.tiny[g] is not None:
-            add("tinygemm (torchao int4)", f"W4A16 g{g}", label, k, n, 1, g,
-                timing.graph_ms([lambda t=t: t(x) for t in sh.tiny[g]]), nbytes, "cudagraph", phase="U",
-                held_out=held_out)
+        tinygemm_row(sh, label, g, x, "U", held_out, add)
         ref = w4_format.reference_matmul(x.float(), p0).float()
         rule = w4_kernel.narrow_gemv_config(p0, sms=sms)
         tiles, steps = math.ceil(n / rule["BLOCK_N"]), k // (g * rule["GROUPS"])
