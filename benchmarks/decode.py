@@ -44,7 +44,9 @@ def main():
                                                         "head, attn (e.g. fused+head+attn)")
     ap.add_argument("--family-from", help="a kernels.json whose meta.family our W4 layers use (auto_config)")
     ap.add_argument("--family", default="{}", help='JSON added to the kernel family, e.g. \'{"HALF2": true}\' '
-                                                 "for the one-row GEMV's options")
+                                                 "for the one-row GEMV's options; a JSON list of such objects "
+                                                 "builds our W4 format once per family, in this one process (each "
+                                                 "row names its family)")
     ap.add_argument("--profile", nargs="?", const="eager", default="",
                     help="one batch-1 step per format and recipe under torch.profiler: eager (the default), "
                          "compiled, or eager,compiled")
@@ -71,10 +73,15 @@ def main():
 
     def save():   # after every row: a run stopped by a time limit keeps what it measured
         write_json(out, {"meta": meta, "rows": rows}, indent=1, default=str)
-    family = json.loads(Path(args.family_from).read_text())["meta"].get("family") if args.family_from else None
-    if json.loads(args.family):
-        family = {**(family or {}), **json.loads(args.family)}
-    for fmt, recipe in ((f, r) for f in args.formats.split(",") for r in recipes):
+    base = json.loads(Path(args.family_from).read_text())["meta"].get("family") if args.family_from else None
+    extra = json.loads(args.family)
+    extras = extra if isinstance(extra, list) else [extra]
+    if not extras or not all(isinstance(e, dict) for e in extras):
+        ap.error(f"--family takes a JSON object or a non-empty list of objects, got {args.family!r}")
+    families = [({**(base or {}), **e} if e else base) for e in extras]
+    runs = [(f, r, fam) for f in args.formats.split(",") for r in recipes
+            for fam in (families if f == "W4A16 ours" else families[:1])]
+    for fmt, recipe, family in runs:
         if recipe.head and fmt == "bf16":   # its head is already in the 16-bit format
             if not any(not r.head for r in recipes):
                 print(f"bf16 has no row: {recipe.label} quantizes the head, which bf16 keeps as it is — add a recipe "
@@ -83,7 +90,8 @@ def main():
         try:
             model = build(args.arch, fmt, family=family, recipe=recipe)
         except Exception as e:  # noqa: BLE001 - record what could not be built (e.g. torchao missing)
-            rows.append({"model": args.arch, "format": fmt, "recipe": recipe.label, "error": f"{type(e).__name__}: {e}"})
+            rows.append({"model": args.arch, "format": fmt, "recipe": recipe.label, "family": family,
+                         "error": f"{type(e).__name__}: {e}"})
             print(fmt, recipe.label, "failed:", e, flush=True)
             continue
         wbytes, rbytes = module_bytes(model), bytes_read_per_step(model)
@@ -91,7 +99,8 @@ def main():
             try:
                 prof = step_profile(model, 1, args.prompt, compiled=mode == "compiled")
                 rows.append({"model": args.arch, "format": fmt, "recipe": recipe.label, "batch": 1,
-                             "profile_of": f"{mode} step", "profile": prof, "commit": meta["commit"]})
+                             "profile_of": f"{mode} step", "profile": prof, "commit": meta["commit"],
+                             "family": family})
                 print(fmt, recipe.label, f"{mode} step:", {k: round(v) for k, v in prof["us"].items()}, "kernels",
                       prof["kernels"], "wall", round(prof["wall_us"]), flush=True)
             except Exception as e:  # noqa: BLE001
@@ -111,7 +120,7 @@ def main():
                 row = {"model": f"{args.arch} (random weights)", "format": fmt, "recipe": recipe.label, "batch": batch,
                        "graphs": graphs, "compiled": compiled, "weights_bytes": wbytes, "read_bytes": rbytes,
                        "roofline_tok_s": roof, "prompt": args.prompt, "steps": args.steps, **r,
-                       "commit": meta["commit"]}
+                       "commit": meta["commit"], "family": family}
                 if "decode_tok_s" in r:
                     row["share_of_roofline"] = r["decode_tok_s"] / roof
                 rows.append(row)
@@ -119,7 +128,7 @@ def main():
                 save()
         del model
         torch.cuda.empty_cache()
-    meta["kernel_family"] = family
+    meta["kernel_family"] = families[0] if len(families) == 1 else families
     save()
     print("wrote", args.out)
 

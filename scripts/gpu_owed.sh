@@ -20,6 +20,9 @@
 #   10 the next round's candidate (not yet on a GPU): phase U (the rule's tile at splits that need not divide the
 #      steps, uneven_split) on the twelve shapes and the held-out ones; then decode of Llama-2-7B and Llama-3.1-8B
 #      with --family {"UNEVEN":true} beside the rule (batch 1 compiled, fused+head+attn)
+#   11 the kernel and decode tests (the GEMV's EVEN/uneven path changed the kernel), then phase U (call 10's first part)
+#   12 call 10's decode in one process per architecture: ours at the rule and with UNEVEN (one --family list),
+#      and tinygemm, Llama-2-7B then Llama-3.1-8B (batch 1 compiled, fused+head+attn)
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -94,6 +97,17 @@ notebooks/09_clinic.ipynb notebooks/10_multi_gpu.ipynb" PART_TIMEOUT=580 gpu not
          mv "$OUT/decode.json" "$OUT/decode_${arch}_$(echo "$fam" | tr -dc a-z).json"
        done
      done ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|10 (see the header)"; exit 2 ;;
+  11) TESTS="tests/test_w4_kernel.py tests/test_decode_bench.py tests/test_decode_attention.py tests/test_kernel_once.py" \
+       PART_TIMEOUT=240 gpu pytest
+     mv "$OUT/pytest_part.txt" "$OUT/pytest_kernels.txt"
+     KERNEL_ARGS="--phases U --held-out --rows 1" PART_TIMEOUT=$(left 585 30) gpu kernels
+     mv "$OUT/kernels.json" "$OUT/kernels_U.json"; mv "$OUT/kernels.log" "$OUT/kernels_U.log" ;;
+  12) for arch in Llama-2-7B Llama-3.1-8B; do
+       DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch $arch --batches 1 --eager= --compile 1 \
+--recipes fused+head+attn --family [{\"UNEVEN\":false},{\"UNEVEN\":true}]" \
+         PART_TIMEOUT=$( [ $arch = Llama-2-7B ] && left 290 60 || left 585 30 ) gpu decode
+       mv "$OUT/decode.json" "$OUT/decode_${arch}_uneven.json"; mv "$OUT/decode.log" "$OUT/decode_${arch}_uneven.log"
+     done ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|12 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"
