@@ -91,10 +91,17 @@ def programs_rule_split(tiles: int, steps: int, sms: int) -> int:
 def rel_err(x: torch.Tensor, p, cfg: dict, ref: torch.Tensor | None = None) -> float:
     """Our kernel's largest error with ``cfg`` against :func:`helpers.w4_format.reference_matmul` (``ref``:
     that product, computed once by a caller checking many configs), relative to its largest output (a row
-    is ``exact`` at ≤ 1e-3)."""
+    is ``exact`` when :func:`is_exact`)."""
     ref = w4_format.reference_matmul(x.float(), p).float() if ref is None else ref
     got = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
     return ((got - ref).abs().max() / ref.abs().max()).item()
+
+
+def is_exact(err: float, cfg: dict) -> bool:
+    """Whether a relative error from :func:`rel_err` is the kernel's own rounding: ≤ 1e-3 with fp32 sums,
+    ≤ 2e-3 with ``HALF2``'s fp16 sums (a few fp16 ulps of a group's sum, 2^-10 ≈ 1e-3 each; the bound the
+    kernel tests hold, ``tests/test_w4_kernel.py``). Any other error is far larger (a wrong reference: > 1)."""
+    return err <= (2e-3 if cfg.get("HALF2") else 1e-3)
 
 
 def step_config(p, cfg: dict) -> dict:
@@ -184,7 +191,7 @@ def reading_bar(sh: Shape, label: str, groups, rows_m, sms: int, add, try_ours) 
                 ms = try_ours(sh, label, g, x, cfg, "R")     # a config that fails is recorded there, not fatal
                 if ms is not None:
                     add(what, f"W4A16 g{g}", label, k, n, m, g, ms, nbytes, "cudagraph", config=cfg, phase="R",
-                        exact=bool(rel_err(x, p0, cfg) <= 1e-3))
+                        exact=is_exact(rel_err(x, p0, cfg), cfg))
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         ref = w4_format.reference_matmul(x.float(), p0).float()
         for (bn, nw), wps, sums in itertools.product(R_GEMV_TILES, (64, 128), ("fp32", "acc16")):
@@ -200,7 +207,7 @@ def reading_bar(sh: Shape, label: str, groups, rows_m, sms: int, add, try_ours) 
                 ms = try_ours(sh, label, g, x, cfg, "R")
                 if ms is not None:
                     add("ours (GEMV, phase R sweep)", f"W4A16 g{g}", label, k, n, 1, g, ms, nbytes, "cudagraph",
-                        config=cfg, phase="R", exact=bool(rel_err(x, p0, cfg, ref) <= 1e-3))
+                        config=cfg, phase="R", exact=is_exact(rel_err(x, p0, cfg, ref), cfg))
     best = None
     for bn, wps, nw in READ_GRIDS:
         if words[0].shape[1] % wps:
@@ -255,7 +262,7 @@ def narrow_tiles(sh: Shape, label: str, groups, sms: int, held_out: bool, add, t
                 if ms is not None:
                     add("ours (GEMV narrow tile, every split)", f"W4A16 g{g}", label, k, n, 1, g, ms, nbytes,
                         "cudagraph", config=cfg, phase="N", held_out=held_out,
-                        exact=bool(rel_err(x, p0, cfg, ref) <= 1e-3))
+                        exact=is_exact(rel_err(x, p0, cfg, ref), cfg))
 
 
 U_PER_SM = (12, 16, 24, 32)   # warps per SM phase U fills with programs that need not divide the steps
@@ -285,7 +292,7 @@ def uneven_splits(sh: Shape, label: str, groups, sms: int, held_out: bool, add, 
             if ms is not None:
                 add(f"ours (narrow rule tile, split: {how})", f"W4A16 g{g}", label, k, n, 1, g, ms, nbytes,
                     "cudagraph", config=cfg, phase="U", held_out=held_out, split_by=how, steps=steps,
-                    exact=bool(rel_err(x, p0, cfg, ref) <= 1e-3))
+                    exact=is_exact(rel_err(x, p0, cfg, ref), cfg))
 
 
 def main():
@@ -398,7 +405,7 @@ def main():
                 for r in rows:
                     if r.get("phase", "").startswith("G") and r.get("shape") == label and r.get("group") == g \
                             and r.get("config") == cfg:
-                        r["exact"], r["rel_err"] = bool(err <= 1e-3), err
+                        r["exact"], r["rel_err"] = is_exact(err, cfg), err
         sh.free()
         save()
     # ---------------- phase R: the bar at each size — a copy of the weight's bytes, a kernel that only loads its
@@ -445,7 +452,7 @@ def main():
                     continue
                 err = rel_err(x, p0, cfg, ref)
                 add("ours (Triton GEMV, auto_config at each split)", f"W4A16 g{g}", label, k, n, 1, g, ms, nbytes,
-                    "cudagraph", config=cfg, phase="S", held_out=label in HELD_OUT, exact=bool(err <= 1e-3),
+                    "cudagraph", config=cfg, phase="S", held_out=label in HELD_OUT, exact=is_exact(err, cfg),
                     rel_err=err, **picks)
         sh.free()
         save()
@@ -468,7 +475,7 @@ def main():
                            rule_split=auto["SPLIT_K"], held_out=held)     # each split's row names the rule's
                 err = rel_err(x, p0, auto)
                 add("ours (Triton, auto_config)", f"W4A16 g{g}", label, k, n, m, g, try_ours(sh, label, g, x, auto, "T-auto"),
-                    nbytes, "cudagraph", config=auto, phase="T-auto", held_out=held, exact=bool(err <= 1e-3),
+                    nbytes, "cudagraph", config=auto, phase="T-auto", held_out=held, exact=is_exact(err, auto),
                     rel_err=err)
         sh.free()
         save()
@@ -546,7 +553,7 @@ def main():
                     triton.testing.do_bench(lambda cfg=cfg: w4_kernel.w4a16_matmul(x, p0, cfg), return_mode="median"),
                     nbytes, "do_bench", config=cfg, phase="B")
                 err = rel_err(x, p0, cfg)
-                rows[-1]["exact"] = bool(err <= 1e-3)
+                rows[-1]["exact"] = is_exact(err, cfg)
                 rows[-1]["rel_err"] = err
             if m in (1, 16) and si < 5:
                 try:
