@@ -272,7 +272,8 @@ def uneven_splits(sh: Shape, label: str, groups, sms: int, held_out: bool, add, 
     """Phase U on one shape: the one-row rule's tile (``narrow_gemv_config``) at its split (the nearest
     divisor), at the largest divisor below the same target, and at :func:`~helpers.w4_kernel.uneven_split`'s
     split — programs of ``⌈steps / split⌉`` steps, the last fewer — for one wave of :data:`U_PER_SM` warps
-    per SM; beside them tinygemm, in one process (``held_out`` marks a :data:`HELD_OUT` shape)."""
+    per SM; the rule's again last (the same config twice: the drift of the timing); beside them tinygemm,
+    in one process (``held_out`` marks a :data:`HELD_OUT` shape)."""
     k, n = sh.k, sh.n
     x = torch.randn(1, k, device=sh.packed[groups[0]][0].words.device, dtype=torch.bfloat16)
     for g in groups:
@@ -286,6 +287,7 @@ def uneven_splits(sh: Shape, label: str, groups, sms: int, held_out: bool, add, 
                                                                 per_sm=w4_kernel.NARROW_WARPS_PER_SM)}
         for per_sm in U_PER_SM:
             splits[f"uneven, {per_sm} warps/SM"] = w4_kernel.uneven_split(tiles, steps, sms, rule["num_warps"], per_sm)
+        splits["nearest divisor (the rule), timed again last"] = rule["SPLIT_K"]   # the drift since its first row
         for how, split in splits.items():
             cfg = {**rule, "SPLIT_K": split}
             ms = try_ours(sh, label, g, x, cfg, "U")

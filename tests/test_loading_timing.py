@@ -192,3 +192,24 @@ def test_a_write_that_fails_halfway_leaves_the_earlier_files_whole(tmp_path, mon
     assert (folder / "pytorch_model.bin").read_bytes() == before
     assert torch.load(folder / "pytorch_model.bin", weights_only=True)["w"].equal(state["w"])
     assert sorted(p.name for p in folder.iterdir()) == ["model.safetensors", "pytorch_model.bin"]
+
+
+def test_graph_ms_replays_untimed_for_warm_ms_before_it_times():
+    """timing.graph_ms: the graph replayed untimed for at least ``warm_ms`` (the card's clocks up), then
+    ``replays`` timed; a counter captured in the graph counts every run. Bad input names the argument."""
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA graphs"):
+            timing.graph_ms([lambda: None])
+        return
+    with pytest.raises(ValueError, match="fns"):
+        timing.graph_ms([])
+    with pytest.raises(ValueError, match="warm_ms"):
+        timing.graph_ms([lambda: None], warm_ms=-1)
+    runs = torch.zeros((), device="cuda")
+
+    def step():
+        torch.cuda._sleep(500_000)     # about 0.3 ms at the H100's clock
+        runs.add_(1)
+    ms = timing.graph_ms([step], replays=20, warmup=2, warm_ms=30.0)
+    warm = runs.item() - 2 - 1 - 20    # eager warm-ups, the first replay, the timed replays
+    assert warm >= 8 and warm * ms >= 30.0 * 0.9, (warm, ms)

@@ -619,10 +619,12 @@ def test_phase_u_times_the_rules_tile_at_uneven_splits_and_checks_each():
         return 1.0
     torch.manual_seed(0)                      # the activation phase U draws
     uneven_splits(sh, "seven steps", (128,), sms=1, held_out=True, add=add, try_ours=try_ours)
-    assert len(rows) == 2 + len(U_PER_SM)
+    assert len(rows) == 3 + len(U_PER_SM)
     assert [r["exact"] and r["held_out"] and r["steps"] == 7 for r in rows] == [True] * len(rows)
     by = {r["split_by"]: r["config"]["SPLIT_K"] for r in rows}
+    assert rows[-1]["split_by"] == "nearest divisor (the rule), timed again last"
     assert by == {"nearest divisor (the rule)": 7, "largest divisor below": 1,
+                  "nearest divisor (the rule), timed again last": 7,
                   **{f"uneven, {s} warps/SM": w4_kernel.uneven_split(2, 7, 1, 2, s) for s in U_PER_SM}}
     assert [w4_kernel.uneven_split(2, 7, 1, 2, s) for s in U_PER_SM] == [3, 4, 4, 7]   # 3, 4, 6, 8 programs' worth
 
