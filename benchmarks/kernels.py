@@ -26,7 +26,8 @@ split, on ``--shapes`` and, with ``--held-out``, on :data:`HELD_OUT`. Phase R (:
 the bar at each weight's size — a copy of its bytes, a kernel that only loads its words — and our kernel
 with programmatic dependent launch; phase N (:func:`narrow_tiles`) the GEMV on phase R's fastest tiles at
 every split, the rows a shape rule for them is fitted on; phase U (:func:`uneven_splits`) the rule's tile at
-splits that need not divide the steps. Every timed shape, group and M is
+splits that need not divide the steps, phase V (:func:`every_span`) at every span of steps per program.
+Every timed shape, group and M is
 checked against :func:`helpers.w4_format.reference_matmul` (``exact``).
 """
 from __future__ import annotations
@@ -297,6 +298,41 @@ def uneven_splits(sh: Shape, label: str, groups, sms: int, held_out: bool, add, 
                     exact=is_exact(rel_err(x, p0, cfg, ref), cfg))
 
 
+def spans(steps: int, most: int) -> list[int]:
+    """Every split of ``steps`` along ``K`` that gives its programs a different number of steps
+    (``⌈steps / split⌉``), each the fewest programs for its span (none left empty), up to ``most`` programs:
+    43 steps → 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 15, 22, 43."""
+    if steps < 1 or most < 1:
+        raise ValueError(f"spans needs steps and most ≥ 1, got steps={steps}, most={most}")
+    return sorted({math.ceil(steps / math.ceil(steps / s)) for s in range(1, steps + 1)} & set(range(1, most + 1)))
+
+
+def every_span(sh: Shape, label: str, groups, sms: int, held_out: bool, add, try_ours) -> None:
+    """Phase V on one shape: the one-row rule's tile (``narrow_gemv_config``) at every split of :func:`spans`
+    (divisors and not: programs of ``⌈steps / split⌉`` steps, the last fewer) up to 64 programs per SM, each
+    row with its programs' warps per SM and waves (programs ÷ the 8 blocks of 2 warps an SM holds at 128
+    registers, ``results/h100/ncu_narrow_a3a5c04.txt``); the rule's own split again last (the drift);
+    tinygemm after them, in one process — the rows a rule for uneven splits is fitted on."""
+    k, n = sh.k, sh.n
+    x = torch.randn(1, k, device=sh.packed[groups[0]][0].words.device, dtype=torch.bfloat16)
+    for g in groups:
+        p0, nbytes = sh.packed[g][0], sh.packed[g][0].nbytes
+        ref = w4_format.reference_matmul(x.float(), p0).float()
+        rule = w4_kernel.narrow_gemv_config(p0, sms=sms)
+        tiles, steps = math.ceil(n / rule["BLOCK_N"]), k // (g * rule["GROUPS"])
+        todo = [(sp, "every span") for sp in spans(steps, max(1, 64 * sms // tiles))] + [(rule["SPLIT_K"], "the rule, again last")]
+        for split, how in todo:
+            cfg = {**rule, "SPLIT_K": split}
+            ms = try_ours(sh, label, g, x, cfg, "V")
+            if ms is not None:
+                programs = tiles * split
+                add(f"ours (narrow rule tile, {how})", f"W4A16 g{g}", label, k, n, 1, g, ms, nbytes, "cudagraph",
+                    config=cfg, phase="V", held_out=held_out, steps=steps, span=math.ceil(steps / split),
+                    rule_split=rule["SPLIT_K"], warps_per_sm=programs * rule["num_warps"] / sms,
+                    waves=programs / (8 * sms), exact=is_exact(rel_err(x, p0, cfg, ref), cfg))
+        tinygemm_row(sh, label, g, x, "V", held_out, add)
+
+
 def main():
     import triton
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kernels")
@@ -313,8 +349,9 @@ def main():
                                                      "kernel's (both with --held-out too); R: the bar at each "
                                                      "size (copy, loads only) and PDL; N: the narrow-tile "
                                                      "GEMV at every split; U: its rule's tile at uneven "
-                                                     "splits (both with --held-out too)")
-    ap.add_argument("--held-out", action="store_true", help="phases S, T, N and U also on HELD_OUT's shapes")
+                                                     "splits; V: at every span of steps (N, U, V with "
+                                                     "--held-out too)")
+    ap.add_argument("--held-out", action="store_true", help="phases S, T, N, U and V also on HELD_OUT's shapes")
     args = ap.parse_args()
     # labels hold spaces; "_" stands for one (a shell variable passes the list as one word), and a label's own "_"
     # ("8B lm_head ...") is matched either way
@@ -418,7 +455,7 @@ def main():
         reading_bar(sh, label, groups, [int(r) for r in args.rows.split(",")], meta["sms"], add, try_ours)
         sh.free()
         save()
-    # the shapes of phases N, U, S and T: --shapes, and HELD_OUT with --held-out
+    # the shapes of phases N, U, V, S and T: --shapes, and HELD_OUT with --held-out
     rule_shapes = {**{lab: SHAPES[lab] for lab in args.shapes.split(",") if lab}, **(HELD_OUT if args.held_out else {})}
     # ---------------- phase N: the narrow-tile GEMV (phase R's fastest kind) at every split of K, beside
     # auto_config and tinygemm in the same process — the rows a shape rule for it is fitted on (and held out)
@@ -432,6 +469,12 @@ def main():
     for label, (k, n) in (rule_shapes.items() if "U" in phases else ()):
         sh = Shape(k, n, groups=groups)
         uneven_splits(sh, label, groups, meta["sms"], label in HELD_OUT, add, try_ours)
+        sh.free()
+        save()
+    # ---------------- phase V: the rule's tile at every span of steps per program, divisors or not
+    for label, (k, n) in (rule_shapes.items() if "V" in phases else ()):
+        sh = Shape(k, n, groups=groups)
+        every_span(sh, label, groups, meta["sms"], label in HELD_OUT, add, try_ours)
         sh.free()
         save()
     # ---------------- phase S: auto_config's one-row config at every split of K (g128, 2-warp rule; g64, 4-warp)

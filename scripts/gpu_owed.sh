@@ -25,6 +25,8 @@
 #      and tinygemm, Llama-2-7B then Llama-3.1-8B (batch 1 compiled, fused+head+attn)
 #   13 graph_ms's warm replays (its GPU test; phase U timed the same config 15 % slower right after a compile):
 #      phase U again, then phase N on the held-out shapes and on the twelve again, warm, to compare with the runs before
+#   14 call 13 for a short budget: graph_ms's GPU test, phase U warm (the rule's config again last), then phase V
+#      (the rule's tile at every span of steps per program, divisors or not) on the twelve and the held-out shapes
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -118,6 +120,12 @@ notebooks/09_clinic.ipynb notebooks/10_multi_gpu.ipynb" PART_TIMEOUT=580 gpu not
      mv "$OUT/kernels.json" "$OUT/kernels_N_held_warm.json"; mv "$OUT/kernels.log" "$OUT/kernels_N_held_warm.log"
      KERNEL_ARGS="--phases N --rows 1" PART_TIMEOUT=$(left 440 20) gpu kernels
      mv "$OUT/kernels.json" "$OUT/kernels_N_warm.json"; mv "$OUT/kernels.log" "$OUT/kernels_N_warm.log" ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|13 (see the header)"; exit 2 ;;
+  14) TESTS="tests/test_loading_timing.py -k graph_ms" PART_TIMEOUT=60 gpu pytest
+     mv "$OUT/pytest_part.txt" "$OUT/pytest_graph_ms.txt"
+     KERNEL_ARGS="--phases U --held-out --rows 1" PART_TIMEOUT=100 gpu kernels
+     mv "$OUT/kernels.json" "$OUT/kernels_U_warm.json"; mv "$OUT/kernels.log" "$OUT/kernels_U_warm.log"
+     KERNEL_ARGS="--phases V --held-out --rows 1" PART_TIMEOUT=$(left 300 20) gpu kernels
+     mv "$OUT/kernels.json" "$OUT/kernels_V.json"; mv "$OUT/kernels.log" "$OUT/kernels_V.log" ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|14 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"

@@ -629,6 +629,35 @@ def test_phase_u_times_the_rules_tile_at_uneven_splits_and_checks_each():
     assert [w4_kernel.uneven_split(2, 7, 1, 2, s) for s in U_PER_SM] == [3, 4, 4, 7]   # 3, 4, 6, 8 programs' worth
 
 
+def test_phase_v_times_the_rules_tile_at_every_span_and_checks_each():
+    """benchmarks.kernels.every_span (phase V) on a weight of 7 steps (g128, 4 groups a step), its timing
+    stubbed (it runs each config once): the rule's tile at every split that gives a different span of
+    steps per program (1, 2, 3, 4, 7: spans 7, 4, 3, 2, 1), the rule's split again last, then tinygemm's
+    row; each exact, with its warps per SM and waves. spans() rejects bad input by name."""
+    from types import SimpleNamespace
+
+    from benchmarks.kernels import every_span, spans
+    w = weight(64, 7 * 512).to(DEV)
+    sh = SimpleNamespace(k=7 * 512, n=64, packed={128: [w4_format.pack_w4(w, 128)]}, tiny={128: None})
+    rows = []
+
+    def add(kernel, fmt, label, k, n, m, g, ms, nbytes, timing_kind, **extra):
+        rows.append({"kernel": kernel, "group": g, "ms": ms, **extra})
+
+    def try_ours(sh, label, g, x, cfg, phase):
+        w4_kernel.w4a16_matmul(x, sh.packed[g][0], cfg)
+        return 1.0
+    torch.manual_seed(0)
+    every_span(sh, "seven steps", (128,), sms=1, held_out=True, add=add, try_ours=try_ours)
+    assert [r["config"]["SPLIT_K"] for r in rows] == [1, 2, 3, 4, 7, 7]
+    assert [r["span"] for r in rows] == [7, 4, 3, 2, 1, 1] and rows[-1]["kernel"].endswith("again last)")
+    assert all(r["exact"] and r["held_out"] and r["steps"] == 7 and r["rule_split"] == 7 for r in rows)
+    assert [r["warps_per_sm"] for r in rows[:5]] == [4, 8, 12, 16, 28] and rows[3]["waves"] == 1.0
+    assert spans(43, 1000) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 15, 22, 43] and spans(43, 10) == list(range(1, 10))
+    with pytest.raises(ValueError, match="steps"):
+        spans(0, 4)
+
+
 def test_the_narrow_rule_is_what_phase_n_measured_it_to_be():
     """auto_config's one-row rule (narrow_gemv_config) on the H100's phase N rows (run "2026-12-05 N": every
     split of the narrow tiles, auto_config of the commit before it, in one process): for each weight × group
