@@ -27,8 +27,7 @@ the bar at each weight's size — a copy of its bytes, a kernel that only loads 
 with programmatic dependent launch; phase N (:func:`narrow_tiles`) the GEMV on phase R's fastest tiles at
 every split, the rows a shape rule for them is fitted on; phase U (:func:`uneven_splits`) the rule's tile at
 splits that need not divide the steps, phase V (:func:`every_span`) at every span of steps per program.
-Every timed shape, group and M is
-checked against :func:`helpers.w4_format.reference_matmul` (``exact``).
+Every timed shape, group and M is checked against :func:`helpers.w4_format.reference_matmul` (``exact``).
 """
 from __future__ import annotations
 

@@ -559,8 +559,8 @@ def test_the_kernel_benchmarks_exactness_check():
 
 
 def test_phase_n_times_every_narrow_tile_at_every_split_and_checks_each():
-    """benchmarks.kernels.narrow_tiles (phase N) on a small weight, its timing stubbed (it runs each config
-    once): every N_TILES tile × 64/128 words per step that fits K, at every split of K up to 64 programs
+    """benchmarks.kernels.narrow_tiles (phase N) on a small weight, its timing stubbed (each config runs
+    once, in its exactness check): every N_TILES tile × 64/128 words per step that fits K, at every split of K up to 64 programs
     per SM, each row exact, beside auto_config."""
     from types import SimpleNamespace
 
@@ -574,8 +574,8 @@ def test_phase_n_times_every_narrow_tile_at_every_split_and_checks_each():
         if ms is not None:
             rows.append({"kernel": kernel, "group": g, "ms": ms, **extra})
 
-    def try_ours(sh, label, g, x, cfg, phase):
-        w4_kernel.w4a16_matmul(x, sh.packed[g][0], cfg)
+    def try_ours(sh, label, g, x, cfg, phase):   # a valid config, timed as 1 ms: each row's rel_err runs it
+        w4_kernel._check_config(cfg, sh.packed[g][0], x.shape[0])
         return 1.0
     narrow_tiles(sh, "small", (64, 128), sms=1, held_out=True, add=add, try_ours=try_ours)
     tiles = [r for r in rows if r["kernel"] == "ours (GEMV narrow tile, every split)"]
@@ -601,9 +601,9 @@ def test_phase_n_times_every_narrow_tile_at_every_split_and_checks_each():
 
 def test_phase_u_times_the_rules_tile_at_uneven_splits_and_checks_each():
     """benchmarks.kernels.uneven_splits (phase U) on a weight of 7 steps (g128, 4 groups a step), its timing
-    stubbed (it runs each config once): the rule's tile at its own split, the largest divisor below and
-    uneven_split's at each of U_PER_SM warps per SM, every row exact and labelled with how its split was
-    chosen."""
+    stubbed (each config runs once, in its exactness check): the rule's tile at its own split, the largest
+    divisor below and uneven_split's at each of U_PER_SM warps per SM, every row exact and labelled with how
+    its split was chosen."""
     from types import SimpleNamespace
 
     from benchmarks.kernels import U_PER_SM, uneven_splits
@@ -614,8 +614,8 @@ def test_phase_u_times_the_rules_tile_at_uneven_splits_and_checks_each():
     def add(kernel, fmt, label, k, n, m, g, ms, nbytes, timing_kind, **extra):
         rows.append({"kernel": kernel, "group": g, "ms": ms, **extra})
 
-    def try_ours(sh, label, g, x, cfg, phase):
-        w4_kernel.w4a16_matmul(x, sh.packed[g][0], cfg)
+    def try_ours(sh, label, g, x, cfg, phase):   # a valid config, timed as 1 ms: each row's rel_err runs it
+        w4_kernel._check_config(cfg, sh.packed[g][0], x.shape[0])
         return 1.0
     torch.manual_seed(0)                      # the activation phase U draws
     uneven_splits(sh, "seven steps", (128,), sms=1, held_out=True, add=add, try_ours=try_ours)
@@ -631,9 +631,9 @@ def test_phase_u_times_the_rules_tile_at_uneven_splits_and_checks_each():
 
 def test_phase_v_times_the_rules_tile_at_every_span_and_checks_each():
     """benchmarks.kernels.every_span (phase V) on a weight of 7 steps (g128, 4 groups a step), its timing
-    stubbed (it runs each config once): the rule's tile at every split that gives a different span of
-    steps per program (1, 2, 3, 4, 7: spans 7, 4, 3, 2, 1), the rule's split again last, then tinygemm's
-    row; each exact, with its warps per SM and waves. spans() rejects bad input by name."""
+    stubbed (each config runs once, in its exactness check): the rule's tile at every split that gives a
+    different span of steps per program (1, 2, 3, 4, 7: spans 7, 4, 3, 2, 1), the rule's split again last,
+    then tinygemm's row; each exact, with its warps per SM and waves. spans() rejects bad input by name."""
     from types import SimpleNamespace
 
     from benchmarks.kernels import every_span, spans
@@ -644,8 +644,8 @@ def test_phase_v_times_the_rules_tile_at_every_span_and_checks_each():
     def add(kernel, fmt, label, k, n, m, g, ms, nbytes, timing_kind, **extra):
         rows.append({"kernel": kernel, "group": g, "ms": ms, **extra})
 
-    def try_ours(sh, label, g, x, cfg, phase):
-        w4_kernel.w4a16_matmul(x, sh.packed[g][0], cfg)
+    def try_ours(sh, label, g, x, cfg, phase):   # a valid config, timed as 1 ms: each row's rel_err runs it
+        w4_kernel._check_config(cfg, sh.packed[g][0], x.shape[0])
         return 1.0
     torch.manual_seed(0)
     every_span(sh, "seven steps", (128,), sms=1, held_out=True, add=add, try_ours=try_ours)
