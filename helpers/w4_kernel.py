@@ -643,8 +643,8 @@ def uneven_split(tiles: int, steps: int, sms: int, warps: int, per_sm: int = NAR
     """Programs along K when they need not divide the ``steps`` of a row (each takes ``⌈steps / split⌉``,
     the last fewer): the most whose warps fit ``per_sm · sms`` — one wave, at least 1, at most ``steps`` —
     then the fewest that keep the same steps per program (``⌈steps / ⌈steps / split⌉⌉``, so none is left
-    empty). Llama-2-7B's down projection on 132 SMs: 43 steps, 8 programs of 6 steps (a divisor gives 1 or
-    43: results/h100/kernels.json, run N2)."""
+    empty). Llama-2-7B's down projection on 132 SMs: 43 steps, 8 programs — 7 of 6 steps, the last of 1 (a
+    divisor gives 1 or 43: results/h100/kernels.json, run N2)."""
     if tiles < 1 or steps < 1 or sms < 1 or warps < 1 or per_sm < 1:
         raise ValueError(f"uneven_split needs tiles, steps, sms, warps and per_sm ≥ 1, got tiles={tiles}, "
                          f"steps={steps}, sms={sms}, warps={warps}, per_sm={per_sm}")

@@ -953,7 +953,8 @@ else:
 # that fit one wave of a given number of warps per SM. The next H100 (`results/h100/`: `kernels.json` run
 # "2026-12-06 U", `decode.json` runs "2026-12-06a" and "b", `pytest_412c6fa_kernels.txt`: 129 kernel and
 # decode tests passed there) timed phase U — the rule's tile at its own split, at the largest divisor below
-# and at `uneven_split`'s split for 12, 16, 24 and 32 warps per SM, tinygemm first, in one process — and
+# the rule's target (on most weights the rule's split again) and at `uneven_split`'s split for 12, 16, 24
+# and 32 warps per SM, tinygemm first, in one process — and
 # decoded Llama-2-7B and the 8B with the rule and with `UNEVEN` in one process each:
 
 # %%
@@ -986,11 +987,19 @@ if (H100 / "kernels.json").exists() and "2026-12-06 U" in k100["meta"]["runs"]:
           f"(median {drift.median():.2f}); slower first by more than 5 % in {int((drift > 1.05).sum())} of "
           f"{len(drift)} cases: {', '.join(slow_first)}")
     won = ut[ut["× the rule"] > 1.05]
+    alone = ut[ut["best other split"].isna()]
+    print(f"  no split but the rule's was timed in {len(alone)} cases: "
+          + ", ".join(sorted({f"{r['shape']} g{r['group']}" for _, r in alone.iterrows()})))
+    l2 = uu[uu["shape"].str.startswith("Llama-2-7B down") & uu.kernel.str.startswith("ours")]
+    at = {(r.group, r.config["SPLIT_K"]): r.ms * 1e3 for r in l2.itertuples()}
+    print("  Llama-2-7B down, the split UNEVEN takes (8: 7 programs of 6 steps, the last of 1) against the rule's "
+          "43: " + ", ".join(f"g{g} {at[(g, 8)]:.1f} µs vs {at[(g, 43)]:.1f} µs" for g in (64, 128)))
     print(f"  another split beat the rule by more than 5 % in {len(won)} of {len(ut)} cases: " + "; ".join(
         f"{r['shape']} g{r['group']} (split {r['best other split']:.0f} of {r['steps']} steps, {r['× the rule']:.2f}×, "
         f"{r['its warps per SM']:.0f} warps per SM)"
         for _, r in won.iterrows()))
-    du = d100[d100.run.isin(["2026-12-06a", "2026-12-06b"]) & d100.decode_tok_s.notna() & d100.compiled.eq(True)]
+    du = d100[d100.run.isin(["2026-12-06a", "2026-12-06b"]) & d100.decode_tok_s.notna() & d100.compiled.eq(True)
+              & (d100.recipe == "fused+head+attn") & (d100.batch == 1)]
     du = du.assign(kernel=[f + (", UNEVEN" if f == "W4A16 ours" and fam.get("UNEVEN") else "")
                            for f, fam in zip(du.format, du.family)])
     dt = du.pivot_table(index="model", columns="kernel", values="decode_tok_s")
@@ -1007,23 +1016,26 @@ else:
 # again a few rows later by as much as the line says — on the largest weights only (the shapes it names),
 # never on the small ones. The first rows of a case come after seconds of CPU work (the next weight's
 # copies packed, a kernel compiled), with the card idle; our reading, not yet measured: its clocks drop
-# meanwhile, and a call of a few hundred µs, timed twenty times, is over before they are back. Since then
+# meanwhile, and a call of tens of µs, replayed twenty times, is over before they are back. Since then
 # `timing.graph_ms` replays the graph untimed for 50 ms before it times (`warm_ms`; its GPU test and a
 # warm phase U are the next call, `scripts/gpu_owed.sh 14`). Until then compare a split with the rule's
 # *later* timing, as the `× the rule` column does — and read every first row of the earlier runs with the
 # same care, tinygemm's among them: it was timed first in each case of phases N and U, so on the largest
 # weights our `× tinygemm` at one row may be overstated there.
 #
-# Against the later timing, another split won by more than 5 % only where the steps divide badly (the
-# cases printed): Llama-2-7B's down projection (43 steps: 15 programs of 3 steps, the last of 1) and the
-# 14B-class down (27 steps), both at splits no divisor gives (on Llama-2's down against the rule's first
-# timing, the only one — no weight of its size drifted), and Llama-2-7B's joined gate|up, where a split on
-# either side of the rule's 2 is faster — round 9's corner. On every other weight the rule's
-# split was the fastest timed. In decode, `UNEVEN` as it stands (one wave of 16 warps per SM: on Llama-2's
-# down 8 programs of 6 steps, no faster than 43 in the table) moved neither model by more than the
-# drift between runs (the ratios printed). No single number of warps per SM wins everywhere — on
-# Llama-2's down the fastest split asks for nearly two waves of 16 (the warps printed), while on the 70B
-# gate/up every split other than the rule's loses (its rows in the table) — so the rule stays, `UNEVEN` stays off, and the next call times the
+# Against the later timing, another split won by more than 5 % in the cases printed: on two weights whose
+# steps divide badly, at splits no divisor gives — Llama-2-7B's down projection (43 steps: 15 programs,
+# 14 of 3 steps and the last of 1; against the rule's first timing, the only one, though no weight of its
+# size drifted) and the 14B-class down (27 steps) — and on Llama-2-7B's joined gate|up, whose 8 steps
+# divide well, where split 1 (a divisor) and split 3 both beat the rule's 2: round 9's corner, the rule
+# picking the wrong divisor. On every other weight the rule's split was the fastest timed (where another
+# was timed at all: the line before names the cases where none was). In decode, `UNEVEN` as it stands
+# (one wave of 16 warps per SM: on Llama-2's down 8 programs, slower than 43 in phase U — the line
+# printed) moved neither model by more than the ratios printed, about the spread between earlier runs of
+# one config (tinygemm on Llama-2-7B: 346.2 tok/s in run "2026-12-05j" above, 341.6 here). No single
+# number of warps per SM wins everywhere — on Llama-2's down the fastest split asks for nearly two waves
+# of 16 (the warps printed), while on the 70B gate/up the only other split timed (2, at 32 warps per
+# SM) loses (its rows in the table) — so the rule stays, `UNEVEN` stays off, and the next call times the
 # rule's tile at every span of steps per program, divisor or not, warm (phase V,
 # `benchmarks.kernels.every_span`): the rows a rule for uneven splits is fitted on. In one process the
 # 8B decodes faster with ours than with tinygemm, Llama-2-7B slower (the last lines).

@@ -728,9 +728,9 @@ def test_an_uneven_split_is_exact(split, sums):
 
 
 def test_uneven_split_fills_one_wave_and_leaves_no_program_empty():
-    """Llama-2-7B's down projection (128 tiles of 32 rows, 43 steps, 2 warps) on 132 SMs: 8 programs of 6
-    steps (a divisor gives 1 or 43); the 8B gate/up (448 tiles, 8 steps): 2; a row that fits many times: all
-    its steps; never more programs than ⌈steps / span⌉."""
+    """Llama-2-7B's down projection (128 tiles of 32 rows, 43 steps, 2 warps) on 132 SMs: 8 programs, 7 of
+    6 steps and the last of 1 (a divisor gives 1 or 43); the 8B gate/up (448 tiles, 8 steps): 2; a row that
+    fits many times: all its steps; never more programs than ⌈steps / span⌉."""
     assert w4_kernel.uneven_split(tiles=128, steps=43, sms=132, warps=2) == 8
     assert w4_kernel.uneven_split(tiles=448, steps=8, sms=132, warps=2) == 2
     assert w4_kernel.uneven_split(tiles=4, steps=9, sms=132, warps=2) == 9
@@ -806,9 +806,10 @@ def test_a_stand_in_weight_has_the_shape_and_no_memory():
 
 def test_uneven_splits_as_phase_u_measured_them():
     """Round 10 on the H100 (412c6fa), what notebook 08's "Round 10" prints and its prose says: in phase U
-    (run "2026-12-06 U") every row is exact; the same config timed first read slower than timed again
-    later by more than 5 % only on weights of 45 MB and more, by at most 1.2x; against the later timing an
-    uneven split (15 of Llama-2-7B down's 43 steps) beat the rule by more than 1.15x. In decode (runs
+    (run "2026-12-06 U") all 240 rows of ours are exact; the same config timed first read slower than timed
+    again later by more than 5 % only on weights of 45 MB and more, by at most 1.2x; 6 of the 40 cases had
+    another split more than 5 % faster than the rule (its later timing where there is one): an uneven split
+    (15 of Llama-2-7B down's 43 steps, against the rule's only timing) by more than 1.15x. In decode (runs
     2026-12-06a/b, one process per model) UNEVEN moved neither model by 2 %; ours beat tinygemm on the 8B
     and not on Llama-2-7B."""
     import json
@@ -823,7 +824,15 @@ def test_uneven_splits_as_phase_u_measured_them():
         if later:
             drifts[case] = (rs[0]["ms"] / min(later), rs[0]["K"] * rs[0]["N"] / 2)
     assert max(d for d, _ in drifts.values()) < 1.2
-    assert min(nbytes for d, nbytes in drifts.values() if d > 1.05) >= 45e6
+    drifted = [nbytes for d, nbytes in drifts.values() if d > 1.05]
+    assert drifted and min(drifted) >= 45e6
+    won = 0
+    for case in {(r["shape"], r["group"]) for r in ours}:
+        rs = [r for r in ours if (r["shape"], r["group"]) == case]
+        rule_ms = min([r["ms"] for r in rs[1:] if r["config"] == rs[0]["config"]] or [rs[0]["ms"]])
+        others = [r["ms"] for r in rs if r["config"] != rs[0]["config"]]
+        won += bool(others) and rule_ms / min(others) > 1.05
+    assert won == 6
     for g in (64, 128):
         down = [r for r in ours if r["shape"] == "Llama-2-7B down 11008x4096" and r["group"] == g]
         assert down[0]["config"]["SPLIT_K"] == 43 and not down[0]["split_by"].startswith("uneven")
