@@ -30,6 +30,7 @@
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
+# A kernels/decode file joins results/CARD/ with scripts/add_run.py (a run name each).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-/tmp/out} PART_TIMEOUT=${PART_TIMEOUT:-540}
