@@ -1020,8 +1020,9 @@ else:
 # `timing.graph_ms` replays the graph untimed for 50 ms before it times (`warm_ms`; its GPU test and a
 # warm phase U are the next call, `scripts/gpu_owed.sh 14`). Until then compare a split with the rule's
 # *later* timing, as the `× the rule` column does — and read every first row of the earlier runs with the
-# same care, tinygemm's among them: it was timed first in each case of phases N and U, so on the largest
-# weights our `× tinygemm` at one row may be overstated there.
+# same care: tinygemm's, timed first in each case of phases N and U, so on the largest weights our
+# `× tinygemm` at one row may be overstated there, and in phase N the old rule's, the first of ours, so
+# round 9's `rule × old` may be too.
 #
 # Against the later timing, another split won by more than 5 % in the cases printed: on two weights whose
 # steps divide badly, at splits no divisor gives — Llama-2-7B's down projection (43 steps: 15 programs,
