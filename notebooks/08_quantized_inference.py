@@ -526,6 +526,72 @@ if dec_file.exists():
 # less memory bandwidth than the H200, where the fixed costs weigh less.
 
 # %% [markdown]
+# ### Where it stands now, on a lent H100
+# The H200 run above is where the course began this kernel; the subsections after this one are the rounds
+# since, each run on a lent H100 (the H200 has not come back), each with what it measured and what it
+# changed. Their newest numbers first, read from the same files (`results/h100/`), against the targets
+# (README, "Reference results": at one row, 70 % of the copy bandwidth and 1.3× tinygemm on every weight
+# of 16 MB or more; decode at batch 1, 2× bf16):
+
+# %%
+H100 = results_path("h100")
+if (H100 / "decode.json").exists() and (H100 / "kernels.json").exists():
+    dnow = pd.DataFrame(json.loads((H100 / "decode.json").read_text())["rows"])
+    dnow = dnow[dnow.decode_tok_s.notna() & dnow.compiled.eq(True) & (dnow.batch == 1)]
+
+    def now_tok(run, fmt, recipe):
+        sel = dnow[(dnow.run == run) & (dnow.format == fmt) & (dnow.recipe == recipe)]
+        sel = sel[[not (isinstance(f, dict) and f.get("UNEVEN")) for f in sel.family]]   # the rule's rows
+        return sel.decode_tok_s.iloc[0]
+    now = pd.DataFrame([
+        {"model": "Llama-3.1-8B", "bf16": now_tok("2026-12-05l", "bf16", "fused+attn"),
+         "ours": now_tok("2026-12-05l", "W4A16 ours", "fused+head+attn"), "runs (× bf16)": "l: one process",
+         "ours ÷ tinygemm": now_tok("2026-12-06b", "W4A16 ours", "fused+head+attn")
+         / now_tok("2026-12-06b", "W4A16 tinygemm", "fused+head+attn"), "run (÷ tinygemm)": "2026-12-06b"},
+        {"model": "Llama-2-7B", "bf16": now_tok("2026-12-05k", "bf16", "fused+attn"),
+         "ours": now_tok("2026-12-05j", "W4A16 ours", "fused+head+attn"), "runs (× bf16)": "j, k: two processes",
+         "ours ÷ tinygemm": now_tok("2026-12-05j", "W4A16 ours", "fused+head+attn")
+         / now_tok("2026-12-05j", "W4A16 tinygemm", "fused+head+attn"), "run (÷ tinygemm)": "2026-12-05j"}])
+    now["× bf16"] = now.ours / now.bf16
+    print("decode tok/s, batch 1, compiled (ours fused+head+attn, bf16 fused+attn: its head is already 16-bit):")
+    display(now.round(2))
+    ku = pd.DataFrame([r for r in json.loads((H100 / "kernels.json").read_text())["rows"]
+                       if r.get("run") == "2026-12-06 U" and "ms" in r])
+    copy_u = ku.copy_GBps.iloc[0]
+    one_now = []
+    for (shape, g), case in ku.groupby(["shape", "group"]):
+        ours_u = case[case.kernel.str.startswith("ours")]
+        rule_cfg = ours_u.config.iloc[0]
+        rule_ms = ours_u[[c == rule_cfg for c in ours_u.config]].ms.iloc[1:].min()    # its later timing
+        rule_ms = ours_u.ms.iloc[0] if pd.isna(rule_ms) else rule_ms
+        tiny_ms = case[case.kernel.str.startswith("tinygemm")].ms.min()
+        nbytes = ours_u.GBps.iloc[0] * ours_u.ms.iloc[0] * 1e6
+        one_now.append({"shape": shape, "group": int(g), "MB": case.K.iloc[0] * case.N.iloc[0] / 2 / 1e6,
+                        "of copy": nbytes / rule_ms / 1e6 / copy_u, "× tinygemm": tiny_ms / rule_ms})
+    one_now = pd.DataFrame(one_now)
+    big_now = one_now[one_now.MB >= 16]
+    met_now = big_now[(big_now["of copy"] >= 0.7) & (big_now["× tinygemm"] >= 1.3)]
+    print(f"one row, the rule (phase U, run '2026-12-06 U', its later timing): on the {len(big_now)} weights × groups "
+          f"of ≥ 16 MB, {big_now['of copy'].min():.0%}–{big_now['of copy'].max():.0%} of the copy bandwidth and "
+          f"{big_now['× tinygemm'].min():.2f}–{big_now['× tinygemm'].max():.2f}× tinygemm (timed first); both targets "
+          f"on {len(met_now)}: {', '.join(sorted(set(met_now['shape'])))}")
+    print("  below 70 % of copy: " + ", ".join(f"{r['shape']} g{r['group']} {r['of copy']:.0%}"
+                                              for _, r in big_now[big_now["of copy"] < 0.7].iterrows()))
+else:
+    print("results/h100 is not in this checkout")
+
+# %% [markdown]
+# Decode at batch 1 is past the 2× target on both models (the `× bf16` column; on Llama-2-7B across two
+# processes). At one row the kernel meets both targets on the largest weights only (the line names them);
+# on the 30-odd-MB projections of the 7B, 8B and 14B models it still reads at about 60 % of the copy
+# bandwidth, and on Llama-2-7B's down projection at well under half — the list printed. tinygemm's column
+# carries round 10's caveat (it was timed first in each case, the card perhaps not yet warm), and
+# Llama-2-7B decodes slower with ours than with tinygemm (`ours ÷ tinygemm`). What to read next, in order:
+# the split of `K` and the decode attention (the next subsection), the bar any kernel could reach and the
+# narrow tiles (the one after), the shape rule fitted on them and the model it broke on (round 9), its
+# check, and splits that need not divide (round 10).
+
+# %% [markdown]
 # ### Since that run: the mended kernel, a split of `K` by rule, and a decode attention of our own
 # The next device lent (2026-12-05) was an NVIDIA H100 80GB — the same 132 multiprocessors as the
 # H200, less memory bandwidth (each file records its copy bandwidth; the first line below prints
@@ -544,7 +610,6 @@ if dec_file.exists():
 # Ratios compare kernels timed in one process on one card; compare them, not µs, with the H200's above.
 
 # %%
-H100 = results_path("h100")
 if (H100 / "kernels.json").exists():
     k100 = json.loads((H100 / "kernels.json").read_text())
     kr = pd.DataFrame([r for r in k100["rows"] if "ms" in r])
