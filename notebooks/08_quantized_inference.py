@@ -26,7 +26,8 @@
 # 3. Why does the engine refuse to start? vLLM's start-up plan, re-implemented and checked.
 #
 # Then the offline model as what it really is — a GGUF file run by llama.cpp — and a map of which
-# framework runs which format, every cell measured here or sourced.
+# framework runs which format, every cell measured here or sourced; and an appendix that follows our
+# kernel round by round, each round's measurements read from the files it wrote.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/gpu-quant-course/gpu-quant-course/blob/main/notebooks/08_quantized_inference.ipynb)
 
@@ -531,7 +532,10 @@ if dec_file.exists():
 # has not come back), and section 6, the appendix, follows them one by one, each with what it measured and
 # what it changed. Their newest numbers here, read from the same files (`results/h100/`), against the targets
 # (README, "Reference results": at one row, 70 % of the copy bandwidth and 1.3× tinygemm on every weight
-# of 16 MB or more; decode at batch 1, 2× bf16):
+# of 16 MB or more; decode at batch 1, 2× bf16). Two words from the appendix: the recipes gained `attn`,
+# our own split-KV decode attention (`helpers/decode_attention.py`) in place of SDPA; and "the rule" is
+# `w4_kernel.narrow_gemv_config`, the one-row GEMV's tile and split of `K` chosen from the weight's shape
+# (round 9), here timed in round 10's phase U. Each row names its run in the files (`run`):
 
 # %%
 H100 = results_path("h100")
@@ -581,12 +585,14 @@ else:
     print("results/h100 is not in this checkout")
 
 # %% [markdown]
-# Decode at batch 1 is past the 2× target on both models (the `× bf16` column; on Llama-2-7B across two
-# processes). At one row the kernel meets both targets on the largest weights only (the line names them);
-# on the 30-odd-MB projections of the 7B, 8B and 14B models it still reads at about 60 % of the copy
-# bandwidth, and on Llama-2-7B's down projection at well under half — the list printed. tinygemm's column
-# carries round 10's caveat (it was timed first in each case, the card perhaps not yet warm), and
-# Llama-2-7B decodes slower with ours than with tinygemm (`ours ÷ tinygemm`). The appendix (section 6)
+# Decode at batch 1 is past the 2× target on the 8B and just under it on Llama-2-7B (the `× bf16`
+# column; on Llama-2-7B across two processes). At one row the kernel meets both targets on some of the
+# largest weights (the line names them; not on Qwen2.5-7B's joined gate|up, larger than the 8B's); on the
+# 30-odd-MB projections of the 7B, 8B and 14B models and on the joined gate|up of Llama-2-7B and
+# Qwen2.5-7B it still reads at about 60 % of the copy bandwidth, and on Llama-2-7B's down projection at
+# well under half — the list printed. The one-row line's `× tinygemm` range carries round 10's caveat
+# (tinygemm was timed first in each case, the card perhaps not yet warm). In whole-model decode, where
+# the order does not matter, Llama-2-7B runs slower with ours than with tinygemm (`ours ÷ tinygemm`). The appendix (section 6)
 # goes through how it got here, in order: the split of `K` and the decode attention, the bar any kernel
 # could reach and the narrow tiles, the shape rule fitted on them and the model it broke on (round 9), its
 # check, and splits that need not divide (round 10).
@@ -595,7 +601,11 @@ else:
 # ### Your turn: the split rule
 # One row's GEMV is fastest with its `K` split among enough programs to fill the card, and no more (the
 # appendix, round 9, measured it at every split): `w4_kernel.narrow_split` aims at about
-# `NARROW_WARPS_PER_SM` warps per multiprocessor.
+# `NARROW_WARPS_PER_SM` warps per multiprocessor. Its programs are `tiles` (the weight's rows in tiles of
+# 32) times `split`, and each walks `steps ÷ split` of the row's `steps` (groups of `K`, a few per step).
+# The split must divide the steps, and that has a corner: Llama-2-7B's down projection has 86 groups of
+# 128, two per step — 43 steps, a prime — so the only splits are 1 and 43, and "the largest divisor below
+# the target" gives 1: about one program per SM, each walking all 43 steps (the appendix, round 9).
 # Write it: the programs along `K` that bring `tiles × split × warps` nearest to `per_sm × sms` warps,
 # among the splits that divide the `steps` of each row evenly — nearest in ratio, `|log(d / target)|`,
 # so that a split twice the target counts as far as one half of it. The check includes Llama-2-7B's 43 steps.
@@ -834,7 +844,7 @@ else:
 # prints its numbers; its markdown reads them.
 
 # %% [markdown]
-# ### Since that run: the mended kernel, a split of `K` by rule, and a decode attention of our own
+# ### Since the H200 run: the mended kernel, a split of `K` by rule, and a decode attention of our own
 # The next device lent (2026-12-05) was an NVIDIA H100 80GB — the same 132 multiprocessors as the
 # H200, less memory bandwidth (each file records its copy bandwidth; the first line below prints
 # it) — and on it the same two benchmarks timed three changes (`results/h100/`):
@@ -849,9 +859,11 @@ else:
 #   which the `attn` recipe puts in place of SDPA through transformers' own attention registry
 #   (`AttentionInterface`), so the compiled step runs it with no change to the model's code.
 #
-# Ratios compare kernels timed in one process on one card; compare them, not µs, with the H200's above.
+# Ratios compare kernels timed in one process on one card; compare them, not µs, with the H200's (section 2's
+# reference run).
 
 # %%
+H100 = results_path("h100")
 if (H100 / "kernels.json").exists():
     k100 = json.loads((H100 / "kernels.json").read_text())
     kr = pd.DataFrame([r for r in k100["rows"] if "ms" in r])
@@ -916,7 +928,7 @@ if (H100 / "decode.json").exists():
 # %% [markdown]
 # What the three changes bought (the tables just above; one run on one card). At 2 to 16 rows the
 # tensor-core kernel is now faster than bf16 on every weight, fitted and held-out alike. The mend made
-# that possible (before it the kernel lost to bf16 on the narrow shapes, in the run above); the split
+# that possible (before it the kernel lost to bf16 on the narrow shapes, in section 2's reference run); the split
 # rule made it happen — the rule before it, same run, still lost to bf16 in the cases printed above,
 # mostly at group 64 and on the long down projections, whose `K` it left unsplit: one call then
 # filled about a quarter of the multiprocessors (`results/h100/ncu_2026-12-05.txt`: 0.24 waves per SM
