@@ -31,6 +31,19 @@ from helpers.decode_bench import Recipe, build, bytes_read_per_step, run, step_p
 from helpers.measure import module_bytes
 
 
+def kernel_families(family: str, base: dict | None = None) -> list[dict | None]:
+    """``--family`` read: a JSON object, or a non-empty list of them, each laid over ``base`` (``--family-from``'s
+    family; ``{}`` leaves ``base`` as it is) — one kernel family per build of our W4 format."""
+    try:
+        extra = json.loads(family)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--family must be JSON (an object or a list of objects), got {family!r}: {e}") from None
+    extras = extra if isinstance(extra, list) else [extra]
+    if not extras or not all(isinstance(e, dict) for e in extras):
+        raise ValueError(f"--family takes a JSON object or a non-empty list of objects, got {family!r}")
+    return [({**(base or {}), **e} if e else base) for e in extras]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -74,13 +87,12 @@ def main():
     def save():   # after every row: a run stopped by a time limit keeps what it measured
         write_json(out, {"meta": meta, "rows": rows}, indent=1, default=str)
     base = json.loads(Path(args.family_from).read_text())["meta"].get("family") if args.family_from else None
-    extra = json.loads(args.family)
-    extras = extra if isinstance(extra, list) else [extra]
-    if not extras or not all(isinstance(e, dict) for e in extras):
-        ap.error(f"--family takes a JSON object or a non-empty list of objects, got {args.family!r}")
-    families = [({**(base or {}), **e} if e else base) for e in extras]
-    runs = [(f, r, fam) for f in args.formats.split(",") for r in recipes
-            for fam in (families if f == "W4A16 ours" else families[:1])]
+    try:
+        families = kernel_families(args.family, base)
+    except ValueError as e:
+        ap.error(str(e))
+    runs = [(f, r, fam) for f in args.formats.split(",") for r in recipes      # a family is ours' alone
+            for fam in (families if f == "W4A16 ours" else [None])]
     for fmt, recipe, family in runs:
         if recipe.head and fmt == "bf16":   # its head is already in the 16-bit format
             if not any(not r.head for r in recipes):

@@ -115,3 +115,16 @@ def test_step_profile_splits_a_step_into_named_kernels():
     assert 0 < prof["kernel_us"] < prof["wall_us"] and prof["kernels"] > 10
     assert len(prof["top"]) == 5 and prof["top"][0]["us"] == max(t["us"] for t in prof["top"])
     assert all(t["category"] == decode_bench.kernel_category(t["kernel"]) for t in prof["top"])
+
+
+def test_decode_benchmark_reads_one_kernel_family_or_a_list():
+    """benchmarks.decode.kernel_families (--family): an object laid over --family-from's family, or a list
+    of them, one build of our W4 format each; '{}' keeps the base; anything else is refused by name."""
+    from benchmarks.decode import kernel_families
+    base = {"HALF2": True}
+    assert kernel_families("{}") == [None] and kernel_families("{}", base) == [base]
+    assert kernel_families('{"UNEVEN": true}', base) == [{"HALF2": True, "UNEVEN": True}]
+    assert kernel_families('[{"UNEVEN": false}, {"UNEVEN": true}]') == [{"UNEVEN": False}, {"UNEVEN": True}]
+    for bad in ("[]", "[1]", '"x"', "{UNEVEN: true}"):
+        with pytest.raises(ValueError, match="--family"):
+            kernel_families(bad)
