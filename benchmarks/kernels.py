@@ -456,26 +456,16 @@ def main():
         save()
     # the shapes of phases N, U, V, S and T: --shapes, and HELD_OUT with --held-out
     rule_shapes = {**{lab: SHAPES[lab] for lab in args.shapes.split(",") if lab}, **(HELD_OUT if args.held_out else {})}
-    # ---------------- phase N: the narrow-tile GEMV (phase R's fastest kind) at every split of K, beside
-    # auto_config and tinygemm in the same process — the rows a shape rule for it is fitted on (and held out)
-    for label, (k, n) in (rule_shapes.items() if "N" in phases else ()):
-        sh = Shape(k, n, groups=groups)
-        narrow_tiles(sh, label, groups, meta["sms"], label in HELD_OUT, add, try_ours)
-        sh.free()
-        save()
-    # ---------------- phase U: the rule's tile at splits that need not divide the steps (uneven_split), beside
-    # its own split, the largest divisor below and tinygemm
-    for label, (k, n) in (rule_shapes.items() if "U" in phases else ()):
-        sh = Shape(k, n, groups=groups)
-        uneven_splits(sh, label, groups, meta["sms"], label in HELD_OUT, add, try_ours)
-        sh.free()
-        save()
-    # ---------------- phase V: the rule's tile at every span of steps per program, divisors or not
-    for label, (k, n) in (rule_shapes.items() if "V" in phases else ()):
-        sh = Shape(k, n, groups=groups)
-        every_span(sh, label, groups, meta["sms"], label in HELD_OUT, add, try_ours)
-        sh.free()
-        save()
+    # ---------------- phases N, U and V, one shape at a time, in one process with tinygemm: N, the narrow-tile
+    # GEMV (phase R's fastest kind) at every split of K beside auto_config — the rows a shape rule for it is
+    # fitted on (and held out); U, the rule's tile at uneven_split's splits beside its own and the largest
+    # divisor below; V, the rule's tile at every span of steps per program, divisors or not
+    for letter, phase in (("N", narrow_tiles), ("U", uneven_splits), ("V", every_span)):
+        for label, (k, n) in (rule_shapes.items() if letter in phases else ()):
+            sh = Shape(k, n, groups=groups)
+            phase(sh, label, groups, meta["sms"], label in HELD_OUT, add, try_ours)
+            sh.free()
+            save()
     # ---------------- phase S: auto_config's one-row config at every split of K (g128, 2-warp rule; g64, 4-warp)
     for label, (k, n) in (rule_shapes.items() if "S" in phases else ()):
         sh = Shape(k, n, groups=groups, tiny=False)

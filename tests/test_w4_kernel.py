@@ -599,14 +599,11 @@ def test_phase_n_times_every_narrow_tile_at_every_split_and_checks_each():
         (64, 4, 1), (64, 4, 3), (128, 2, 1), (128, 2, 3)}
 
 
-def test_phase_u_times_the_rules_tile_at_uneven_splits_and_checks_each():
-    """benchmarks.kernels.uneven_splits (phase U) on a weight of 7 steps (g128, 4 groups a step), its timing
-    stubbed (each config runs once, in its exactness check): the rule's tile at its own split, the largest
-    divisor below and uneven_split's at each of U_PER_SM warps per SM, every row exact and labelled with how
-    its split was chosen."""
+def seven_step_phase(phase) -> list[dict]:
+    """The rows one of benchmarks.kernels' one-shape phases (``uneven_splits``, ``every_span``) writes for a
+    64 × 3584 weight at g128 (7 steps of 4 groups) on 1 SM, held out, tinygemm absent, its timing stubbed: a
+    config is checked valid and "timed" as 1 ms, and runs once, in its row's exactness check."""
     from types import SimpleNamespace
-
-    from benchmarks.kernels import U_PER_SM, uneven_splits
     w = weight(64, 7 * 512).to(DEV)
     sh = SimpleNamespace(k=7 * 512, n=64, packed={128: [w4_format.pack_w4(w, 128)]}, tiny={128: None})
     rows = []
@@ -614,11 +611,20 @@ def test_phase_u_times_the_rules_tile_at_uneven_splits_and_checks_each():
     def add(kernel, fmt, label, k, n, m, g, ms, nbytes, timing_kind, **extra):
         rows.append({"kernel": kernel, "group": g, "ms": ms, **extra})
 
-    def try_ours(sh, label, g, x, cfg, phase):   # a valid config, timed as 1 ms: each row's rel_err runs it
+    def try_ours(sh, label, g, x, cfg, phase):
         w4_kernel._check_config(cfg, sh.packed[g][0], x.shape[0])
         return 1.0
-    torch.manual_seed(0)                      # the activation phase U draws
-    uneven_splits(sh, "seven steps", (128,), sms=1, held_out=True, add=add, try_ours=try_ours)
+    torch.manual_seed(0)                      # the activation the phase draws
+    phase(sh, "seven steps", (128,), sms=1, held_out=True, add=add, try_ours=try_ours)
+    return rows
+
+
+def test_phase_u_times_the_rules_tile_at_uneven_splits_and_checks_each():
+    """benchmarks.kernels.uneven_splits (phase U) on a weight of 7 steps (:func:`seven_step_phase`): the
+    rule's tile at its own split, the largest divisor below and uneven_split's at each of U_PER_SM warps per
+    SM, the rule's again last, every row exact and labelled with how its split was chosen."""
+    from benchmarks.kernels import U_PER_SM, uneven_splits
+    rows = seven_step_phase(uneven_splits)
     assert len(rows) == 3 + len(U_PER_SM)
     assert [r["exact"] and r["held_out"] and r["steps"] == 7 for r in rows] == [True] * len(rows)
     by = {r["split_by"]: r["config"]["SPLIT_K"] for r in rows}
@@ -630,25 +636,12 @@ def test_phase_u_times_the_rules_tile_at_uneven_splits_and_checks_each():
 
 
 def test_phase_v_times_the_rules_tile_at_every_span_and_checks_each():
-    """benchmarks.kernels.every_span (phase V) on a weight of 7 steps (g128, 4 groups a step), its timing
-    stubbed (each config runs once, in its exactness check): the rule's tile at every split that gives a
-    different span of steps per program (1, 2, 3, 4, 7: spans 7, 4, 3, 2, 1), the rule's split again last,
-    then tinygemm's row; each exact, with its warps per SM and waves. spans() rejects bad input by name."""
-    from types import SimpleNamespace
-
+    """benchmarks.kernels.every_span (phase V) on a weight of 7 steps (:func:`seven_step_phase`): the rule's
+    tile at every split that gives a different span of steps per program (1, 2, 3, 4, 7: spans 7, 4, 3, 2,
+    1), the rule's split again last (no tinygemm row: no torchao weights here); each exact, with its warps
+    per SM and waves. spans() rejects bad input by name."""
     from benchmarks.kernels import every_span, spans
-    w = weight(64, 7 * 512).to(DEV)
-    sh = SimpleNamespace(k=7 * 512, n=64, packed={128: [w4_format.pack_w4(w, 128)]}, tiny={128: None})
-    rows = []
-
-    def add(kernel, fmt, label, k, n, m, g, ms, nbytes, timing_kind, **extra):
-        rows.append({"kernel": kernel, "group": g, "ms": ms, **extra})
-
-    def try_ours(sh, label, g, x, cfg, phase):   # a valid config, timed as 1 ms: each row's rel_err runs it
-        w4_kernel._check_config(cfg, sh.packed[g][0], x.shape[0])
-        return 1.0
-    torch.manual_seed(0)
-    every_span(sh, "seven steps", (128,), sms=1, held_out=True, add=add, try_ours=try_ours)
+    rows = seven_step_phase(every_span)
     assert [r["config"]["SPLIT_K"] for r in rows] == [1, 2, 3, 4, 7, 7]
     assert [r["span"] for r in rows] == [7, 4, 3, 2, 1, 1] and rows[-1]["kernel"].endswith("again last)")
     assert all(r["exact"] and r["held_out"] and r["steps"] == 7 and r["rule_split"] == 7 for r in rows)
