@@ -306,11 +306,13 @@ def spans(steps: int, most: int) -> list[int]:
     return sorted({math.ceil(steps / math.ceil(steps / s)) for s in range(1, steps + 1)} & set(range(1, most + 1)))
 
 
+RESIDENT_BLOCKS = 8   # blocks of 2 warps an SM holds of the rule's GEMV at 128 registers (ncu_narrow_a3a5c04.txt)
+
+
 def every_span(sh: Shape, label: str, groups, sms: int, held_out: bool, add, try_ours) -> None:
     """Phase V on one shape: the one-row rule's tile (``narrow_gemv_config``) at every split of :func:`spans`
     (divisors and not: programs of ``⌈steps / split⌉`` steps, the last fewer) up to 64 programs per SM, each
-    row with its programs' warps per SM and waves (programs ÷ the 8 blocks of 2 warps an SM holds at 128
-    registers, ``results/h100/ncu_narrow_a3a5c04.txt``); the rule's own split again last (the drift);
+    row with its programs' warps per SM and waves (programs ÷ :data:`RESIDENT_BLOCKS` per SM); the rule's own split again last (the drift);
     tinygemm after them, in one process — the rows a rule for uneven splits is fitted on."""
     k, n = sh.k, sh.n
     x = torch.randn(1, k, device=sh.packed[groups[0]][0].words.device, dtype=torch.bfloat16)
@@ -328,7 +330,7 @@ def every_span(sh: Shape, label: str, groups, sms: int, held_out: bool, add, try
                 add(f"ours (narrow rule tile, {how})", f"W4A16 g{g}", label, k, n, 1, g, ms, nbytes, "cudagraph",
                     config=cfg, phase="V", held_out=held_out, steps=steps, span=math.ceil(steps / split),
                     rule_split=rule["SPLIT_K"], warps_per_sm=programs * rule["num_warps"] / sms,
-                    waves=programs / (8 * sms), exact=is_exact(rel_err(x, p0, cfg, ref), cfg))
+                    waves=programs / (RESIDENT_BLOCKS * sms), exact=is_exact(rel_err(x, p0, cfg, ref), cfg))
         tinygemm_row(sh, label, g, x, "V", held_out, add)
 
 

@@ -539,6 +539,20 @@ if dec_file.exists():
 
 # %%
 H100 = results_path("h100")
+
+
+def phase_u_case(case):
+    """One weight × group of phase U (its rows in timing order): our rows, the rule's row (the first of
+    ours), the same config's later timing (None where it was timed once), the rule's ms to compare with
+    (the later timing, else the first), and tinygemm's ms (timed first of the case)."""
+    ours = case[case.kernel.str.startswith("ours")].reset_index(drop=True)
+    rule = ours.iloc[0]
+    later = ours[(ours.index > 0) & [c == rule.config for c in ours.config]].ms.min() if len(ours) > 1 else None
+    later = None if pd.isna(later) else later
+    return {"ours": ours, "rule": rule, "later_ms": later, "rule_ms": rule.ms if later is None else later,
+            "tiny_ms": case[case.kernel.str.startswith("tinygemm")].ms.min()}
+
+
 if (H100 / "decode.json").exists() and (H100 / "kernels.json").exists():
     dnow = pd.DataFrame(json.loads((H100 / "decode.json").read_text())["rows"])
     dnow = dnow[dnow.decode_tok_s.notna() & dnow.compiled.eq(True) & (dnow.batch == 1)]
@@ -564,14 +578,10 @@ if (H100 / "decode.json").exists() and (H100 / "kernels.json").exists():
     copy_u = ku.copy_GBps.iloc[0]
     one_now = []
     for (shape, g), case in ku.groupby(["shape", "group"]):
-        ours_u = case[case.kernel.str.startswith("ours")]
-        rule_cfg = ours_u.config.iloc[0]
-        rule_ms = ours_u[[c == rule_cfg for c in ours_u.config]].ms.iloc[1:].min()    # its later timing
-        rule_ms = ours_u.ms.iloc[0] if pd.isna(rule_ms) else rule_ms
-        tiny_ms = case[case.kernel.str.startswith("tinygemm")].ms.min()
-        nbytes = ours_u.GBps.iloc[0] * ours_u.ms.iloc[0] * 1e6
+        u = phase_u_case(case)
+        nbytes = u["rule"].GBps * u["rule"].ms * 1e6
         one_now.append({"shape": shape, "group": int(g), "MB": case.K.iloc[0] * case.N.iloc[0] / 2 / 1e6,
-                        "of copy": nbytes / rule_ms / 1e6 / copy_u, "× tinygemm": tiny_ms / rule_ms})
+                        "of copy": nbytes / u["rule_ms"] / 1e6 / copy_u, "× tinygemm": u["tiny_ms"] / u["rule_ms"]})
     one_now = pd.DataFrame(one_now)
     big_now = one_now[one_now.MB >= 16]
     met_now = big_now[(big_now["of copy"] >= 0.7) & (big_now["× tinygemm"] >= 1.3)]
@@ -1281,21 +1291,19 @@ if (H100 / "kernels.json").exists() and "2026-12-06 U" in k100["meta"]["runs"]:
     uu = kr[kr.run == "2026-12-06 U"]
 
     def uneven_row(shape, g):
-        case = uu[(uu["shape"] == shape) & (uu.group == g)]
-        ours = case[case.kernel.str.startswith("ours")].reset_index(drop=True)
-        rule = ours.iloc[0]                                       # the rule's split, timed first of ours
-        later = ours[(ours.index > 0) & [c == rule.config for c in ours.config]]   # the same config, timed again
+        u = phase_u_case(uu[(uu["shape"] == shape) & (uu.group == g)])    # section 2's "Where it stands"
+        ours, rule = u["ours"], u["rule"]
         others = ours[[c != rule.config for c in ours.config]]
         best = others.loc[others.ms.idxmin()] if len(others) else None
-        rule_ms = later.ms.min() if len(later) else rule.ms
         return {"shape": shape, "group": g, "steps": int(rule.steps), "rule split": rule.config["SPLIT_K"],
-                "rule µs, first": rule.ms * 1e3, "same config later µs": later.ms.min() * 1e3 if len(later) else None,
+                "rule µs, first": rule.ms * 1e3,
+                "same config later µs": u["later_ms"] * 1e3 if u["later_ms"] is not None else None,
                 "best other split": best.config["SPLIT_K"] if best is not None else None,
                 "its µs": best.ms * 1e3 if best is not None else None,
-                "× the rule": rule_ms / best.ms if best is not None else None,
+                "× the rule": u["rule_ms"] / best.ms if best is not None else None,
                 "its warps per SM": (-(-int(rule.N) // best.config["BLOCK_N"]) * best.config["SPLIT_K"]
                                      * best.config["num_warps"] / k100["meta"]["sms"]) if best is not None else None,
-                "tinygemm µs (timed first)": case[case.kernel.str.startswith("tinygemm")].ms.min() * 1e3}
+                "tinygemm µs (timed first)": u["tiny_ms"] * 1e3}
     ut = pd.DataFrame([uneven_row(s_, g) for s_ in uu["shape"].unique() for g in (64, 128)])
     print(f"phase U on {k100['meta']['device']} (M = 1); '× the rule': the rule's later timing (its first where "
           "there is none) ÷ the best other split's")
