@@ -60,6 +60,15 @@ HELD_OUT = {  # shapes no rule was fitted on (phase S): Llama-2-7B (first: added
     "Llama-3.2-3B down 8192x3072": (8192, 3072), "Qwen2.5-32B gate/up 5120x27648": (5120, 27648),
     "Qwen2.5-32B down 27648x5120": (27648, 5120), "Mistral-Nemo q|k|v 5120x6144": (5120, 6144),
 }
+FRESH = {  # a second held-out set, chosen after phase V had fitted uneven_split's rule and before it timed them:
+    # rows whose groups per step shrink (Qwen2.5-72B down: 231 groups of 128, 1 per step; Qwen2.5-1.5B, Phi-3-medium:
+    # 35 steps), few tiles (Llama-3.2-1B down, Gemma-2-9B down), and Yi-34B's and Gemma-2-9B's other layers
+    "Qwen2.5-72B down 29568x8192": (29568, 8192), "Qwen2.5-1.5B down 8960x1536": (8960, 1536),
+    "Gemma-2-9B down 14336x3584": (14336, 3584), "Gemma-2-9B gate|up joined 3584x28672": (3584, 28672),
+    "Phi-3-medium down 17920x5120": (17920, 5120), "Yi-34B gate/up 7168x20480": (7168, 20480),
+    "Yi-34B down 20480x7168": (20480, 7168), "Qwen2.5-3B gate|up joined 2048x22016": (2048, 22016),
+    "Llama-3.2-1B down 8192x2048": (8192, 2048),
+}
 PHASE_A_SHAPES = ("8B gate/up 4096x14336", "70B gate/up 8192x28672")
 SPLITS = (1, 2, 4, 8, 16)
 STEPS = (  # the CUDA-core GEMV, one optimisation at a time (helpers/w4_kernel.py docstring); M = 1 only.
@@ -312,16 +321,20 @@ RESIDENT_BLOCKS = 8   # blocks of 2 warps an SM holds of the rule's GEMV at 128 
 def every_span(sh: Shape, label: str, groups, sms: int, held_out: bool, add, try_ours) -> None:
     """Phase V on one shape: the one-row rule's tile (``narrow_gemv_config``) at every split of :func:`spans`
     (divisors and not: programs of ``⌈steps / split⌉`` steps, the last fewer) up to 64 programs per SM, each
-    row with its programs' warps per SM and waves (programs ÷ :data:`RESIDENT_BLOCKS` per SM); the rule's own split again last (the drift);
-    tinygemm after them, in one process — the rows a rule for uneven splits is fitted on."""
+    row with its programs' warps per SM and waves (programs ÷ :data:`RESIDENT_BLOCKS` per SM), the rule's
+    split and the candidate's (``uneven=True``: :func:`~helpers.w4_kernel.uneven_split`); the rule's and the
+    candidate's splits again last (the drift); tinygemm after them, in one process — the rows a rule for
+    uneven splits is fitted on, and checked on."""
     k, n = sh.k, sh.n
     x = torch.randn(1, k, device=sh.packed[groups[0]][0].words.device, dtype=torch.bfloat16)
     for g in groups:
         p0, nbytes = sh.packed[g][0], sh.packed[g][0].nbytes
         ref = w4_format.reference_matmul(x.float(), p0).float()
         rule = w4_kernel.narrow_gemv_config(p0, sms=sms)
+        candidate = w4_kernel.narrow_gemv_config(p0, sms=sms, uneven=True)["SPLIT_K"]
         tiles, steps = math.ceil(n / rule["BLOCK_N"]), k // (g * rule["GROUPS"])
-        todo = [(sp, "every span") for sp in spans(steps, max(1, 64 * sms // tiles))] + [(rule["SPLIT_K"], "the rule, again last")]
+        todo = ([(sp, "every span") for sp in spans(steps, max(1, 64 * sms // tiles))]
+                + [(rule["SPLIT_K"], "the rule, again last"), (candidate, "the candidate, again last")])
         for split, how in todo:
             cfg = {**rule, "SPLIT_K": split}
             ms = try_ours(sh, label, g, x, cfg, "V")
@@ -329,7 +342,8 @@ def every_span(sh: Shape, label: str, groups, sms: int, held_out: bool, add, try
                 programs = tiles * split
                 add(f"ours (narrow rule tile, {how})", f"W4A16 g{g}", label, k, n, 1, g, ms, nbytes, "cudagraph",
                     config=cfg, phase="V", held_out=held_out, steps=steps, span=math.ceil(steps / split),
-                    rule_split=rule["SPLIT_K"], warps_per_sm=programs * rule["num_warps"] / sms,
+                    rule_split=rule["SPLIT_K"], candidate_split=candidate,
+                    warps_per_sm=programs * rule["num_warps"] / sms,
                     waves=programs / (RESIDENT_BLOCKS * sms), exact=is_exact(rel_err(x, p0, cfg, ref), cfg))
         tinygemm_row(sh, label, g, x, "V", held_out, add)
 
@@ -353,6 +367,7 @@ def main():
                                                      "splits; V: at every span of steps (N, U, V with "
                                                      "--held-out too)")
     ap.add_argument("--held-out", action="store_true", help="phases S, T, N, U and V also on HELD_OUT's shapes")
+    ap.add_argument("--fresh", action="store_true", help="phases S, T, N, U and V also on FRESH's shapes (held out too)")
     args = ap.parse_args()
     # labels hold spaces; "_" stands for one (a shell variable passes the list as one word), and a label's own "_"
     # ("8B lm_head ...") is matched either way
@@ -456,8 +471,10 @@ def main():
         reading_bar(sh, label, groups, [int(r) for r in args.rows.split(",")], meta["sms"], add, try_ours)
         sh.free()
         save()
-    # the shapes of phases N, U, V, S and T: --shapes, and HELD_OUT with --held-out
-    rule_shapes = {**{lab: SHAPES[lab] for lab in args.shapes.split(",") if lab}, **(HELD_OUT if args.held_out else {})}
+    # the shapes of phases N, U, V, S and T: --shapes, HELD_OUT with --held-out, FRESH with --fresh (rows held out)
+    rule_shapes = {**{lab: SHAPES[lab] for lab in args.shapes.split(",") if lab}, **(HELD_OUT if args.held_out else {}),
+                   **(FRESH if args.fresh else {})}
+    held_out_shapes = {**HELD_OUT, **FRESH}
     # ---------------- phases N, U and V, one shape at a time, in one process with tinygemm: N, the narrow-tile
     # GEMV (phase R's fastest kind) at every split of K beside auto_config — the rows a shape rule for it is
     # fitted on (and held out); U, the rule's tile at uneven_split's splits beside its own and the largest
@@ -465,7 +482,7 @@ def main():
     for letter, phase in (("N", narrow_tiles), ("U", uneven_splits), ("V", every_span)):
         for label, (k, n) in (rule_shapes.items() if letter in phases else ()):
             sh = Shape(k, n, groups=groups)
-            phase(sh, label, groups, meta["sms"], label in HELD_OUT, add, try_ours)
+            phase(sh, label, groups, meta["sms"], label in held_out_shapes, add, try_ours)
             sh.free()
             save()
     # ---------------- phase S: auto_config's one-row config at every split of K (g128, 2-warp rule; g64, 4-warp)
@@ -488,14 +505,14 @@ def main():
                     continue
                 err = rel_err(x, p0, cfg, ref)
                 add("ours (Triton GEMV, auto_config at each split)", f"W4A16 g{g}", label, k, n, 1, g, ms, nbytes,
-                    "cudagraph", config=cfg, phase="S", held_out=label in HELD_OUT, exact=is_exact(err, cfg),
+                    "cudagraph", config=cfg, phase="S", held_out=label in held_out_shapes, exact=is_exact(err, cfg),
                     rel_err=err, **picks)
         sh.free()
         save()
     # ---------------- phase T: auto_config's tensor-core config (tc_split) against every power-of-2 split, M > 1
     for label, (k, n) in (rule_shapes.items() if "T" in phases else ()):
         sh = Shape(k, n, groups=groups)
-        held = label in HELD_OUT
+        held = label in held_out_shapes
         for m in [int(r) for r in args.rows.split(",") if int(r) > 1]:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             add("bf16 cuBLAS", "bf16", label, k, n, m, None, timing.graph_ms([lambda w=w: x @ w.t() for w in sh.w]),

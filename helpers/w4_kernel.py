@@ -617,13 +617,17 @@ def narrow_gemv_config(p: W4Weight, sms: int | None = None, uneven: bool = False
     group) with :data:`NARROW_CODES` codes of each row per step (``GROUPS`` halved until it divides the
     groups per row) and ``K`` split by :func:`narrow_split` to about :data:`NARROW_WARPS_PER_SM` warps per
     multiprocessor (``uneven``: by :func:`uneven_split`, one wave of programs that need not divide the
-    steps — the next round's candidate, not yet the rule); ``fixed`` keys (``ACC16``, ``PDL``) set on top."""
+    steps, scaled to the codes per step — the next round's candidate, not yet the rule); ``fixed`` keys
+    (``ACC16``, ``PDL``) set on top."""
     n, k = p.shape
     cfg = {**NARROW_GEMV, **fixed}
     cfg["GROUPS"] = _fitting_groups(p, max(1, NARROW_CODES // p.group_size))
-    split_of = uneven_split if uneven else narrow_split
-    cfg["SPLIT_K"] = split_of(math.ceil(n / cfg["BLOCK_N"]), k // (p.group_size * cfg["GROUPS"]),
-                              _sms(p) if sms is None else sms, cfg["num_warps"])
+    tiles, steps = math.ceil(n / cfg["BLOCK_N"]), k // (p.group_size * cfg["GROUPS"])
+    sms = _sms(p) if sms is None else sms
+    if uneven:
+        cfg["SPLIT_K"] = uneven_split(tiles, steps, sms, cfg["num_warps"], codes=p.group_size * cfg["GROUPS"])
+    else:
+        cfg["SPLIT_K"] = narrow_split(tiles, steps, sms, cfg["num_warps"])
     return gemv_config(p, sms=sms, **cfg)
 
 
@@ -639,16 +643,24 @@ def narrow_split(tiles: int, steps: int, sms: int, warps: int) -> int:
     return min(_divisors(steps), key=lambda d: abs(math.log(d / target)))
 
 
-def uneven_split(tiles: int, steps: int, sms: int, warps: int, per_sm: int = NARROW_WARPS_PER_SM) -> int:
+def uneven_split(tiles: int, steps: int, sms: int, warps: int, per_sm: int = NARROW_WARPS_PER_SM,
+                 codes: int = NARROW_CODES) -> int:
     """Programs along K when they need not divide the ``steps`` of a row (each takes ``⌈steps / split⌉``,
-    the last fewer): the most whose warps fit ``per_sm · sms`` — one wave, at least 1, at most ``steps`` —
-    then the fewest that keep the same steps per program (``⌈steps / ⌈steps / split⌉⌉``, so none is left
-    empty). Llama-2-7B's down projection on 132 SMs: 43 steps, 8 programs — 7 of 6 steps, the last of 1 (a
-    divisor gives 1 or 43: results/h100/kernels.json, run N2)."""
-    if tiles < 1 or steps < 1 or sms < 1 or warps < 1 or per_sm < 1:
-        raise ValueError(f"uneven_split needs tiles, steps, sms, warps and per_sm ≥ 1, got tiles={tiles}, "
-                         f"steps={steps}, sms={sms}, warps={warps}, per_sm={per_sm}")
-    split = max(1, min(steps, per_sm * sms // (tiles * warps)))
+    the last fewer): the most whose warps fit one wave of
+
+        per_sm · (NARROW_CODES / codes) · sms      warps      (at least 1 program, at most ``steps``)
+
+    — ``per_sm`` warps per SM at steps of :data:`NARROW_CODES` codes of each row, more where a step holds
+    fewer ``codes`` (the same codes in flight per SM: 16 warps at 512, 32 at 256) — then the fewest
+    programs that keep the same steps per program (``⌈steps / ⌈steps / split⌉⌉``, so none is left empty).
+    Llama-2-7B's down projection on 132 SMs (43 steps of 256 codes): 16 programs' worth, 15 programs of
+    3 steps, the last of 1 (a divisor gives 1 or 43). Fitted on phase V of ``results/h100/kernels.json``
+    (run "2026-12-06 V": every span on the twelve weights and the eight held out; the ``codes`` scaling
+    seen on Llama-2-7B's down projection alone)."""
+    if tiles < 1 or steps < 1 or sms < 1 or warps < 1 or per_sm < 1 or codes < 1:
+        raise ValueError(f"uneven_split needs tiles, steps, sms, warps, per_sm and codes ≥ 1, got tiles={tiles}, "
+                         f"steps={steps}, sms={sms}, warps={warps}, per_sm={per_sm}, codes={codes}")
+    split = max(1, min(steps, per_sm * NARROW_CODES * sms // (codes * tiles * warps)))
     return math.ceil(steps / math.ceil(steps / split))
 
 

@@ -27,6 +27,9 @@
 #      phase U again, then phase N on the held-out shapes and on the twelve again, warm, to compare with the runs before
 #   14 call 13 for a short budget: graph_ms's GPU test, phase U warm (the rule's config again last), then phase V
 #      (the rule's tile at every span of steps per program, divisors or not) on the twelve and the held-out shapes
+#   15 round 11's check: the uneven candidate's tests (its exactness at uneven splits), phase V on FRESH's shapes
+#      (a second held-out set, chosen after the fit), then Llama-2-7B decode with the candidate ({"UNEVEN":true}) beside
+#      the rule and tinygemm in one process (fused+head+attn), and bf16 (fused+attn) in the next
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -127,6 +130,16 @@ notebooks/09_clinic.ipynb notebooks/10_multi_gpu.ipynb" PART_TIMEOUT=580 gpu not
      mv "$OUT/kernels.json" "$OUT/kernels_U_warm.json"; mv "$OUT/kernels.log" "$OUT/kernels_U_warm.log"
      KERNEL_ARGS="--phases V --held-out --rows 1" PART_TIMEOUT=$(left 585 20) gpu kernels
      mv "$OUT/kernels.json" "$OUT/kernels_V.json"; mv "$OUT/kernels.log" "$OUT/kernels_V.log" ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|14 (see the header)"; exit 2 ;;
+  15) TESTS="tests/test_w4_kernel.py -k uneven" PART_TIMEOUT=90 gpu pytest
+     mv "$OUT/pytest_part.txt" "$OUT/pytest_uneven.txt"
+     KERNEL_ARGS="--phases V --shapes= --fresh --rows 1" PART_TIMEOUT=$(left 260 60) gpu kernels
+     mv "$OUT/kernels.json" "$OUT/kernels_V_fresh.json"; mv "$OUT/kernels.log" "$OUT/kernels_V_fresh.log"
+     DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 \
+--recipes fused+head+attn --family [{\"UNEVEN\":false},{\"UNEVEN\":true}]" PART_TIMEOUT=$(left 480 60) gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_llama2_candidate.json"; mv "$OUT/decode.log" "$OUT/decode_llama2_candidate.log"
+     DECODE_FORMATS="bf16" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 --recipes fused+attn" \
+       PART_TIMEOUT=$(left 585 30) gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_llama2_bf16.json"; mv "$OUT/decode.log" "$OUT/decode_llama2_bf16.log" ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|15 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"
