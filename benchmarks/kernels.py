@@ -278,10 +278,11 @@ U_PER_SM = (12, 16, 24, 32)   # warps per SM phase U fills with programs that ne
 
 
 def uneven_splits(sh: Shape, label: str, groups, sms: int, held_out: bool, add, try_ours) -> None:
-    """Phase U on one shape: the one-row rule's tile (``narrow_gemv_config``) at its split (the nearest
-    divisor), at the largest divisor below the same target, and at :func:`~helpers.w4_kernel.uneven_split`'s
-    split — programs of ``⌈steps / split⌉`` steps, the last fewer — for one wave of :data:`U_PER_SM` warps
-    per SM; the rule's again last (the same config twice: the drift of the timing); beside them tinygemm,
+    """Phase U on one shape: the one-row rule's tile (``narrow_gemv_config``) at the split of the rule to
+    round 10 (``uneven=False``: the nearest divisor), at the largest divisor below the same target, and at
+    :func:`~helpers.w4_kernel.uneven_split`'s split at 512 codes per step — programs of ``⌈steps / split⌉``
+    steps, the last fewer — for one wave of :data:`U_PER_SM` warps per SM; the nearest divisor again last
+    (the same config twice: the drift of the timing); beside them tinygemm,
     in one process (``held_out`` marks a :data:`HELD_OUT` shape)."""
     k, n = sh.k, sh.n
     x = torch.randn(1, k, device=sh.packed[groups[0]][0].words.device, dtype=torch.bfloat16)
@@ -289,7 +290,7 @@ def uneven_splits(sh: Shape, label: str, groups, sms: int, held_out: bool, add, 
         p0, nbytes = sh.packed[g][0], sh.packed[g][0].nbytes
         tinygemm_row(sh, label, g, x, "U", held_out, add)
         ref = w4_format.reference_matmul(x.float(), p0).float()
-        rule = w4_kernel.narrow_gemv_config(p0, sms=sms)
+        rule = w4_kernel.narrow_gemv_config(p0, sms=sms, uneven=False)
         tiles, steps = math.ceil(n / rule["BLOCK_N"]), k // (g * rule["GROUPS"])
         splits = {"nearest divisor (the rule)": rule["SPLIT_K"],
                   "largest divisor below": w4_kernel.gemv_split(tiles, steps, sms, rule["num_warps"],
@@ -321,17 +322,17 @@ RESIDENT_BLOCKS = 8   # blocks of 2 warps an SM holds of the rule's GEMV at 128 
 def every_span(sh: Shape, label: str, groups, sms: int, held_out: bool, add, try_ours) -> None:
     """Phase V on one shape: the one-row rule's tile (``narrow_gemv_config``) at every split of :func:`spans`
     (divisors and not: programs of ``⌈steps / split⌉`` steps, the last fewer) up to 64 programs per SM, each
-    row with its programs' warps per SM and waves (programs ÷ :data:`RESIDENT_BLOCKS` per SM), the rule's
-    split and the candidate's (``uneven=True``: :func:`~helpers.w4_kernel.uneven_split`); the rule's and the
-    candidate's splits again last (the drift); tinygemm after them, in one process — the rows a rule for
-    uneven splits is fitted on, and checked on."""
+    row with its programs' warps per SM and waves (programs ÷ :data:`RESIDENT_BLOCKS` per SM), the
+    nearest divisor's split (``rule_split``: the rule to round 10) and :func:`~helpers.w4_kernel.uneven_split`'s
+    (``candidate_split``: the rule since); both again last (the drift); tinygemm after them, in one
+    process — the rows the rule for uneven splits was fitted on (runs "2026-12-06 V", "V2")."""
     k, n = sh.k, sh.n
     x = torch.randn(1, k, device=sh.packed[groups[0]][0].words.device, dtype=torch.bfloat16)
     for g in groups:
         p0, nbytes = sh.packed[g][0], sh.packed[g][0].nbytes
         ref = w4_format.reference_matmul(x.float(), p0).float()
-        rule = w4_kernel.narrow_gemv_config(p0, sms=sms)
-        candidate = w4_kernel.narrow_gemv_config(p0, sms=sms, uneven=True)["SPLIT_K"]
+        rule = w4_kernel.narrow_gemv_config(p0, sms=sms, uneven=False)
+        candidate = w4_kernel.narrow_gemv_config(p0, sms=sms)["SPLIT_K"]
         tiles, steps = math.ceil(n / rule["BLOCK_N"]), k // (g * rule["GROUPS"])
         todo = ([(sp, "every span") for sp in spans(steps, max(1, 64 * sms // tiles))]
                 + [(rule["SPLIT_K"], "the rule, again last"), (candidate, "the candidate, again last")])

@@ -464,7 +464,9 @@ GEMV_WARPS_PER_SM = 32   # split-K bound of the GEMV (gemv_split): resident warp
 # the one-row rule of auto_config since phase N of results/h100/kernels.json (run "2026-12-05 N", every split of
 # three narrow tiles × two step lengths on 12 shapes, fitted there and checked on its 6 held-out shapes): 32 rows
 # per program on 2 warps, fp16-pair sums kept per group, 512 codes (64 words) of each row per step, K split
-# to about NARROW_WARPS_PER_SM warps per multiprocessor (narrow_split) — at either group size
+# to about NARROW_WARPS_PER_SM warps per multiprocessor (narrow_split) — at either group size; since phase V
+# (runs "2026-12-06 V" and "V2": every span of steps on 20 weights, then 9 fresh ones) K splits into one wave of
+# programs that need not divide the steps (uneven_split), scaled to the codes per step
 NARROW_GEMV = dict(HALF2=True, ACC16=True, BLOCK_N=32, num_warps=2)
 NARROW_CODES = 512
 NARROW_WARPS_PER_SM = 16
@@ -612,13 +614,13 @@ def gemv_config(p: W4Weight, sms: int | None = None, **fixed) -> dict:
     return cfg
 
 
-def narrow_gemv_config(p: W4Weight, sms: int | None = None, uneven: bool = False, **fixed) -> dict:
+def narrow_gemv_config(p: W4Weight, sms: int | None = None, uneven: bool = True, **fixed) -> dict:
     """The one-row rule: :data:`NARROW_GEMV` (32 rows per program on 2 warps, fp16-pair sums kept per
     group) with :data:`NARROW_CODES` codes of each row per step (``GROUPS`` halved until it divides the
-    groups per row) and ``K`` split by :func:`narrow_split` to about :data:`NARROW_WARPS_PER_SM` warps per
-    multiprocessor (``uneven``: by :func:`uneven_split`, one wave of programs that need not divide the
-    steps, scaled to the codes per step — the next round's candidate, not yet the rule); ``fixed`` keys
-    (``ACC16``, ``PDL``) set on top."""
+    groups per row) and ``K`` split by :func:`uneven_split`: one wave of :data:`NARROW_WARPS_PER_SM` warps
+    per multiprocessor at 512 codes per step, programs that need not divide the steps (``uneven=False``:
+    by :func:`narrow_split`, the nearest divisor — the rule until round 11); ``fixed`` keys (``ACC16``,
+    ``PDL``) set on top."""
     n, k = p.shape
     cfg = {**NARROW_GEMV, **fixed}
     cfg["GROUPS"] = _fitting_groups(p, max(1, NARROW_CODES // p.group_size))
@@ -656,7 +658,8 @@ def uneven_split(tiles: int, steps: int, sms: int, warps: int, per_sm: int = NAR
     Llama-2-7B's down projection on 132 SMs (43 steps of 256 codes): 16 programs' worth, 15 programs of
     3 steps, the last of 1 (a divisor gives 1 or 43). Fitted on phase V of ``results/h100/kernels.json``
     (run "2026-12-06 V": every span on the twelve weights and the eight held out; the ``codes`` scaling
-    seen on Llama-2-7B's down projection alone)."""
+    seen on Llama-2-7B's down projection alone; checked on run "2026-12-06 V2", nine weights chosen after
+    the fit)."""
     if tiles < 1 or steps < 1 or sms < 1 or warps < 1 or per_sm < 1 or codes < 1:
         raise ValueError(f"uneven_split needs tiles, steps, sms, warps, per_sm and codes ≥ 1, got tiles={tiles}, "
                          f"steps={steps}, sms={sms}, warps={warps}, per_sm={per_sm}, codes={codes}")
@@ -666,8 +669,8 @@ def uneven_split(tiles: int, steps: int, sms: int, warps: int, per_sm: int = NAR
 
 def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     """A config chosen from the shape alone: one row runs the CUDA-core GEMV by
-    :func:`narrow_gemv_config` (phase N of ``results/h100/kernels.json``; ``family`` may set ``UNEVEN=True``
-    — its split by :func:`uneven_split` — ``ACC16=False``
+    :func:`narrow_gemv_config` (phases N and V of ``results/h100/kernels.json``; ``family`` may set
+    ``UNEVEN=False`` — the nearest divisor, :func:`narrow_split` — ``ACC16=False``
     — fp16-pair sums per word — or ``HALF2=False``: the fp32 GEMV of :func:`gemv_config`, 128 rows per
     program; ``PDL`` passes through to either kernel); more rows run the tensor-core kernel with
     :data:`TC_GROUPS` groups per step (fewer where they do not divide ``K``), ``K`` split by
@@ -680,7 +683,7 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
         pdl = {"PDL": family["PDL"]} if "PDL" in family else {}
         if family.get("HALF2", True) is False:
             return gemv_config(p, sms=sms, HALF2=False, **pdl)
-        return narrow_gemv_config(p, sms=sms, uneven=bool(family.get("UNEVEN", False)),
+        return narrow_gemv_config(p, sms=sms, uneven=bool(family.get("UNEVEN", True)),
                                   ACC16=bool(family.get("ACC16", True)), **pdl)
     family = {key: v for key, v in (family or {}).items()
               if key not in ("SPLIT_K", "KERNEL", "HALF2", "ACC16", "UNEVEN")}

@@ -666,7 +666,7 @@ def test_the_narrow_rule_is_what_phase_n_measured_it_to_be():
         case = [r for r in rows if (r["shape"], r["group"]) == (label, g)]
         n, k = case[0]["N"], case[0]["K"]
         p = w4_format.W4Weight.stand_in(n, k, g)
-        rule = {**w4_kernel.narrow_gemv_config(p, sms=132), "MAGIC": True}   # the interpreter here turns MAGIC off
+        rule = {**w4_kernel.narrow_gemv_config(p, sms=132, uneven=False), "MAGIC": True}   # the interpreter: MAGIC off
         (mine,) = [r for r in case if "narrow" in r["kernel"] and r["config"] == rule]
         old = next(r for r in case if "auto_config" in r["kernel"])
         assert mine["exact"], label
@@ -743,9 +743,10 @@ def test_uneven_split_fills_one_wave_and_leaves_no_program_empty():
         with pytest.raises(ValueError, match="≥ 1"):
             w4_kernel.uneven_split(**{**dict(tiles=128, steps=43, sms=132, warps=2), **bad})
     p = w4_format.W4Weight.stand_in(4096, 11008, 128)
-    assert w4_kernel.auto_config(p, 1, {"UNEVEN": True})["SPLIT_K"] == w4_kernel.uneven_split(
-        128, 43, w4_kernel._sms(p), 2, codes=256)
-    assert w4_kernel.narrow_gemv_config(p, sms=132, uneven=True)["SPLIT_K"] == 15
+    assert w4_kernel.auto_config(p, 1)["SPLIT_K"] == w4_kernel.uneven_split(128, 43, w4_kernel._sms(p), 2, codes=256)
+    assert w4_kernel.auto_config(p, 1, {"UNEVEN": False})["SPLIT_K"] == w4_kernel.narrow_split(
+        128, 43, w4_kernel._sms(p), 2)
+    assert w4_kernel.narrow_gemv_config(p, sms=132)["SPLIT_K"] == 15
 
 
 def test_narrow_split_is_the_nearest_divisor_not_the_largest_below():
@@ -764,13 +765,15 @@ def test_narrow_split_is_the_nearest_divisor_not_the_largest_below():
         with pytest.raises(ValueError, match="≥ 1"):
             w4_kernel.narrow_split(**{**dict(tiles=128, steps=43, sms=132, warps=2), **bad})
     p = w4_format.W4Weight.stand_in(4096, 11008, 128)
-    assert w4_kernel.narrow_gemv_config(p, sms=132)["SPLIT_K"] == 43 and w4_kernel.auto_config(p, 1)["GROUPS"] == 2
+    assert w4_kernel.narrow_gemv_config(p, sms=132, uneven=False)["SPLIT_K"] == 43
+    assert w4_kernel.auto_config(p, 1, {"UNEVEN": False})["GROUPS"] == 2
 
 
 def test_the_one_row_rule_gives_every_known_architecture_a_valid_config():
     """Every linear of every architecture in models.ARCHITECTURES (q|k|v and gate|up joined, o, down, the LM
     head) at g64 and g128 where K allows: the rule's config passes the kernel's own checks, and its split
-    is the nearest divisor of the row's steps to the warps-per-SM target (stand-in weights on the meta device)."""
+    fills one wave (16 warps per SM at 512 codes per step, more at fewer) and no more, with no program left
+    empty (stand-in weights on the meta device)."""
     from helpers import models
     for arch in models.ARCHITECTURES:
         c = models.architecture_config(arch)
@@ -784,12 +787,14 @@ def test_the_one_row_rule_gives_every_known_architecture_a_valid_config():
                 p = w4_format.W4Weight.stand_in(n, k, g)
                 cfg = w4_kernel.narrow_gemv_config(p, sms=132)
                 assert w4_kernel._check_config(dict(cfg), p, 1) == cfg, (arch, n, k, g)
-                # no divisor of the steps is nearer (in ratio) to the target: brute force, not narrow_split again
-                steps = k // (g * cfg["GROUPS"])
-                target = w4_kernel.NARROW_WARPS_PER_SM * 132 / (math.ceil(n / 32) * 2)
-                assert steps % cfg["SPLIT_K"] == 0, (arch, n, k, g)
-                assert all(abs(math.log(cfg["SPLIT_K"] / target)) <= abs(math.log(d / target)) + 1e-12
-                           for d in range(1, steps + 1) if steps % d == 0), (arch, n, k, g)
+                # brute force, not uneven_split again: the split fits one wave, a program more would not
+                # (or every step has its own program), and its last program has a step
+                steps, split, tiles = k // (g * cfg["GROUPS"]), cfg["SPLIT_K"], math.ceil(n / 32)
+                warps = w4_kernel.NARROW_WARPS_PER_SM * (512 / (g * cfg["GROUPS"])) * 132
+                span = math.ceil(steps / split)
+                assert split == 1 or tiles * split * 2 <= warps, (arch, n, k, g)
+                assert span == 1 or tiles * math.ceil(steps / (span - 1)) * 2 > warps, (arch, n, k, g)
+                assert (split - 1) * span < steps, (arch, n, k, g)
 
 
 def test_a_stand_in_weight_has_the_shape_and_no_memory():
@@ -868,8 +873,8 @@ def test_the_uneven_candidate_as_phase_v_measured_it():
         rs = [r for r in v if (r["shape"], r["group"]) == (label, g) and "every span" in r["kernel"]]
         by_split = {r["config"]["SPLIT_K"]: r["ms"] for r in rs}
         p = w4_format.W4Weight.stand_in(rs[0]["N"], rs[0]["K"], g)
-        rule = w4_kernel.narrow_gemv_config(p, sms=132)["SPLIT_K"]
-        candidate = w4_kernel.narrow_gemv_config(p, sms=132, uneven=True)["SPLIT_K"]
+        rule = w4_kernel.narrow_gemv_config(p, sms=132, uneven=False)["SPLIT_K"]
+        candidate = w4_kernel.narrow_gemv_config(p, sms=132)["SPLIT_K"]
         for name, split in (("rule", rule), ("candidate", candidate)):
             near[(name, rs[0]["held_out"])] += by_split[split] <= 1.05 * min(by_split.values())
         if not rs[0]["held_out"]:
@@ -888,7 +893,7 @@ def test_the_fresh_shapes_are_new_and_the_candidate_splits_them_validly():
         assert label.endswith(f"{k}x{n}")
         for g in (64, 128):
             p = w4_format.W4Weight.stand_in(n, k, g)
-            cfg = w4_kernel.narrow_gemv_config(p, sms=132, uneven=True)
+            cfg = w4_kernel.narrow_gemv_config(p, sms=132)
             assert w4_kernel._check_config(dict(cfg), p, 1) == cfg, (label, g)
     p = w4_format.W4Weight.stand_in(8192, 29568, 128)
-    assert w4_kernel.narrow_gemv_config(p, sms=132, uneven=True)["SPLIT_K"] == 16
+    assert w4_kernel.narrow_gemv_config(p, sms=132)["SPLIT_K"] == 16
