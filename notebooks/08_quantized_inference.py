@@ -54,7 +54,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 from helpers import (budget, course_model, decode_bench, engine_plan, evaluate, exercises, generation, gguf_run,
-                     key_numbers, llm_compressor, loading, measure, models, timing)
+                     kernel_runs, key_numbers, llm_compressor, loading, measure, models, timing)
 from helpers.config import cache_dir, pick, results_path
 from helpers.device import has_cuda, get_device
 from helpers.qspec import QuantSpec
@@ -543,32 +543,6 @@ if dec_file.exists():
 # %%
 H100 = results_path("h100")
 
-
-def phase_u_case(case):
-    """One weight × group of phase U (its rows in timing order): our rows, the rule's row (the first of
-    ours), the same config's later timing (None where it was timed once), the rule's ms to compare with
-    (the later timing, else the first), and tinygemm's ms (timed first of the case)."""
-    ours = case[case.kernel.str.startswith("ours")].reset_index(drop=True)
-    rule = ours.iloc[0]
-    later = ours[(ours.index > 0) & [c == rule.config for c in ours.config]].ms.min() if len(ours) > 1 else None
-    later = None if pd.isna(later) else later
-    return {"ours": ours, "rule": rule, "later_ms": later, "rule_ms": rule.ms if later is None else later,
-            "tiny_ms": case[case.kernel.str.startswith("tinygemm")].ms.min()}
-
-
-def phase_v_case(case, sms):
-    """One weight × group of phase V on ``sms`` multiprocessors: ours at every span (by split), the rows at
-    the split of the rule to round 10 (the nearest divisor) and of the rule now (``uneven_split``), the
-    fastest split's ms, and tinygemm's ms (timed after ours)."""
-    span = case[case.kernel.str.contains("every span")]
-    by = {c["SPLIT_K"]: r for c, r in zip(span.config, span.itertuples())}
-    p = w4_format.W4Weight.stand_in(int(span.N.iloc[0]), int(span.K.iloc[0]), int(span.group.iloc[0]))
-    divisor = w4_kernel.narrow_gemv_config(p, sms=sms, uneven=False)["SPLIT_K"]
-    uneven = w4_kernel.narrow_gemv_config(p, sms=sms)["SPLIT_K"]
-    return {"by": by, "divisor": by[divisor], "uneven": by[uneven], "best_ms": min(r.ms for r in by.values()),
-            "tiny_ms": case[case.kernel.str.startswith("tinygemm")].ms.min()}
-
-
 if (H100 / "decode.json").exists() and (H100 / "kernels.json").exists():
     dnow = pd.DataFrame(json.loads((H100 / "decode.json").read_text())["rows"])
     dnow = dnow[dnow.decode_tok_s.notna() & dnow.compiled.eq(True) & (dnow.batch == 1)]
@@ -601,11 +575,10 @@ if (H100 / "decode.json").exists() and (H100 / "kernels.json").exists():
                 == w4_kernel.narrow_gemv_config(w4_format.W4Weight.stand_in(n, k, 128), sms=132, uneven=False)["SPLIT_K"]
                 for n, k in ((h8 + 2 * kv8, h8), (h8, h8), (2 * i8, h8), (h8, i8), (c8.vocab_size, h8)))
     print(f"  the 8B's weights (q|k|v, o, gate|up, down, head; g128, 132 SMs) split the same by both rules: {same8}")
-    know = json.loads((H100 / "kernels.json").read_text())
-    kv_ = pd.DataFrame([r for r in know["rows"] if r.get("run") in ("2026-12-06 V", "2026-12-06 V2") and "ms" in r])
+    kmeta, kv_ = kernel_runs.load("h100", "kernels.json", runs=["2026-12-06 V", "2026-12-06 V2"])
     one_now = []
-    for (run, shape, g), case in kv_.groupby(["run", "shape", "group"]):
-        v_ = phase_v_case(case, know["meta"]["sms"])
+    for (run, shape, g), case in kv_[kv_.ms.notna()].groupby(["run", "shape", "group"]):
+        v_ = kernel_runs.phase_v_case(case, kmeta["sms"])
         r = v_["uneven"]
         one_now.append({"shape": shape, "group": int(g), "MB": r.K * r.N / 2 / 1e6, "of copy": r.GBps / r.copy_GBps,
                         "× tinygemm": v_["tiny_ms"] / r.ms})
@@ -1325,7 +1298,7 @@ if (H100 / "kernels.json").exists() and "2026-12-06 U" in k100["meta"]["runs"]:
     uu = kr[kr.run == "2026-12-06 U"]
 
     def uneven_row(shape, g):
-        u = phase_u_case(uu[(uu["shape"] == shape) & (uu.group == g)])    # section 2's "Where it stands"
+        u = kernel_runs.phase_u_case(uu[(uu["shape"] == shape) & (uu.group == g)])    # helpers/kernel_runs.py
         ours, rule = u["ours"], u["rule"]
         others = ours[[c != rule.config for c in ours.config]]
         best = others.loc[others.ms.idxmin()] if len(others) else None
@@ -1427,7 +1400,7 @@ if (H100 / "kernels.json").exists() and "2026-12-06 V2" in k100["meta"]["runs"]:
     sets = {"2026-12-06 V": {False: "twelve", True: "held out"}, "2026-12-06 V2": {True: "fresh"}}
     vt = []
     for (run, shape, g), case in kr[kr.run.isin(list(sets))].groupby(["run", "shape", "group"], sort=False):
-        v_ = phase_v_case(case, k100["meta"]["sms"])
+        v_ = kernel_runs.phase_v_case(case, k100["meta"]["sms"])
         best = min(v_["by"].items(), key=lambda kv_: kv_[1].ms)
         d_, u_ = v_["divisor"], v_["uneven"]
         vt.append({"set": sets[run][bool(d_.held_out)], "shape": shape, "group": int(g), "steps": int(d_.steps),
@@ -1452,7 +1425,7 @@ if (H100 / "kernels.json").exists() and "2026-12-06 V2" in k100["meta"]["runs"]:
     for shape in ("8B down 14336x4096", "14B-class 13824x5120", "Llama-2-7B down 11008x4096",
                   "Qwen2.5-72B down 29568x8192"):
         case = kr[kr.run.isin(list(sets)) & (kr["shape"] == shape) & (kr.group == 128)]
-        v_ = phase_v_case(case, k100["meta"]["sms"])
+        v_ = kernel_runs.phase_v_case(case, k100["meta"]["sms"])
         span = sorted(v_["by"].values(), key=lambda r: r.warps_per_sm)
         budget_ = w4_kernel.NARROW_WARPS_PER_SM * w4_kernel.NARROW_CODES / (span[0].K // span[0].steps)
         ax.plot([r.warps_per_sm / budget_ for r in span], [r.ms / v_["best_ms"] for r in span], "o-", ms=3,

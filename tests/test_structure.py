@@ -15,7 +15,7 @@ LAYERS = {
         "budget_replay", "calib", "leaks", "stream_read"},
     3: {"gptq", "gptq_kernel", "awq", "kvcache", "evaluate", "llm_compressor", "course_model", "w4_format", "w4_kernel", "decode_attention", "engine_plan",
         "loading", "parallel"},
-    4: {"generation", "variants", "gguf_run", "decode_bench", "w4_linear", "tp_run"},
+    4: {"generation", "variants", "gguf_run", "decode_bench", "w4_linear", "tp_run", "kernel_runs"},
     5: {"flow", "budget_check", "widgets", "exercises", "clinic"},
 }
 

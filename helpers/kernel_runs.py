@@ -1,0 +1,66 @@
+"""The W4A16 kernel and decode runs a lent card recorded (``results/CARD/kernels.json``, ``decode.json``,
+written by ``benchmarks/kernels.py`` and ``benchmarks/decode.py``, joined by ``scripts/add_run.py``), read
+back as tables, and the views of one weight × group that notebook 08 prints from them.
+
+A phase-U case (:func:`phase_u_case`) is the one-row rule's tile timed at several splits of ``K``, the
+rule's first; a phase-V case (:func:`phase_v_case`) the same tile at every span of steps per program
+(``benchmarks.kernels.every_span``), with the nearest divisor's split (:func:`~helpers.w4_kernel.narrow_split`,
+the rule to round 10) and :func:`~helpers.w4_kernel.uneven_split`'s (the rule since) worked out again from
+the shape, so runs recorded before either field existed read the same way.
+"""
+from __future__ import annotations
+
+import json
+
+from helpers import w4_format, w4_kernel
+from helpers.config import results_path
+
+
+def load(card: str, file: str = "kernels.json", runs=None):
+    """``results/CARD/FILE`` as ``(meta, table)``: its ``meta`` dict and a pandas DataFrame of its rows,
+    only those of ``runs`` (a name or a list of names) when given. A missing file or run is refused,
+    naming it and what the file holds."""
+    import pandas as pd
+    path = results_path(card, file)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: card {card!r} has no {file} in this checkout "
+                                f"(results/ holds {sorted(p.name for p in results_path().iterdir() if p.is_dir())})")
+    data = json.loads(path.read_text())
+    table = pd.DataFrame(data["rows"])
+    if runs is not None:
+        wanted = [runs] if isinstance(runs, str) else list(runs)
+        known = set(table["run"].dropna()) if "run" in table else set()
+        missing = [r for r in wanted if r not in known]
+        if missing:
+            raise ValueError(f"runs {missing} are not in {path}; it holds {sorted(known)}")
+        table = table[table["run"].isin(wanted)]
+    return data["meta"], table.reset_index(drop=True)
+
+
+def phase_u_case(case) -> dict:
+    """One weight × group of phase U (its rows in timing order): our rows, the rule's row (the first of
+    ours), the same config's later timing (``None`` where it was timed once), the rule's ms to compare with
+    (the later timing, else the first), and tinygemm's ms (timed first of the case)."""
+    ours = case[case.kernel.str.startswith("ours")].reset_index(drop=True)
+    if ours.empty:
+        raise ValueError("phase_u_case needs a case with rows of ours (kernel 'ours …'); got none")
+    rule = ours.iloc[0]
+    again = ours[(ours.index > 0) & [c == rule.config for c in ours.config]]
+    later = float(again.ms.min()) if len(again) else None
+    return {"ours": ours, "rule": rule, "later_ms": later, "rule_ms": rule.ms if later is None else later,
+            "tiny_ms": case[case.kernel.str.startswith("tinygemm")].ms.min()}
+
+
+def phase_v_case(case, sms: int) -> dict:
+    """One weight × group of phase V on ``sms`` multiprocessors: ours at every span (``by``: split → row),
+    the rows at the nearest divisor's split (``divisor``) and at :func:`~helpers.w4_kernel.uneven_split`'s
+    (``uneven``), the fastest span's ms (``best_ms``) and tinygemm's ms (timed after ours)."""
+    span = case[case.kernel.str.contains("every span")]
+    if span.empty:
+        raise ValueError("phase_v_case needs a phase-V case with rows 'ours (narrow rule tile, every span)'; got none")
+    by = {c["SPLIT_K"]: r for c, r in zip(span.config, span.itertuples())}
+    p = w4_format.W4Weight.stand_in(int(span.N.iloc[0]), int(span.K.iloc[0]), int(span.group.iloc[0]))
+    divisor = w4_kernel.narrow_gemv_config(p, sms=sms, uneven=False)["SPLIT_K"]
+    uneven = w4_kernel.narrow_gemv_config(p, sms=sms)["SPLIT_K"]
+    return {"by": by, "divisor": by[divisor], "uneven": by[uneven], "best_ms": min(r.ms for r in by.values()),
+            "tiny_ms": case[case.kernel.str.startswith("tinygemm")].ms.min()}

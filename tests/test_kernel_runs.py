@@ -1,0 +1,41 @@
+"""helpers.kernel_runs: the H100's recorded kernel runs read back, and one weight × group of phases U and V
+(the views notebook 08 prints)."""
+import pytest
+
+from helpers import kernel_runs
+
+
+def test_load_reads_a_cards_runs_and_refuses_what_is_not_there():
+    meta, rows = kernel_runs.load("h100", "kernels.json", runs="2026-12-06 V2")
+    assert meta["sms"] == 132 and set(rows.run) == {"2026-12-06 V2"} and len(rows) == 230
+    _, both = kernel_runs.load("h100", "kernels.json", runs=["2026-12-06 V", "2026-12-06 V2"])
+    assert len(both) == 346 + 230
+    with pytest.raises(ValueError, match="not in .*kernels.json"):
+        kernel_runs.load("h100", "kernels.json", runs=["2026-12-06 V", "no such run"])
+    with pytest.raises(FileNotFoundError, match="card 'nocard' has no kernels.json"):
+        kernel_runs.load("nocard")
+
+
+def test_phase_v_case_finds_both_rules_splits_on_llama2_down():
+    """Llama-2-7B's down projection at g128 (43 steps of 256 codes): the nearest divisor splits 43 ways,
+    uneven_split 15, and 15 was the fastest span timed; tinygemm's row is read too."""
+    meta, rows = kernel_runs.load("h100", "kernels.json", runs="2026-12-06 V")
+    case = rows[(rows["shape"] == "Llama-2-7B down 11008x4096") & (rows.group == 128)]
+    v = kernel_runs.phase_v_case(case, meta["sms"])
+    assert v["divisor"].config["SPLIT_K"] == 43 and v["uneven"].config["SPLIT_K"] == 15
+    assert v["uneven"].ms == v["best_ms"] < v["divisor"].ms and v["tiny_ms"] > 0
+    with pytest.raises(ValueError, match="every span"):
+        kernel_runs.phase_v_case(case[case.kernel.str.startswith("tinygemm")], meta["sms"])
+
+
+def test_phase_u_case_pairs_the_rules_first_and_later_timing():
+    """Phase U warm (run U2): the rule's row is the first of ours, timed again last — its later ms is the
+    one compared; a case timed once has no later timing."""
+    _, rows = kernel_runs.load("h100", "kernels.json", runs="2026-12-06 U2")
+    case = rows[(rows["shape"] == "8B down 14336x4096") & (rows.group == 64)]
+    u = kernel_runs.phase_u_case(case)
+    assert u["later_ms"] is not None and u["rule_ms"] == u["later_ms"] and u["rule"].config["SPLIT_K"] == 7
+    one = kernel_runs.phase_u_case(case.iloc[:2])          # tinygemm's row (timed first) and the rule's
+    assert one["later_ms"] is None and one["rule_ms"] == one["rule"].ms
+    with pytest.raises(ValueError, match="rows of ours"):
+        kernel_runs.phase_u_case(case[case.kernel.str.startswith("tinygemm")])
