@@ -10,10 +10,8 @@ the shape, so runs recorded before either field existed read the same way.
 """
 from __future__ import annotations
 
-import json
-
 from helpers import w4_format, w4_kernel
-from helpers.config import results_path
+from helpers.config import read_json, results_path
 
 
 def load(card: str, file: str = "kernels.json", runs=None):
@@ -25,7 +23,7 @@ def load(card: str, file: str = "kernels.json", runs=None):
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: card {card!r} has no {file} in this checkout "
                                 f"(results/ holds {sorted(p.name for p in results_path().iterdir() if p.is_dir())})")
-    data = json.loads(path.read_text())
+    data = read_json(path)
     table = pd.DataFrame(data["rows"])
     if runs is not None:
         wanted = [runs] if isinstance(runs, str) else list(runs)

@@ -544,7 +544,7 @@ if dec_file.exists():
 H100 = results_path("h100")
 
 if (H100 / "decode.json").exists() and (H100 / "kernels.json").exists():
-    dnow = pd.DataFrame(json.loads((H100 / "decode.json").read_text())["rows"])
+    _, dnow = kernel_runs.load("h100", "decode.json")
     dnow = dnow[dnow.decode_tok_s.notna() & dnow.compiled.eq(True) & (dnow.batch == 1)]
 
     def now_tok(run, fmt, recipe, uneven=False):
@@ -918,7 +918,7 @@ if (H100 / "kernels.json").exists():
           f"{', '.join(f'{s} g{g}' for s, g in zip(met['shape'], met.group)) or 'none'}; "
           f"of the copy bandwidth {big.of_copy.min():.0%}–{big.of_copy.max():.0%}")
 if (H100 / "decode.json").exists():
-    d100 = pd.DataFrame(json.loads((H100 / "decode.json").read_text())["rows"])
+    _, d100 = kernel_runs.load("h100", "decode.json")
     steps100 = d100[d100.decode_tok_s.notna() & d100.run.isin(["2026-12-05a", "2026-12-05b"])].drop_duplicates(
         ["format", "recipe", "batch", "compiled"], keep="last")     # the runs this section is about (below: later ones)
 
@@ -1193,7 +1193,6 @@ if (H100 / "decode.json").exists():
 
 # %%
 if (H100 / "decode.json").exists() and "2026-12-05 N2" in k100["meta"]["runs"]:
-    d100 = pd.DataFrame(json.loads((H100 / "decode.json").read_text())["rows"])   # read again: runs j-n
 
     def tok(run, fmt, recipe, batch=1, compiled=True):
         sel = d100[(d100.run == run) & (d100.format == fmt) & (d100.recipe == recipe) & (d100.batch == batch)

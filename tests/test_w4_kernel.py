@@ -865,20 +865,19 @@ def test_the_uneven_candidate_as_phase_v_measured_it():
         drift.append(rs[0]["ms"] / rs[-1]["ms"])
         assert rs[0]["config"] == rs[-1]["config"] and rs[-1]["split_by"].endswith("again last")
     assert len(drift) == 40 and max(abs(d - 1) for d in drift) < 0.05
-    v = [r for r in h100_rows("2026-12-06 V") if r["kernel"].startswith("ours")]
-    assert v and all(r["exact"] for r in v)
+    from helpers import kernel_runs
+    meta, v = kernel_runs.load("h100", "kernels.json", runs="2026-12-06 V")
+    ours = v[v.kernel.str.startswith("ours")]
+    assert len(ours) and ours.exact.astype(bool).all()
     near = {("rule", False): 0, ("rule", True): 0, ("candidate", False): 0, ("candidate", True): 0}
-    cases = sorted({(r["shape"], r["group"]) for r in v})
-    for label, g in cases:
-        rs = [r for r in v if (r["shape"], r["group"]) == (label, g) and "every span" in r["kernel"]]
-        by_split = {r["config"]["SPLIT_K"]: r["ms"] for r in rs}
-        p = w4_format.W4Weight.stand_in(rs[0]["N"], rs[0]["K"], g)
-        rule = w4_kernel.narrow_gemv_config(p, sms=132, uneven=False)["SPLIT_K"]
-        candidate = w4_kernel.narrow_gemv_config(p, sms=132)["SPLIT_K"]
-        for name, split in (("rule", rule), ("candidate", candidate)):
-            near[(name, rs[0]["held_out"])] += by_split[split] <= 1.05 * min(by_split.values())
-        if not rs[0]["held_out"]:
-            assert by_split[candidate] == min(by_split.values()), (label, g)
+    cases = list(v.groupby(["shape", "group"]))
+    for (label, g), case in cases:
+        c = kernel_runs.phase_v_case(case, meta["sms"])     # the nearest divisor's and uneven_split's rows
+        held = bool(case.held_out.iloc[0])
+        for name, row in (("rule", c["divisor"]), ("candidate", c["uneven"])):
+            near[(name, held)] += row.ms <= 1.05 * c["best_ms"]
+        if not held:
+            assert c["uneven"].ms == c["best_ms"], (label, g)
     assert len(cases) == 40 and near == {("rule", False): 22, ("rule", True): 10,
                                          ("candidate", False): 24, ("candidate", True): 13}
 
