@@ -30,6 +30,9 @@
 #   15 round 11's check: the uneven candidate's tests (its exactness at uneven splits), phase V on FRESH's shapes
 #      (a second held-out set, chosen after the fit), then Llama-2-7B decode with the candidate ({"UNEVEN":true}) beside
 #      the rule and tinygemm in one process (fused+head+attn), and bf16 (fused+attn) in the next
+#   16 round 12's question (benchmarks/x_side.py): its tests on the GPU (the prepared activation side and the loop
+#      that reads it, exact), then the loop alone and with its preparation against the rule and tinygemm at M = 1
+#      on every weight of at least 16 MB of the three shape sets
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -140,6 +143,9 @@ notebooks/09_clinic.ipynb notebooks/10_multi_gpu.ipynb" PART_TIMEOUT=580 gpu not
      DECODE_FORMATS="bf16" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 --recipes fused+attn" \
        PART_TIMEOUT=$(left 585 30) gpu decode
      mv "$OUT/decode.json" "$OUT/decode_llama2_bf16.json"; mv "$OUT/decode.log" "$OUT/decode_llama2_bf16.log" ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|15 (see the header)"; exit 2 ;;
+  16) TESTS="tests/test_x_side.py" PART_TIMEOUT=90 gpu pytest
+     mv "$OUT/pytest_part.txt" "$OUT/pytest_x_side.txt"
+     PART_TIMEOUT=$(left 585 60) gpu xside ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|16 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"

@@ -1,0 +1,73 @@
+"""benchmarks/x_side.py (round 12's diagnostic): the prepared activation side and the loop that reads it, exact
+in Triton's interpreter against the readable reference; the timing itself runs only on a GPU."""
+import math
+
+import pytest
+import torch
+
+from helpers import device
+
+device.use_triton_interpreter_without_gpu()
+triton = pytest.importorskip("triton")
+
+from benchmarks import x_side  # noqa: E402
+from helpers import w4_format, w4_kernel  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _fp16_pair(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    lo = a.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
+    return lo | ((b.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF) << 16)
+
+
+@pytest.mark.parametrize("group", [64, 128])
+def test_prepare_x_writes_the_shrunk_pairs_and_group_sums(group):
+    k = 1024 + 512   # not a multiple of the preparing program's 4096-activation chunk
+    torch.manual_seed(0)
+    x = torch.randn(1, k, dtype=torch.bfloat16, device=DEV) * 3
+    x[0, 77] = -900.0   # an outlier sets the shrink
+    prep = x_side.prepare_x(x, group)
+    limit = w4_kernel.acc16_x_limit(group)
+    shrink = 2.0 ** math.floor(math.log2(limit / 900.0))
+    assert prep.inv.item() == 1 / shrink
+    xs = x[0].float() * shrink
+    cols = xs.view(-1, 8)
+    want = [_fp16_pair(cols[:, 0], cols[:, 4]), _fp16_pair(cols[:, 1] / 16, cols[:, 5] / 16),
+            _fp16_pair(cols[:, 2], cols[:, 6]), _fp16_pair(cols[:, 3] / 16, cols[:, 7] / 16)]
+    for plane, w in enumerate(want):
+        got = prep.planes[plane * prep.plane_stride:plane * prep.plane_stride + k // 8]
+        assert torch.equal(got.cpu(), w.cpu()), f"plane {plane}"
+    assert prep.plane_stride % x_side.PLANE_ALIGN == 0
+    torch.testing.assert_close(prep.xs.cpu(), xs.view(-1, group).sum(1).cpu(), rtol=1e-5, atol=1e-3)
+    assert (xs.abs().max() <= limit) and (xs.abs().max() > limit / 2)
+
+
+@pytest.mark.parametrize("group,n,k,split", [(128, 64, 2048, 1), (128, 40, 2048, 3), (64, 32, 1536, 2)])
+def test_the_prepared_loop_is_exact_against_the_reference(group, n, k, split):
+    torch.manual_seed(1)
+    w = torch.randn(n, k, dtype=torch.bfloat16, device=DEV) * 0.02
+    p = w4_format.pack_w4(w, group)
+    x = torch.randn(1, k, dtype=torch.bfloat16, device=DEV)
+    cfg = {**w4_kernel.narrow_gemv_config(p, sms=4), "SPLIT_K": split}
+    got = x_side.gemv_prepared(x_side.prepare_x(x, group), p, cfg, out_dtype=torch.float32)
+    ref = w4_format.reference_matmul(x.float(), p).float()
+    assert ((got - ref).abs().max() / ref.abs().max()).item() <= 2e-3
+
+
+def test_bad_input_names_what_is_wrong():
+    x = torch.randn(2, 256, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(ValueError, match="one row"):
+        x_side.prepare_x(x, 128)
+    with pytest.raises(ValueError, match="multiple of 8 and of the group size"):
+        x_side.Prepared(200, 128, DEV)
+    prep = x_side.prepare_x(x[:1], 128)
+    p = w4_format.pack_w4(torch.randn(16, 512, dtype=torch.bfloat16, device=DEV), 128)
+    with pytest.raises(ValueError, match="prep is for K = 256"):
+        x_side.gemv_prepared(prep, p, w4_kernel.narrow_gemv_config(p, sms=4))
+
+
+def test_big_shapes_are_the_issues_target_weights():
+    shapes = x_side.big_shapes()
+    assert "8B gate/up 4096x14336" in shapes and "8B q|k|v 4096x6144" not in shapes   # 29 MB in, 12.6 MB out
+    assert all(n * k / 2 >= 15e6 for k, n in shapes.values())
