@@ -22,16 +22,20 @@ def _fp16_pair(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("group", [64, 128])
-def test_prepare_x_writes_the_shrunk_pairs_and_group_sums(group):
-    k = 1024 + 512   # not a multiple of the preparing program's 4096-activation chunk
+def test_prepare_x_writes_each_groups_shrunk_pairs_and_sums(group):
+    k = 1024 + 512   # not a multiple of the 512 activations one preparing program takes at g128... (3 of them)
     torch.manual_seed(0)
     x = torch.randn(1, k, dtype=torch.bfloat16, device=DEV) * 3
-    x[0, 77] = -900.0   # an outlier sets the shrink
+    x[0, 7] = -900.0             # an outlier sets its own group's shrink, not the others'
+    x[0, group:2 * group] = 0.0  # a group of zeros keeps shrink 1
     prep = x_side.prepare_x(x, group)
     limit = w4_kernel.acc16_x_limit(group)
-    shrink = 2.0 ** math.floor(math.log2(limit / 900.0))
-    assert prep.inv.item() == 1 / shrink
-    xs = x[0].float() * shrink
+    most = x[0].float().abs().view(-1, group).amax(1)
+    shrink = torch.where(most > 0, 2.0 ** torch.floor(torch.log2(limit / most.clamp_min(1e-30))), 1.0)
+    assert torch.equal(prep.inv.cpu(), (1 / shrink).cpu())
+    assert shrink[0] == 2.0 ** math.floor(math.log2(limit / 900.0)) and shrink[1] == 1.0
+    xs = (x[0].float().view(-1, group) * shrink[:, None]).view(-1)
+    assert xs.view(-1, group).abs().amax(1).max() <= limit
     cols = xs.view(-1, 8)
     want = [_fp16_pair(cols[:, 0], cols[:, 4]), _fp16_pair(cols[:, 1] / 16, cols[:, 5] / 16),
             _fp16_pair(cols[:, 2], cols[:, 6]), _fp16_pair(cols[:, 3] / 16, cols[:, 7] / 16)]
@@ -39,17 +43,18 @@ def test_prepare_x_writes_the_shrunk_pairs_and_group_sums(group):
         got = prep.planes[plane * prep.plane_stride:plane * prep.plane_stride + k // 8]
         assert torch.equal(got.cpu(), w.cpu()), f"plane {plane}"
     assert prep.plane_stride % x_side.PLANE_ALIGN == 0
-    torch.testing.assert_close(prep.xs.cpu(), xs.view(-1, group).sum(1).cpu(), rtol=1e-5, atol=1e-3)
-    assert (xs.abs().max() <= limit) and (xs.abs().max() > limit / 2)
+    torch.testing.assert_close(prep.xs.cpu(), x[0].float().view(-1, group).sum(1).cpu(), rtol=1e-5, atol=1e-3)
 
 
-@pytest.mark.parametrize("group,n,k,split", [(128, 64, 2048, 1), (128, 40, 2048, 3), (64, 32, 1536, 2)])
-def test_the_prepared_loop_is_exact_against_the_reference(group, n, k, split):
+@pytest.mark.parametrize("group,n,k,split,prefetch", [(128, 64, 2048, 1, False), (128, 40, 2048, 3, True),
+                                                      (64, 32, 1536, 2, False), (64, 48, 2048, 3, True)])
+def test_the_prepared_loop_is_exact_against_the_reference(group, n, k, split, prefetch):
     torch.manual_seed(1)
     w = torch.randn(n, k, dtype=torch.bfloat16, device=DEV) * 0.02
     p = w4_format.pack_w4(w, group)
     x = torch.randn(1, k, dtype=torch.bfloat16, device=DEV)
-    cfg = {**w4_kernel.narrow_gemv_config(p, sms=4), "SPLIT_K": split}
+    x[0, 5] = 3000.0   # past fp16 sums' reach unless its group is shrunk
+    cfg = {**w4_kernel.narrow_gemv_config(p, sms=4), "SPLIT_K": split, "PREFETCH": prefetch}
     got = x_side.gemv_prepared(x_side.prepare_x(x, group), p, cfg, out_dtype=torch.float32)
     ref = w4_format.reference_matmul(x.float(), p).float()
     assert ((got - ref).abs().max() / ref.abs().max()).item() <= 2e-3
@@ -71,3 +76,24 @@ def test_big_shapes_are_the_issues_target_weights():
     shapes = x_side.big_shapes()
     assert "8B gate/up 4096x14336" in shapes and "8B q|k|v 4096x6144" not in shapes   # 29 MB in, 12.6 MB out
     assert all(n * k / 2 >= 15e6 for k, n in shapes.values())
+
+
+def test_every_tile_of_the_sweep_is_exact():
+    """One config of each of TILES (with PREFETCH where the sweep has it), on a weight with fewer rows than a tile."""
+    torch.manual_seed(2)
+    w = torch.randn(20, 4096, dtype=torch.bfloat16, device=DEV) * 0.02
+    p = w4_format.pack_w4(w, 128)
+    x = torch.randn(1, 4096, dtype=torch.bfloat16, device=DEV)
+    prep = x_side.prepare_x(x, 128)
+    ref = w4_format.reference_matmul(x.float(), p).float()
+    configs = x_side.tile_configs(p, sms=2)
+    seen = set()
+    for cfg in configs:
+        tile = (cfg["BLOCK_N"], cfg["GROUPS"], cfg["num_warps"])
+        if tile in seen:
+            continue
+        seen.add(tile)
+        got = x_side.gemv_prepared(prep, p, {**cfg, "PREFETCH": cfg["SPLIT_K"] > 1}, out_dtype=torch.float32)
+        assert ((got - ref).abs().max() / ref.abs().max()).item() <= 2e-3, cfg
+    assert len(seen) == len(x_side.TILES)
+    assert all(1 <= c["SPLIT_K"] <= 4096 // (128 * c["GROUPS"]) for c in configs)
