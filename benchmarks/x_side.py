@@ -344,7 +344,7 @@ def main():
         for g in groups:
             ps, nbytes = sh.packed[g], sh.packed[g][0].nbytes
             rule = w4_kernel.narrow_gemv_config(ps[0], sms=sms)
-            locks = torch.zeros(4096, dtype=torch.int32, device="cuda")
+            locks = torch.zeros(math.ceil(n / min(t[0] for t in TILES)), dtype=torch.int32, device="cuda")
             prep = prepare_x(x, g)
             ref = w4_format.reference_matmul(x.float(), ps[0]).float()
             add("ours (the rule)", label, k, n, g, ours_ms(sh, g, x, rule)["cudagraph"], nbytes, config=rule)
