@@ -15,8 +15,10 @@ This benchmark does the activation side **once per call**, in a kernel of its ow
 four planes, ``Σ x·shrink`` per group), and times the GEMV loop that then only loads them
 (:func:`gemv_prepared`: 19.3 instructions per word, 94 registers, 10 barriers per step at g128) — alone
 (the bar: what a step costs without the activation work) and with its preparation (what a decode step
-would pay: one more launch per linear). Beside them, in one process: the narrow rule as it is
-(:func:`helpers.w4_kernel.narrow_gemv_config`, same split) and tinygemm. Every prepared result is
+would pay: one more launch per linear), at four tiles (:data:`TILES`) and a few splits each; then the
+control — the rule's kernel, activation side in every step, at the best prepared tile (:func:`in_kernel_x`)
+— so the tile's share and the preparation's are told apart. Beside them, in one process: the narrow rule
+as it is (:func:`helpers.w4_kernel.narrow_gemv_config`) and tinygemm. Every prepared result is
 checked against :func:`helpers.w4_format.reference_matmul` (``rel_err``).
 
 Not used by the course's layers: a diagnostic. If the loop alone is much faster than the rule, the
@@ -284,6 +286,24 @@ def big_shapes(min_mb: float = MIN_MB) -> dict:
     return out
 
 
+def in_kernel_x(x: torch.Tensor, p: w4_format.W4Weight, cfg: dict, locks: torch.Tensor) -> torch.Tensor:
+    """The control: :func:`helpers.w4_kernel._w4a16_gemv_kernel` (the activation side in every step, as the
+    rule's) at a prepared loop's tile — launched here as :func:`helpers.w4_kernel.w4a16_matmul` launches it
+    (``HALF2``, ``ACC16``, ``MAGIC`` where compiled), since that refuses tiles under 16 rows."""
+    n, k = p.shape
+    split = cfg["SPLIT_K"]
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)
+    y = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    ws = torch.empty(split, n, dtype=torch.float32, device=x.device) if split > 1 else y
+    w4_kernel._kernel("gemv")[grid](x, p.words, p.scale, p.zero, y, ws, locks if split > 1 else y, n, k, split,
+                                    p.words.stride(0), p.scale.stride(0), GROUP=p.group_size, GROUPS=cfg["GROUPS"],
+                                    BLOCK_N=cfg["BLOCK_N"], SERIAL=split > 1, MAGIC=not _interpreted(), HALF2=True, ACC16=True,
+                                    ACC_LIMIT=acc16_x_limit(p.group_size), STAGES=1, PDL=False,
+                                    EVEN=(k // (p.group_size * cfg["GROUPS"])) % split == 0,
+                                    num_warps=cfg["num_warps"], num_stages=1)
+    return y
+
+
 def tile_configs(p: w4_format.W4Weight, sms: int) -> list[dict]:
     """The prepared loop's configs for weight ``p``: each of :data:`TILES`, with and without ``PREFETCH``, at
     :func:`helpers.w4_kernel.uneven_split`'s split for the tile times each of :data:`SPLIT_SCALES` (distinct,
@@ -359,6 +379,12 @@ def main():
             err = ((got - ref).abs().max() / ref.abs().max()).item()
             add("prepared x: loop alone, the best", label, k, n, g, best[1], nbytes, config=cfg, rel_err=err,
                 exact=err <= 2e-3)
+            ctrl = dict(cfg, PREFETCH=False)
+            got = in_kernel_x(x, ps[0], ctrl, locks).float()
+            cerr = ((got - ref).abs().max() / ref.abs().max()).item()
+            add("in-kernel x (the rule's kernel) at the best tile", label, k, n, g,
+                timing.graph_ms([lambda p=p: in_kernel_x(x, p, ctrl, locks) for p in ps]), nbytes, config=ctrl,
+                rel_err=cerr, exact=cerr <= 2e-3)
             add("prepared x: preparation + the best", label, k, n, g,
                 timing.graph_ms([lambda p=p: gemv_prepared(prepare_x(x, g, prep), p, cfg, locks) for p in ps]),
                 nbytes, config=cfg)

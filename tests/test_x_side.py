@@ -97,3 +97,16 @@ def test_every_tile_of_the_sweep_is_exact():
         assert ((got - ref).abs().max() / ref.abs().max()).item() <= 2e-3, cfg
     assert len(seen) == len(x_side.TILES)
     assert all(1 <= c["SPLIT_K"] <= 4096 // (128 * c["GROUPS"]) for c in configs)
+
+
+def test_the_control_is_the_rules_kernel_at_a_narrow_tile():
+    torch.manual_seed(3)
+    w = torch.randn(24, 2048, dtype=torch.bfloat16, device=DEV) * 0.02
+    p = w4_format.pack_w4(w, 64)
+    x = torch.randn(1, 2048, dtype=torch.bfloat16, device=DEV)
+    ref = w4_format.reference_matmul(x.float(), p).float()
+    locks = torch.zeros(8, dtype=torch.int32, device=DEV)
+    for cfg in (dict(BLOCK_N=8, GROUPS=8, SPLIT_K=1, num_warps=2), dict(BLOCK_N=8, GROUPS=8, SPLIT_K=3, num_warps=2)):
+        got = x_side.in_kernel_x(x, p, cfg, locks).float()
+        assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-2   # bf16 output
+    assert int(locks.abs().sum()) == 0   # the serial reduction left its counters at zero
