@@ -276,6 +276,30 @@ TILES = ((32, 512, 2), (16, 1024, 2), (8, 2048, 2), (16, 1024, 1))   # (rows per
 SPLIT_SCALES = (0.5, 1, 2, 4)   # around uneven_split's choice for the tile (its wave rule was fitted on the first tile)
 
 
+CANDIDATE_TILE = (8, 2048, 2)   # rows per program, codes of a row per step (at most), warps
+CANDIDATE_FLIGHT = 16384        # codes of each row in flight per SM (warps × codes per step) below which K is split
+
+
+def candidate_config(p: w4_format.W4Weight, sms: int) -> dict:
+    """A shape rule for the prepared loop, fitted on run X2's twelve weights (``benchmarks.kernels.SHAPES``)
+    and nothing else: :data:`CANDIDATE_TILE` (``GROUPS`` halved until it divides the row), and ``K`` split
+    only where the programs of one split hold fewer than :data:`CANDIDATE_FLIGHT` codes in flight per SM —
+
+        split = round(CANDIDATE_FLIGHT / (⌈N / rows⌉ · warps / sms · codes per step)),  at least 1
+
+    (then the fewest programs with the same steps each). On the twelve, this tile at one split was within
+    1.10× of the fastest of all 28 configs wherever that product was ≥ 15,888 (8B down), and wanted 2–4
+    splits at 4,965 (the 14B-class down: 512 codes a step)."""
+    n, k = p.shape
+    rows, codes, warps = CANDIDATE_TILE
+    groups = w4_kernel._fitting_groups(p, max(1, codes // p.group_size))
+    steps = k // (p.group_size * groups)
+    flight = math.ceil(n / rows) * warps / sms * p.group_size * groups
+    split = max(1, min(steps, round(CANDIDATE_FLIGHT / flight)))
+    split = math.ceil(steps / math.ceil(steps / split))
+    return dict(BLOCK_N=rows, GROUPS=groups, SPLIT_K=split, num_warps=warps, PREFETCH=False)
+
+
 def big_shapes(min_mb: float = MIN_MB) -> dict:
     """The (K, N) weights of ``benchmarks.kernels``' three shape sets with at least ``min_mb`` MB at g128."""
     from benchmarks.kernels import FRESH, HELD_OUT, SHAPES
@@ -385,6 +409,15 @@ def main():
             add("in-kernel x (the rule's kernel) at the best tile", label, k, n, g,
                 timing.graph_ms([lambda p=p: in_kernel_x(x, p, ctrl, locks) for p in ps]), nbytes, config=ctrl,
                 rel_err=cerr, exact=cerr <= 2e-3)
+            cand = candidate_config(ps[0], sms)
+            got = gemv_prepared(prep, ps[0], cand, out_dtype=torch.float32)
+            aerr = ((got - ref).abs().max() / ref.abs().max()).item()
+            add("prepared x: the candidate rule, loop alone", label, k, n, g,
+                timing.graph_ms([lambda p=p: gemv_prepared(prep, p, cand, locks) for p in ps]), nbytes, config=cand,
+                rel_err=aerr, exact=aerr <= 2e-3)
+            add("prepared x: the candidate rule with its preparation", label, k, n, g,
+                timing.graph_ms([lambda p=p: gemv_prepared(prepare_x(x, g, prep), p, cand, locks) for p in ps]),
+                nbytes, config=cand)
             add("prepared x: preparation + the best", label, k, n, g,
                 timing.graph_ms([lambda p=p: gemv_prepared(prepare_x(x, g, prep), p, cfg, locks) for p in ps]),
                 nbytes, config=cfg)

@@ -32,9 +32,9 @@
 #      the rule and tinygemm in one process (fused+head+attn), and bf16 (fused+attn) in the next
 #   16 round 12's question (benchmarks/x_side.py): its tests on the GPU (the prepared activation side and the loop
 #      that reads it, exact), then the loop alone (four tiles, with and without the next step's words prefetched,
-#      splits around the rule's), with its preparation, and the rule's kernel at the best tile (the control), against
-#      the rule and tinygemm at M = 1 on every weight of
-#      at least 16 MB of the three shape sets
+#      splits around the rule's), with its preparation, the rule's kernel at the best tile (the control) and the
+#      candidate shape rule (x_side.candidate_config, fitted on run X2's twelve weights), against the rule and
+#      tinygemm at M = 1 on every weight of at least 16 MB of the three shape sets
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").

@@ -110,3 +110,21 @@ def test_the_control_is_the_rules_kernel_at_a_narrow_tile():
         got = x_side.in_kernel_x(x, p, cfg, locks).float()
         assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-2   # bf16 output
     assert int(locks.abs().sum()) == 0   # the serial reduction left its counters at zero
+
+
+def test_the_candidate_rule_splits_only_where_too_few_codes_are_in_flight():
+    stand_in = w4_format.W4Weight.stand_in
+    assert x_side.candidate_config(stand_in(14336, 4096, 128), 132) == dict(
+        BLOCK_N=8, GROUPS=16, SPLIT_K=1, num_warps=2, PREFETCH=False)            # 8B gate/up: 2048 codes a step
+    c14 = x_side.candidate_config(stand_in(5120, 13824, 128), 132)             # 108 groups: 4 per step, 27 steps
+    assert (c14["GROUPS"], c14["SPLIT_K"]) == (4, 3)
+    c72 = x_side.candidate_config(stand_in(8192, 29568, 128), 132)             # 231 groups: one per step
+    assert (c72["GROUPS"], c72["SPLIT_K"]) == (1, 8)   # 1,986 codes in flight per SM at one split: 16,384 / 1,986
+    torch.manual_seed(4)
+    w = torch.randn(40, 2048 + 1024, dtype=torch.bfloat16, device=DEV) * 0.02
+    p = w4_format.pack_w4(w, 128)
+    x = torch.randn(1, p.shape[1], dtype=torch.bfloat16, device=DEV)
+    cfg = x_side.candidate_config(p, sms=1)
+    got = x_side.gemv_prepared(x_side.prepare_x(x, 128), p, cfg, out_dtype=torch.float32)
+    ref = w4_format.reference_matmul(x.float(), p).float()
+    assert ((got - ref).abs().max() / ref.abs().max()).item() <= 2e-3
