@@ -1542,14 +1542,39 @@ if (H100 / "x_side.json").exists():
     ax.legend(fontsize=7)
     plt.show()
     ctrl = xs_[xs_.kernel == "in-kernel x (the rule's kernel) at the best tile"]
-    if len(ctrl):
-        both = ctrl.merge(x2[x2.kernel == "prepared x: loop alone, the best"], on=["shape", "group"], suffixes=("", "_p"))
+    if len(ctrl):   # the same run's best prepared loop, at the same tile
+        run3 = ctrl.run.iloc[0]
+        x3 = xs_[xs_.run == run3]
+        both = ctrl.merge(x3[x3.kernel == "prepared x: loop alone, the best"], on=["shape", "group"], suffixes=("", "_p"))
         r_ = both.ms / both.ms_p
-        print(f"the control (run {ctrl.run.iloc[0]}): the rule's kernel at the best prepared tile is {r_.min():.2f}–"
-              f"{r_.max():.2f}× the prepared loop's time (median {r_.median():.2f}×)")
+        rule3 = x3[x3.kernel == "ours (the rule)"].merge(ctrl, on=["shape", "group"], suffixes=("", "_c"))
+        t_ = rule3.ms / rule3.ms_c
+        print(f"the control (run {run3}): the rule's own kernel at the best prepared tile takes {r_.min():.2f}–"
+              f"{r_.max():.2f}× the prepared loop's time (median {r_.median():.2f}×), and the rule takes "
+              f"{t_.min():.2f}–{t_.max():.2f}× the control's (median {t_.median():.2f}×)")
+        cand = []
+        for (shape, g), c in x3.groupby(["shape", "group"], sort=False):
+            one = c.drop_duplicates("kernel").set_index("kernel")
+            tiny = one.loc["tinygemm (torchao int4)"].ms
+            alone, paid = one.loc["prepared x: the candidate rule, loop alone"], \
+                one.loc["prepared x: the candidate rule with its preparation"]
+            cand.append({"set": "held out or fresh" if bool(alone.held_out) else "twelve (fitted)", "shape": shape,
+                         "group": int(g), "× the best loop": alone.ms / one.loc["prepared x: loop alone, the best"].ms,
+                         "of copy, with preparation": paid.GBps / paid.copy_GBps, "÷ tinygemm": tiny / paid.ms,
+                         "split": alone.config["SPLIT_K"], "exact": bool(alone.exact)})
+        cand = pd.DataFrame(cand)
+        print(f"the candidate rule (benchmarks.x_side.candidate_config, fitted on run X2's twelve), run {run3}, "
+              f"exact on {int(cand.exact.sum())} of {len(cand)}:")
+        for name, c in cand.groupby("set"):
+            met = ((c["of copy, with preparation"] >= 0.7) & (c["÷ tinygemm"] >= 1.3)).sum()
+            print(f"  {name:18s} ({len(c)}): {c['× the best loop'].min():.2f}–{c['× the best loop'].max():.2f}× the "
+                  f"best loop's time; with its preparation {c['of copy, with preparation'].min():.0%}–"
+                  f"{c['of copy, with preparation'].max():.0%} of copy, {c['÷ tinygemm'].min():.2f}–"
+                  f"{c['÷ tinygemm'].max():.2f}× tinygemm, both targets on {met}")
+        display(cand[cand["× the best loop"] > 1.1].drop(columns=["exact"]).round(2))
     else:
-        print("the control (the rule's own kernel at the best prepared tile) has not run yet: "
-              "scripts/gpu_owed.sh 16 times it")
+        print("the control (the rule's own kernel at the best prepared tile) and the candidate rule have not run "
+              "yet: scripts/gpu_owed.sh 16 times them")
 else:
     print("results/h100/x_side.json is not in this checkout")
 

@@ -112,6 +112,24 @@ def tc_sass(group: int = 128, groups: int = 2, block_n: int = 64, warps: int = 4
                     dict(num_warps=warps, num_stages=stages))
 
 
+PREPARED_SIGNATURE = {"planes_ptr": "*i32", "xs_ptr": "*fp32", "inv_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*fp16",
+                      "z_ptr": "*fp16", "y_ptr": "*bf16", "ws_ptr": "*fp32", "lock_ptr": "*i32", "N": "i32", "K": "i32",
+                      "SPLIT_K": "i32", "plane_stride": "i32", "stride_wn": "i32", "stride_sn": "i32"}
+PREPARED_DIVISIBLE = ("planes_ptr", "xs_ptr", "w_ptr", "s_ptr", "z_ptr", "y_ptr", "ws_ptr", "lock_ptr", "N", "K",
+                      "plane_stride", "stride_wn")
+
+
+def prepared_sass(group: int = 128, groups: int = 4, block_n: int = 32, warps: int = 2, arch: int = 90) -> str:
+    """The SASS of ``benchmarks.x_side``'s loop with the activation side prepared (round 12), for ``sm_{arch}``."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return _in_child(["--kernel", "prepared", "--group", str(group), "--groups", str(groups), "--block-n",
+                          str(block_n), "--warps", str(warps), "--arch", str(arch)])
+    from benchmarks import x_side
+    constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_N=block_n, PREFETCH=False, PLAIN=False)
+    return _sass_of(x_side._gemv_prepared_kernel, PREPARED_SIGNATURE, constexprs, PREPARED_DIVISIBLE, arch,
+                    dict(num_warps=warps, num_stages=1))
+
+
 def inner_loop(sass: str) -> str:
     """The body of the longest loop: from a label to the farthest branch back to it."""
     lines, best = sass.splitlines(), (0, 0)
@@ -151,8 +169,9 @@ def words_per_thread(group: int, groups: int, block_n: int, warps: int) -> float
 
 def main():
     ap = argparse.ArgumentParser(prog="python scripts/kernel_sass.py")
-    ap.add_argument("--kernel", choices=("gemv", "tc"), default="gemv",
-                    help="gemv: the one-row CUDA-core GEMV; tc: the tensor-core kernel (M up to --block-m rows)")
+    ap.add_argument("--kernel", choices=("gemv", "tc", "prepared"), default="gemv",
+                    help="gemv: the one-row CUDA-core GEMV; tc: the tensor-core kernel (M up to --block-m rows); "
+                         "prepared: round 12's GEMV loop with the activation side prepared (benchmarks/x_side.py)")
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--groups", type=int, default=2, help="groups per step (GROUPS)")
     ap.add_argument("--block-n", type=int, default=None, help="output rows per program (default: gemv 128, tc 64)")
@@ -169,10 +188,12 @@ def main():
     both = sorted(set(args.on) & set(args.off))
     if both:
         ap.error(f"switched both on and off: {both} (give each switch once, with --on or --off)")
-    if args.kernel == "tc" and (args.on or args.off or args.maxnreg):
+    if args.kernel != "gemv" and (args.on or args.off or args.maxnreg):
         ap.error("--on, --off and --maxnreg are the GEMV's (--kernel gemv)")
-    block_n = args.block_n or (128 if args.kernel == "gemv" else 64)
-    if args.kernel == "gemv":
+    block_n = args.block_n or {"gemv": 128, "tc": 64, "prepared": 32}[args.kernel]
+    if args.kernel == "prepared":
+        sass = prepared_sass(args.group, args.groups, block_n, args.warps, args.arch)
+    elif args.kernel == "gemv":
         sass = gemv_sass(args.group, args.groups, block_n, args.warps, args.arch, args.maxnreg,
                          **{name: True for name in args.on}, **{name: False for name in args.off})
     else:
@@ -183,9 +204,9 @@ def main():
         return
     loop = inner_loop(sass)
     ops = opcodes(loop)
-    if args.kernel == "gemv":
+    if args.kernel in ("gemv", "prepared"):
         words = words_per_thread(args.group, args.groups, block_n, args.warps)
-        print(f"GEMV, group {args.group} × {args.groups} per step, {block_n} rows, {args.warps} warps, sm_{args.arch}: "
+        print(f"{'GEMV' if args.kernel == 'gemv' else 'prepared GEMV loop'}, group {args.group} × {args.groups} per step, {block_n} rows, {args.warps} warps, sm_{args.arch}: "
               f"inner loop {sum(ops.values())} instructions for {words:g} words per thread = "
               f"{sum(ops.values()) / words:.1f} per word of 8 codes")
     else:
@@ -193,7 +214,7 @@ def main():
         print(f"tensor-core kernel, group {args.group} × {args.groups} per step, {block_n} rows × {args.block_m} "
               f"activation rows, {args.warps} warps, {args.stages} stages, sm_{args.arch}: inner loop "
               f"{sum(ops.values())} instructions for {nbytes:g} weight bytes per thread")
-    print("by opcode:", ", ".join(f"{k} {v}" for k, v in ops.most_common(12)))
+    print("by opcode:", ", ".join(f"{k} {v}" for k, v in ops.most_common(12)), f"(barriers: {ops['BAR']})")
     print("loads and stores in the loop:", dict(memory_ops(loop)))
     print("registers per thread (highest R used + 1):", registers(sass))
     print("spills to local memory anywhere:", sum(v for k, v in memory_ops(sass).items() if k[:3] in ("STL", "LDL")))

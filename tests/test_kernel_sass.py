@@ -115,3 +115,17 @@ def test_pdl_asks_l2_for_one_step_then_waits_for_the_previous_kernel():
     assert abs(n_on - n_off) <= 0.01 * n_off
     for op in ("CCTL.E.PF2", "PREEXIT", "ACQBULK"):
         assert op in on and op not in off, op
+
+
+def test_the_prepared_loop_at_a_narrow_tile_loads_its_planes_where_they_are_used():
+    """Round 12 (benchmarks/x_side.py): with the activation side prepared, at 8 rows × 2048 codes a step the
+    four planes of fp16 pairs arrive as 128-bit loads in the registers the words' threads use — no shared-memory
+    move of them — while at the rule's tile (32 rows × 512 codes) each plane is loaded one word a thread and
+    moved through shared memory with two barriers."""
+    narrow = ks.inner_loop(ks.prepared_sass(group=128, groups=16, block_n=8, warps=2))
+    wide = ks.inner_loop(ks.prepared_sass(group=128, groups=4, block_n=32, warps=2))
+    n_mem, w_mem = ks.memory_ops(narrow), ks.memory_ops(wide)
+    assert n_mem["LDG.E.128"] == 4 and not any(k.startswith("STSM") for k in n_mem)
+    assert any(k.startswith("STSM") for k in w_mem)
+    assert ks.opcodes(narrow)["BAR"] <= 2 < ks.opcodes(wide)["BAR"]
+    assert sum(ks.opcodes(narrow).values()) / ks.words_per_thread(128, 16, 8, 2) <= 21   # 19.4 when written
