@@ -6,20 +6,20 @@ Every step of :func:`helpers.w4_kernel._w4a16_gemv_kernel` (the narrow rule's ti
 fp16-pair sums kept per group) does the work of ``x`` again in every program: eight scalar loads of
 each word's columns, the largest ``|x|`` (a reduction across the program's threads), ``log2``/``exp2``
 of the shrink, ``x·shrink`` and its fp16 pairs, ``Σx`` per group — and Triton moves those values between
-layouts through shared memory, so a step holds 14 barriers (``scripts/kernel_sass.py``: 22.8
-instructions per word of 8 codes, 126 registers). The weight side is 13 (one ``shr``, four ``lop3``,
-four ``sub.f16x2``, four ``fma.f16x2``).
+register layouts through shared memory, with barriers (``scripts/kernel_sass.py`` counts them; README,
+round 12).
 
 This benchmark does the activation side **once per call**, in a kernel of its own
-(:func:`prepare_x`: one program; the shrink from the largest ``|x|`` of the whole row, the fp16 pairs in
-four planes, ``Σ x·shrink`` per group), and times the GEMV loop that then only loads them
-(:func:`gemv_prepared`: 19.3 instructions per word, 94 registers, 10 barriers per step at g128) — alone
-(the bar: what a step costs without the activation work) and with its preparation (what a decode step
-would pay: one more launch per linear), at four tiles (:data:`TILES`) and a few splits each; then the
-control — the rule's kernel, activation side in every step, at the best prepared tile (:func:`in_kernel_x`)
-— so the tile's share and the preparation's are told apart. Beside them, in one process: the narrow rule
-as it is (:func:`helpers.w4_kernel.narrow_gemv_config`) and tinygemm. Every prepared result is
-checked against :func:`helpers.w4_format.reference_matmul` (``rel_err``).
+(:func:`prepare_x`: one program per :data:`CHUNK_WORDS` word columns; per group a shrink from its largest
+``|x|``, ``Σx`` and ``1/shrink``; the fp16 pairs in four planes), and times the GEMV loop that then only
+loads them (:func:`gemv_prepared`; ``scripts/kernel_sass.py --kernel prepared``) — alone (the bar: what a
+step costs without the activation work) and with its preparation (what a decode step would pay: one more
+launch per linear), at four tiles (:data:`TILES`) and a few splits each. Then the control — the rule's
+kernel, activation side in every step, at the best prepared tile (:func:`in_kernel_x`) — which tells the
+tile's share from the preparation's, and a candidate shape rule for the prepared loop
+(:func:`candidate_config`), alone and with its preparation. Beside them, in one process: the narrow rule
+as it is (:func:`helpers.w4_kernel.narrow_gemv_config`) and tinygemm. The best loop, the control and the
+candidate are checked against :func:`helpers.w4_format.reference_matmul` (``rel_err``, ``exact``).
 
 Not used by the course's layers: a diagnostic. If the loop alone is much faster than the rule, the
 activation side is where the time goes and the next round moves it out of the loop for good (fused

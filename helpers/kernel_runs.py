@@ -1,4 +1,4 @@
-"""The W4A16 kernel and decode runs a lent card recorded (``results/CARD/kernels.json``, ``decode.json``,
+"""The W4A16 kernel and decode runs a lent card recorded (``results/CARD/kernels.json``, ``decode.json``, ``x_side.json``,
 written by ``benchmarks/kernels.py`` and ``benchmarks/decode.py``, joined by ``scripts/add_run.py``), read
 back as tables, and the views of one weight × group that notebook 08 prints from them.
 

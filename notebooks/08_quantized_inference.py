@@ -1482,20 +1482,25 @@ else:
 
 # %% [markdown]
 # ### Round 12: the loop, not the grid — how much is the activation side?
-# Every step of the one-row GEMV does the work of `x` again, in every program: eight scalar loads per word
-# column, the largest `|x|` (a reduction across the program's threads), the shrink, `x`'s fp16 pairs and
-# `Σx` per group — and Triton moves those values between register layouts through shared memory.
-# `scripts/kernel_sass.py` counts it on the rule's tile (32 rows, 2 warps, 512 codes per step, g128): 22.8
-# instructions per word of 8 codes, where the codes themselves need 13 (one `shr`, four `lop3`, four
-# `sub.f16x2`, four `fma.f16x2`), and 14 barriers per step. `benchmarks/x_side.py` asks what that costs: it
-# does the activation side **once per call**, in a kernel of its own (`prepare_x`: one program per 512
-# activations, a shrink per group, the four planes of fp16 pairs and `Σx` per group written to memory),
-# and times the loop that then only loads them (`gemv_prepared`) — alone (the bar: what the loop costs
+# A diagnostic, not a change to the course's layers. Three words first: a *tile* is the rows of `W` one
+# program computes × the codes of each row it reads per step × its warps; the *split* is how many programs
+# share one row's `K`; the *planes* are four arrays of fp16 activation pairs, one per pair of nibbles.
+#
+# Every step of the one-row GEMV does the work of `x` again, in every program. It loads each word column's
+# eight activations, finds the largest `|x|` across the program's threads, shrinks `x`, builds its fp16 pairs
+# and `Σx` per group — and Triton moves those values between register layouts through shared memory.
+# `scripts/kernel_sass.py` (README, round 12, has the command) counts 22.8 instructions per word of 8 codes
+# on the rule's tile, and 14 barriers per step; by hand, from the source, the codes themselves need 13 (one
+# `shr`, four `lop3`, four `sub.f16x2`, four `fma.f16x2`).
+#
+# `benchmarks/x_side.py` measures what that costs. It does the activation side **once per call**, in a kernel
+# of its own (`prepare_x`: one program per 512 activations, a shrink per group, the planes and `Σx` per group
+# written to memory). Then it times the loop that only loads them (`gemv_prepared`): alone (the bar: the loop
 # without that work) and after its preparation (what a layer would pay: one more launch). Run "X1" kept the
-# rule's tile and split; run "X2" also timed the loop at three narrower tiles, with and without the next
-# step's words loaded before the current step is summed (`PREFETCH`), at four splits around the rule's
-# (`benchmarks.x_side.TILES`). Both on a lent H100, every weight of 16 MB or more of the three shape sets
-# (twelve, held out, fresh), each result checked against `reference_matmul`:
+# rule's tile and split. Run "X2" also timed three narrower tiles, with and without the next step's words
+# loaded before the current step is summed (`PREFETCH`), at up to four splits around `uneven_split`'s choice
+# for each tile (`benchmarks.x_side.TILES`). Both ran on a lent H100, on every weight of 16 MB or more of the
+# three shape sets (twelve, held out, fresh); the best loop of each case is checked against `reference_matmul`:
 
 # %%
 if (H100 / "x_side.json").exists():
@@ -1579,26 +1584,34 @@ else:
     print("results/h100/x_side.json is not in this checkout")
 
 # %% [markdown]
-# Run X1 answers the question as asked: at the rule's own tile, the activation side costs the share the
-# first line prints — a few per cent on most weights, the most where a step holds the fewest codes
-# (Llama-2-7B's down projection, 256 codes a step). Done once in a kernel of its own, it costs more than
-# that: the preparation alone takes the microseconds run X2 prints, a launch of its own before a matmul of
-# a few tens of them.
+# Run X1 answers the question as asked: at the rule's own tile the loop without the activation work is
+# faster by the factor the first line prints — under a tenth on most weights, the most on Llama-2-7B's down
+# projection. Paid as a launch of its own, that saving is gone: the preparation alone takes the microseconds
+# run X2 prints, more than the loop saves at the rule's tile on most weights.
 #
 # Run X2 found more than the question. Without the activation work in it, the loop is fastest at tiles
-# the rule's kernel was never timed at — mostly 8 or 16 rows per program, with as many codes of each row
-# per step as divide the row (up to 2048), and most often no split of `K` at all — and there it reads most
-# weights at or past the 70 % target (README, "Reference results"), the 30-odd-MB projections of the 7B–14B
-# models included (the table). With the preparation paid for, fewer cases meet both targets (the counts
-# above), still far more than the rule does. The narrower tiles suit the prepared loop for a reason the
-# machine code shows: at 8 rows and 2048 codes per step the four planes' loads land in the registers where
-# the words' threads need them, and the shared-memory moves and most barriers are gone (README, round 12:
-# `scripts/kernel_sass.py`'s counts).
+# narrower than the rule's — mostly 8 or 16 rows per program, with the tile's 512, 1024 or 2048 codes per
+# step cut to a number of groups that divides `K`, and most often no split of `K` at all. There it reads
+# most weights at or past the 70 % target (README, "Reference results"). With the preparation paid for,
+# fewer cases meet both targets (the counts above), still far more than the rule does; about half of the
+# 30-odd-MB projections of the 7B–14B models among them (the table: 8B gate/up at g64 does, 8B down does
+# not). Why narrow tiles suit the prepared loop, from its machine code (README, round 12): at 8 rows and 2048
+# codes a step the four planes arrive as 128-bit loads in the registers the words' threads use, and 12 of the
+# rule tile's 14 barriers are gone.
 #
-# What this is not, yet: the best tile is the fastest of up to 28 configs per weight, chosen on the rows
-# it is reported on — no rule picks it from the shape, and nothing was held out. The preparation is a
+# Run X3 (the same sweep again, in one process with two new rows per case) asked the two questions that
+# remained. The control — the rule's own kernel, activation work in every step, at the best prepared tile —
+# is slower than the prepared loop by the factor printed, and mostly slower than the rule itself: a narrow
+# tile pays only once the activation side is out of the loop (at 8 rows each word column's activation work
+# is shared by 8 rows instead of 32). And a shape rule, `benchmarks.x_side.candidate_config` — 8 rows, up to
+# 2048 codes a step, `K` split only where one split leaves too few codes in flight per SM — fitted on X2's
+# twelve weights and nothing else: on the held-out and fresh weights it stays close to the best loop except
+# on the two downs whose steps hold the fewest codes (Llama-2-7B's and Qwen2.5-72B's, the table), where it
+# stays slower than tinygemm; with its preparation it meets both targets on the counts printed, where the
+# rule meets them on fewer (README, round 12: 14–16 of the same 44 in run X3).
+#
+# What this is not, yet: the course's layers do not use it, so decode has not moved. The preparation is a
 # second launch per layer; in a decode step it could be fused into what makes `x` (the RMSNorm before
-# q|k|v and gate|up, the SiLU·mul before down), or launched once for the projections that share `x`.
-# The course's layers do not use it, so decode has not moved. The control line says how much of the gain
-# is the tile and how much the preparation. Next round: a shape rule for the prepared loop fitted on the
-# twelve and checked on the held-out and fresh weights, then the layers and whole-model decode with it.
+# q|k|v and gate|up, the SiLU·mul before down), or launched once for the projections that share `x`. Next
+# round: the prepared path in `helpers/w4_kernel.py` with the candidate rule (and the few-codes downs
+# looked at again), the layers on it, and whole-model decode.
