@@ -35,6 +35,12 @@ step of each, ``benchmarks/kernels.py``):
   partials with fp32 atomics, or ``"serial"``: each split writes its partial, and the last to
   arrive adds them and writes the output once, in its dtype (one launch, no zero-fill).
 
+* ``KERNEL="prepared"`` — one row, the activation side done **once per call** (round 12): :func:`prepare_x`
+  writes, per group, a power-of-two shrink and ``Σx``, and ``x``'s fp16 pairs in four planes; then
+  :func:`gemv_prepared`'s loop only loads them beside the words (:func:`_word_pairs_half2` on each word), on
+  narrow tiles (:func:`prepared_config`: 8 rows per program, up to 2048 codes per step). Two launches; a
+  candidate, chosen by ``auto_config(p, 1, {"PREPARED": True})``, not the default.
+
 The readable reference is :func:`helpers.w4_format.reference_matmul` (dequantize, then matmul); both kernels are
 tested against it on small shapes in Triton's interpreter on CPU (``TRITON_INTERPRET=1``, read when
 triton is imported: :func:`helpers.device.use_triton_interpreter_without_gpu` sets it, before that).
@@ -319,6 +325,144 @@ def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K
             tl.atomic_xchg(lock_ptr + pid_n, 0)
 
 
+@_device
+def _pack_pair(a, b):
+    """Two fp32 tensors as one int32 of fp16 halves (``a`` low, ``b`` high), in plain Triton."""
+    lo = a.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    hi = b.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return lo | (hi << 16)
+
+
+@_device
+def _unpack_pair(p):
+    """An int32 of two fp16 halves as two fp16 tensors (low, high), in plain Triton."""
+    lo = (p & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+    hi = ((p >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+    return lo, hi
+
+
+def _prepare_x_kernel(x_ptr, planes_ptr, xs_ptr, inv_ptr, K, plane_stride, GROUP: tl.constexpr,
+                      LIMIT: tl.constexpr, CW: tl.constexpr):
+    """``CW`` word columns (``8·CW`` activations) a program. Per group ``j``: ``shrink_j = 2^e`` putting the
+    group's largest ``|x|`` in ``(LIMIT/2, LIMIT]`` (:func:`acc16_x_limit`: no fp16 sum of
+    the group can overflow), written as ``1/shrink_j``, and ``Σx`` over the group (fp32, unshrunk); per word
+    column ``c`` the fp16 pairs ``(x₀, x₄)``, ``(x₁/16, x₅/16)``, ``(x₂, x₆)``, ``(x₃/16, x₇/16)`` of
+    ``x[8c + j]·shrink`` (planes 0–3: the second operands of :func:`_word_pairs_half2`)."""
+    WPG: tl.constexpr = GROUP // 8
+    G: tl.constexpr = CW // WPG
+    K8 = K // 8
+    c = tl.program_id(0) * CW + tl.arange(0, CW)
+    m = c < K8
+    base = x_ptr + c * 8
+    x0 = tl.load(base, mask=m, other=0.0).to(tl.float32)
+    x1 = tl.load(base + 1, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(base + 2, mask=m, other=0.0).to(tl.float32)
+    x3 = tl.load(base + 3, mask=m, other=0.0).to(tl.float32)
+    x4 = tl.load(base + 4, mask=m, other=0.0).to(tl.float32)
+    x5 = tl.load(base + 5, mask=m, other=0.0).to(tl.float32)
+    x6 = tl.load(base + 6, mask=m, other=0.0).to(tl.float32)
+    x7 = tl.load(base + 7, mask=m, other=0.0).to(tl.float32)
+    big = tl.maximum(tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3))),
+                     tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7))))
+    most = tl.max(tl.reshape(big, (G, WPG)), axis=1)                                          # [G]
+    e = tl.minimum(tl.maximum(tl.floor(tl.log2(LIMIT / tl.maximum(most, 1e-30))), -126.0), 100.0)
+    shrink_g = tl.where(most > 0, tl.exp2(e), 1.0)
+    per_word = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))
+    gi = tl.program_id(0) * G + tl.arange(0, G)
+    tl.store(xs_ptr + gi, tl.sum(tl.reshape(per_word, (G, WPG)), axis=1), mask=gi < K8 // WPG)
+    tl.store(inv_ptr + gi, 1.0 / shrink_g, mask=gi < K8 // WPG)
+    shrink = tl.reshape(tl.broadcast_to(shrink_g[:, None], (G, WPG)), (CW,))                # [CW] its group's
+    tl.store(planes_ptr + c, _pack_pair(x0 * shrink, x4 * shrink), mask=m)
+    tl.store(planes_ptr + plane_stride + c, _pack_pair(x1 * (shrink * 0.0625), x5 * (shrink * 0.0625)), mask=m)
+    tl.store(planes_ptr + 2 * plane_stride + c, _pack_pair(x2 * shrink, x6 * shrink), mask=m)
+    tl.store(planes_ptr + 3 * plane_stride + c, _pack_pair(x3 * (shrink * 0.0625), x7 * (shrink * 0.0625)), mask=m)
+
+
+@_device
+def _pairs_dot_plain(w, p04, p15, p26, p37, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, WPG: tl.constexpr):
+    """The same sums in plain Triton (the interpreter runs no PTX): per row and group, the low and high
+    halves' ``Σ (q − 8)·x`` in fp16, added in fp32."""
+    a0, b0 = _unpack_pair(p04)
+    a1, b1 = _unpack_pair(p15)
+    a2, b2 = _unpack_pair(p26)
+    a3, b3 = _unpack_pair(p37)
+    h = w >> 16
+    lo = ((w & 0xF) - 8).to(tl.float16) * a0[None, :]
+    lo += ((((w >> 4) & 0xF) - 8) * 16).to(tl.float16) * a1[None, :]
+    lo += (((w >> 8) & 0xF) - 8).to(tl.float16) * a2[None, :]
+    lo += ((((w >> 12) & 0xF) - 8) * 16).to(tl.float16) * a3[None, :]
+    hi = ((h & 0xF) - 8).to(tl.float16) * b0[None, :]
+    hi += ((((h >> 4) & 0xF) - 8) * 16).to(tl.float16) * b1[None, :]
+    hi += (((h >> 8) & 0xF) - 8).to(tl.float16) * b2[None, :]
+    hi += ((((h >> 12) & 0xF) - 8) * 16).to(tl.float16) * b3[None, :]
+    lo = tl.sum(tl.reshape(lo.to(tl.float32), (BLOCK_N, GROUPS, WPG)), axis=2)
+    hi = tl.sum(tl.reshape(hi.to(tl.float32), (BLOCK_N, GROUPS, WPG)), axis=2)
+    return lo + hi
+
+
+def _gemv_prepared_kernel(planes_ptr, xs_ptr, inv_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K, SPLIT_K,
+                          plane_stride, stride_wn, stride_sn, GROUP: tl.constexpr, GROUPS: tl.constexpr,
+                          BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, PLAIN: tl.constexpr):
+    """The narrow GEMV's loop with the activation side prepared (:func:`prepare_x`): per step, the words
+    [BN, WPS] and four planes of fp16 pairs [WPS]; per group ``acc += s·(Σ (q−8)·x·shrink / shrink − (z−8)·Σx)``.
+    ``K`` split ``SPLIT_K`` ways (``⌈steps/SPLIT_K⌉`` steps a program, the last fewer), the partials summed by
+    the last program to finish, as the GEMV's. ``PREFETCH``: the next step's words are loaded before this
+    step's are summed (two steps of words in registers: loads in flight while the codes are summed)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    WPG: tl.constexpr = GROUP // 8
+    WPS: tl.constexpr = WPG * GROUPS
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_w = tl.arange(0, WPS)
+    offs_g = tl.arange(0, GROUPS)
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    steps = K // (GROUP * GROUPS)
+    span = tl.cdiv(steps, SPLIT_K)
+    start = pid_k * span
+    end = tl.minimum(start + span, steps)
+    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :]
+    if PREFETCH:
+        w_next = tl.load(w_ptrs + tl.minimum(start, steps - 1) * WPS, mask=mask_n[:, None], other=0,
+                         eviction_policy="evict_first")
+    for step in tl.range(start, end):
+        if PREFETCH:
+            w = w_next
+            # the last step loads its own words again (no mask on a scalar: a line just read, never out of bounds)
+            w_next = tl.load(w_ptrs + tl.minimum(step + 1, end - 1) * WPS, mask=mask_n[:, None], other=0,
+                             eviction_policy="evict_first")
+        else:
+            w = tl.load(w_ptrs + step * WPS, mask=mask_n[:, None], other=0, eviction_policy="evict_first")
+        xo = step * WPS + offs_w
+        p04 = tl.load(planes_ptr + xo)
+        p15 = tl.load(planes_ptr + plane_stride + xo)
+        p26 = tl.load(planes_ptr + 2 * plane_stride + xo)
+        p37 = tl.load(planes_ptr + 3 * plane_stride + xo)
+        if PLAIN:
+            dot = _pairs_dot_plain(w, p04, p15, p26, p37, BLOCK_N, GROUPS, WPG)
+        else:
+            pairs = _word_pairs_half2(w, p04, p15, p26, p37)
+            dot = _pair_sum_f32(tl.reduce(tl.reshape(pairs, (BLOCK_N, GROUPS, WPG)), 2, _add_pairs))
+        g = step * GROUPS + offs_g
+        xs = tl.load(xs_ptr + g)
+        inv = tl.load(inv_ptr + g)
+        sc = tl.load(s_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
+        acc += tl.sum(sc * (dot * inv[None, :] - (z - 8.0) * xs[None, :]), axis=1)
+    if SPLIT_K == 1:
+        tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mask_n)
+    else:
+        tl.store(ws_ptr + pid_k * N + offs_n, acc, mask=mask_n)
+        tl.debug_barrier()
+        ticket = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT_K - 1:
+            total = tl.zeros_like(acc)
+            for part_k in range(0, SPLIT_K):
+                total += tl.load(ws_ptr + part_k * N + offs_n, mask=mask_n, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + offs_n, total.to(y_ptr.dtype.element_ty), mask=mask_n)
+            tl.atomic_xchg(lock_ptr + pid_n, 0)
+
+
 def _w4a16_tc_kernel(x_ptr, b_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, M, N, K, SPLIT_K,
                      stride_xm, stride_bn, stride_sn, stride_ym,
                      GROUP: tl.constexpr, GROUPS: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -426,12 +570,13 @@ def _interpreted() -> bool:
 
 
 def _kernel(name: str):
-    """The Triton kernel ``name`` ("gemv" or "tc"): ``triton.jit`` of it, which is Triton's interpreter
+    """The Triton kernel ``name`` ("gemv", "tc", "prepare" or "prepared"): ``triton.jit`` of it, which is Triton's interpreter
     when ``TRITON_INTERPRET=1`` was set before triton was imported."""
     if triton is None:
         raise RuntimeError("the W4A16 kernels need Triton: pip install triton (Linux), or use reference_matmul")
     if name not in _KERNELS:
-        _KERNELS[name] = triton.jit({"gemv": _w4a16_gemv_kernel, "tc": _w4a16_tc_kernel}[name])
+        _KERNELS[name] = triton.jit({"gemv": _w4a16_gemv_kernel, "tc": _w4a16_tc_kernel, "prepare": _prepare_x_kernel,
+                                     "prepared": _gemv_prepared_kernel}[name])
     return _KERNELS[name]
 
 
@@ -495,8 +640,10 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
     """The config, completed and checked against this weight and row count (a bad one is refused
     before launch: a kernel that indexes past its tensors returns garbage or kills the process)."""
     kind = cfg.get("KERNEL", "tc" if m > 1 else "gemv")
-    if kind not in ("gemv", "tc"):
-        raise ValueError(f"config KERNEL must be 'gemv' or 'tc', got {kind!r}")
+    if kind not in ("gemv", "tc", "prepared"):
+        raise ValueError(f"config KERNEL must be 'gemv', 'tc' or 'prepared', got {kind!r}")
+    if kind == "prepared":
+        return _check_prepared(cfg, p, m)
     cfg = {**(DEFAULT_CONFIG if kind == "gemv" else TC_DEFAULTS), **cfg, "KERNEL": kind}
     allowed = GEMV_KEYS if kind == "gemv" else TC_KEYS
     unknown = set(cfg) - allowed
@@ -545,6 +692,32 @@ def _check_config(cfg: dict, p: W4Weight, m: int = 1) -> dict:
                              f"(in_features={k} / {step} per step)")
     elif k % (step * cfg["SPLIT_K"]):
         raise ValueError(f"in_features={k} must be a multiple of (K per step)·SPLIT_K = {step}·{cfg['SPLIT_K']}")
+    return cfg
+
+
+def _check_prepared(cfg: dict, p: W4Weight, m: int) -> dict:
+    """:func:`_check_config` for ``KERNEL="prepared"`` (:func:`prepared_config`'s keys)."""
+    unknown = set(cfg) - PREPARED_KEYS
+    if unknown:
+        raise ValueError(f"config has unknown keys {sorted(unknown)} for KERNEL='prepared'; allowed: "
+                         f"{sorted(PREPARED_KEYS)}")
+    missing = {"BLOCK_N", "GROUPS", "SPLIT_K", "num_warps"} - set(cfg)
+    if missing:
+        raise ValueError(f"config KERNEL='prepared' needs {sorted(missing)} (prepared_config gives them)")
+    if m != 1:
+        raise ValueError(f"KERNEL='prepared' computes one row; x has {m} rows (use KERNEL='tc')")
+    if not _pow2(p.group_size) or p.group_size < 8:
+        raise ValueError(f"KERNEL='prepared' needs a power-of-2 group_size ≥ 8, got {p.group_size}")
+    cfg = dict(cfg, PREFETCH=v.flag(cfg.get("PREFETCH", False), "config PREFETCH"))
+    for key in ("BLOCK_N", "GROUPS", "num_warps"):
+        if not _pow2(cfg[key]):
+            raise ValueError(f"config {key} must be a power of 2, got {cfg[key]!r}")
+    cfg["SPLIT_K"] = v.positive_int(cfg["SPLIT_K"], "config SPLIT_K", "programs along K")
+    step = p.group_size * cfg["GROUPS"]
+    if p.shape[1] % step:
+        raise ValueError(f"in_features={p.shape[1]} must be a multiple of K per step = {p.group_size}·GROUPS = {step}")
+    if cfg["SPLIT_K"] > p.shape[1] // step:
+        raise ValueError(f"config SPLIT_K={cfg['SPLIT_K']} must be at most the {p.shape[1] // step} steps of each row")
     return cfg
 
 
@@ -667,17 +840,102 @@ def uneven_split(tiles: int, steps: int, sms: int, warps: int, per_sm: int = NAR
     return math.ceil(steps / math.ceil(steps / split))
 
 
+PLANE_ALIGN = 16     # int32 entries: each plane of the prepared activations starts 64-byte aligned
+CHUNK_WORDS = 64     # word columns (512 activations) each preparing program handles
+
+
+class PreparedX:
+    """The activation side of one row ``x[1, K]`` for one group size: the planes, and per group ``Σx`` and
+    ``1/shrink``."""
+
+    def __init__(self, k: int, group: int, device):
+        if k % 8 or k % group:
+            raise ValueError(f"K = {k} must be a multiple of 8 and of the group size {group}")
+        self.k, self.group = k, group
+        self.plane_stride = math.ceil(k // 8 / PLANE_ALIGN) * PLANE_ALIGN
+        self.planes = torch.empty(4 * self.plane_stride, dtype=torch.int32, device=device)
+        self.xs = torch.empty(k // group, dtype=torch.float32, device=device)
+        self.inv = torch.empty(k // group, dtype=torch.float32, device=device)
+
+
+def prepare_x(x: torch.Tensor, group: int, out: PreparedX | None = None) -> PreparedX:
+    """Run :func:`_prepare_x_kernel` on one row ``x[1, K]``, one program per :data:`CHUNK_WORDS` word columns
+    (into ``out`` when given: no allocation)."""
+    if x.dim() != 2 or x.shape[0] != 1:
+        raise ValueError(f"x must be one row [1, K], got shape {tuple(x.shape)}")
+    k = x.shape[1]
+    out = out or PreparedX(k, group, x.device)
+    if (out.k, out.group) != (k, group):
+        raise ValueError(f"out was made for K = {out.k}, group {out.group}; x has K = {k}, group {group}")
+    cw = max(CHUNK_WORDS, group // 8)
+    _kernel("prepare")[(triton.cdiv(k // 8, cw),)](x.contiguous(), out.planes, out.xs, out.inv, k, out.plane_stride,
+                                                   GROUP=group, LIMIT=acc16_x_limit(group), CW=cw,
+                                                   **({} if _interpreted() else {"num_warps": 2}))
+    return out
+
+
+def gemv_prepared(prep: PreparedX, p: W4Weight, cfg: dict, locks: torch.Tensor | None = None,
+                  out_dtype=torch.bfloat16) -> torch.Tensor:
+    """``x @ dequantize(p).T`` for the row ``prep`` was made from (:func:`prepare_x`), by
+    :func:`_gemv_prepared_kernel` with ``cfg``'s ``BLOCK_N``, ``GROUPS``, ``SPLIT_K``, ``num_warps`` and
+    ``PREFETCH`` (default off; :func:`prepared_config` chooses them). :func:`w4a16_matmul` runs both for a
+    ``KERNEL="prepared"`` config."""
+    n, k = p.shape
+    if (prep.k, prep.group) != (k, p.group_size):
+        raise ValueError(f"prep is for K = {prep.k}, group {prep.group}; the weight has K = {k}, group {p.group_size}")
+    split = cfg["SPLIT_K"]
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)
+    y = torch.empty(1, n, dtype=out_dtype, device=p.words.device)
+    ws = torch.empty(split, n, dtype=torch.float32, device=y.device) if split > 1 else y
+    locks = (_locks(locks, grid[0], y.device) if split > 1 else y)
+    extra = {} if _interpreted() else {"num_warps": cfg["num_warps"]}
+    _kernel("prepared")[grid](prep.planes, prep.xs, prep.inv, p.words, p.scale, p.zero, y, ws, locks, n, k, split,
+                          prep.plane_stride, p.words.stride(0), p.scale.stride(0), GROUP=p.group_size,
+                          GROUPS=cfg["GROUPS"], BLOCK_N=cfg["BLOCK_N"], PREFETCH=bool(cfg.get("PREFETCH")),
+                          PLAIN=_interpreted(), **extra)
+    return y
+
+
+PREPARED_TILE = (8, 2048, 2)   # rows per program, codes of a row per step (at most), warps
+PREPARED_FLIGHT = 16384        # codes of each row in flight per SM (warps × codes per step) below which K is split
+PREPARED_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "num_warps", "PREFETCH"}
+
+
+def prepared_config(p: W4Weight, sms: int | None = None) -> dict:
+    """The shape rule of the one-row GEMV with its activation side prepared (``KERNEL="prepared"``): the tile
+    :data:`PREPARED_TILE` (``GROUPS`` halved until it divides the row), ``K`` split only where the programs of
+    one split hold fewer than :data:`PREPARED_FLIGHT` codes in flight per SM —
+
+        split = round(PREPARED_FLIGHT / (⌈N / rows⌉ · warps / sms · codes per step)),  at least 1
+
+    (then the fewest programs with the same steps each). A candidate, not ``auto_config``'s default: fitted
+    on run "2026-12-06 X2" of ``results/h100/x_side.json`` (the twelve weights of ``benchmarks.kernels.SHAPES``)
+    and checked in run "X3" on the held-out and fresh ones (README, round 12)."""
+    n, k = p.shape
+    rows, codes, warps = PREPARED_TILE
+    groups = _fitting_groups(p, max(1, codes // p.group_size))
+    steps = k // (p.group_size * groups)
+    sms = _sms(p) if sms is None else sms
+    flight = math.ceil(n / rows) * warps / sms * p.group_size * groups
+    split = max(1, min(steps, round(PREPARED_FLIGHT / flight)))
+    split = math.ceil(steps / math.ceil(steps / split))
+    return dict(KERNEL="prepared", BLOCK_N=rows, GROUPS=groups, SPLIT_K=split, num_warps=warps, PREFETCH=False)
+
+
 def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     """A config chosen from the shape alone: one row runs the CUDA-core GEMV by
     :func:`narrow_gemv_config` (phases N and V of ``results/h100/kernels.json``; ``family`` may set
     ``UNEVEN=False`` — the nearest divisor, :func:`narrow_split` — ``ACC16=False``
     — fp16-pair sums per word — or ``HALF2=False``: the fp32 GEMV of :func:`gemv_config`, 128 rows per
-    program; ``PDL`` passes through to either kernel); more rows run the tensor-core kernel with
+    program; ``PDL`` passes through to either kernel; ``PREPARED=True`` — the activation side prepared once per
+    call, :func:`prepared_config`, round 12's candidate); more rows run the tensor-core kernel with
     :data:`TC_GROUPS` groups per step (fewer where they do not divide ``K``), ``K`` split by
     :func:`tc_split`. ``family`` overrides :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is
     lowered until it divides ``K``)."""
     n, k = p.shape
     sms = _sms(p)
+    if m == 1 and _pow2(p.group_size) and (family or {}).get("PREPARED"):
+        return prepared_config(p, sms=sms)
     if m == 1 and _pow2(p.group_size) and (family is None or family.get("KERNEL", "gemv") == "gemv"):
         family = family or {}
         pdl = {"PDL": family["PDL"]} if "PDL" in family else {}
@@ -686,7 +944,7 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
         return narrow_gemv_config(p, sms=sms, uneven=bool(family.get("UNEVEN", True)),
                                   ACC16=bool(family.get("ACC16", True)), **pdl)
     family = {key: v for key, v in (family or {}).items()
-              if key not in ("SPLIT_K", "KERNEL", "HALF2", "ACC16", "UNEVEN")}
+              if key not in ("SPLIT_K", "KERNEL", "HALF2", "ACC16", "UNEVEN", "PREPARED")}
     groups = _fitting_groups(p, family.pop("GROUPS", TC_GROUPS))
     cfg = dict(TC_DEFAULTS, **family, GROUPS=groups)
     if _interpreted():
@@ -748,6 +1006,8 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
                              f"{torch.cuda.get_device_name(x.device)} has {torch.cuda.get_device_capability(x.device)}:"
                              " leave PDL out")
         extra["launch_pdl"] = True
+    if cfg["KERNEL"] == "prepared":   # two launches: the activation side once, then the loop that reads it
+        return gemv_prepared(prepare_x(x, p.group_size), p, cfg, locks=locks, out_dtype=out_dtype)
     if cfg["KERNEL"] == "gemv":
         split = cfg["SPLIT_K"]
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)

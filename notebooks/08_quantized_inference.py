@@ -1568,7 +1568,7 @@ if (H100 / "x_side.json").exists():
                          "of copy, with preparation": paid.GBps / paid.copy_GBps, "÷ tinygemm": tiny / paid.ms,
                          "split": alone.config["SPLIT_K"], "exact": bool(alone.exact)})
         cand = pd.DataFrame(cand)
-        print(f"the candidate rule (benchmarks.x_side.candidate_config, fitted on run X2's twelve), run {run3}, "
+        print(f"the candidate rule (w4_kernel.prepared_config, fitted on run X2's twelve), run {run3}, "
               f"exact on {int(cand.exact.sum())} of {len(cand)}:")
         for name, c in cand.groupby("set"):
             met = ((c["of copy, with preparation"] >= 0.7) & (c["÷ tinygemm"] >= 1.3)).sum()
@@ -1603,15 +1603,16 @@ else:
 # remained. The control — the rule's own kernel, activation work in every step, at the best prepared tile —
 # is slower than the prepared loop by the factor printed, and mostly slower than the rule itself: a narrow
 # tile pays only once the activation side is out of the loop (at 8 rows each word column's activation work
-# is shared by 8 rows instead of 32). And a shape rule, `benchmarks.x_side.candidate_config` — 8 rows, up to
+# is shared by 8 rows instead of 32). And a shape rule, `w4_kernel.prepared_config` — 8 rows, up to
 # 2048 codes a step, `K` split only where one split leaves too few codes in flight per SM — fitted on X2's
 # twelve weights and nothing else: on the held-out and fresh weights it stays close to the best loop except
 # on the two downs whose steps hold the fewest codes (Llama-2-7B's and Qwen2.5-72B's, the table), where it
 # stays slower than tinygemm; with its preparation it meets both targets on the counts printed, where the
 # rule meets them on fewer (README, round 12: 14–16 of the same 44 in run X3).
 #
-# What this is not, yet: the course's layers do not use it, so decode has not moved. The preparation is a
-# second launch per layer; in a decode step it could be fused into what makes `x` (the RMSNorm before
-# q|k|v and gate|up, the SiLU·mul before down), or launched once for the projections that share `x`. Next
-# round: the prepared path in `helpers/w4_kernel.py` with the candidate rule (and the few-codes downs
-# looked at again), the layers on it, and whole-model decode.
+# What this is not, yet: the default. After these runs the prepared path moved into `helpers/w4_kernel.py`
+# (`KERNEL="prepared"`, the candidate as `prepared_config`); a layer takes it only when asked
+# (`W4Linear(..., family={"PREPARED": True})`), and whole-model decode with it has not run, so decode has
+# not moved. The preparation is a second launch per layer; in a decode step it could be fused into what
+# makes `x` (the RMSNorm before q|k|v and gate|up, the SiLU·mul before down), or launched once for the
+# projections that share `x`. Next round: decode with it beside the rule, and the few-codes downs again.

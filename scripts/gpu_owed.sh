@@ -35,6 +35,9 @@
 #      splits around the rule's), with its preparation, the rule's kernel at the best tile (the control) and the
 #      candidate shape rule (x_side.candidate_config, fitted on run X2's twelve weights), against the rule and
 #      tinygemm at M = 1 on every weight of at least 16 MB of the three shape sets
+#   17 round 12's prepared path in the layers (helpers/w4_kernel.py KERNEL="prepared", chosen by {"PREPARED":true}):
+#      its tests and the kernel tests on the GPU, then decode, batch 1 compiled, fused+head+attn: Llama-3.1-8B and
+#      Llama-2-7B, ours at the rule and prepared (one --family list) beside tinygemm, one process per architecture
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -148,6 +151,14 @@ notebooks/09_clinic.ipynb notebooks/10_multi_gpu.ipynb" PART_TIMEOUT=580 gpu not
   16) TESTS="tests/test_x_side.py" PART_TIMEOUT=90 gpu pytest
      mv "$OUT/pytest_part.txt" "$OUT/pytest_x_side.txt"
      PART_TIMEOUT=$(left 585 60) gpu xside ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|16 (see the header)"; exit 2 ;;
+  17) TESTS="tests/test_x_side.py tests/test_w4_kernel.py" PART_TIMEOUT=150 gpu pytest
+     mv "$OUT/pytest_part.txt" "$OUT/pytest_prepared.txt"
+     for arch in Llama-3.1-8B Llama-2-7B; do
+       DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch $arch --batches 1 --eager= --compile 1 \
+--recipes fused+head+attn --family [{},{\"PREPARED\":true}]" \
+         PART_TIMEOUT=$( [ $arch = Llama-3.1-8B ] && left 370 60 || left 585 30 ) gpu decode
+       mv "$OUT/decode.json" "$OUT/decode_${arch}_prepared.json"; mv "$OUT/decode.log" "$OUT/decode_${arch}_prepared.log"
+     done ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|17 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"

@@ -120,13 +120,14 @@ PREPARED_DIVISIBLE = ("planes_ptr", "xs_ptr", "w_ptr", "s_ptr", "z_ptr", "y_ptr"
 
 
 def prepared_sass(group: int = 128, groups: int = 4, block_n: int = 32, warps: int = 2, arch: int = 90) -> str:
-    """The SASS of ``benchmarks.x_side``'s loop with the activation side prepared (round 12), for ``sm_{arch}``."""
+    """The SASS of :func:`helpers.w4_kernel._gemv_prepared_kernel` (``KERNEL="prepared"``: the one-row loop with
+    the activation side prepared, round 12) for ``sm_{arch}``."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return _in_child(["--kernel", "prepared", "--group", str(group), "--groups", str(groups), "--block-n",
                           str(block_n), "--warps", str(warps), "--arch", str(arch)])
-    from benchmarks import x_side
+    from helpers import w4_kernel
     constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_N=block_n, PREFETCH=False, PLAIN=False)
-    return _sass_of(x_side._gemv_prepared_kernel, PREPARED_SIGNATURE, constexprs, PREPARED_DIVISIBLE, arch,
+    return _sass_of(w4_kernel._gemv_prepared_kernel, PREPARED_SIGNATURE, constexprs, PREPARED_DIVISIBLE, arch,
                     dict(num_warps=warps, num_stages=1))
 
 
@@ -171,7 +172,7 @@ def main():
     ap = argparse.ArgumentParser(prog="python scripts/kernel_sass.py")
     ap.add_argument("--kernel", choices=("gemv", "tc", "prepared"), default="gemv",
                     help="gemv: the one-row CUDA-core GEMV; tc: the tensor-core kernel (M up to --block-m rows); "
-                         "prepared: round 12's GEMV loop with the activation side prepared (benchmarks/x_side.py)")
+                         "prepared: round 12's one-row loop with the activation side prepared (KERNEL='prepared')")
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--groups", type=int, default=2, help="groups per step (GROUPS)")
     ap.add_argument("--block-n", type=int, default=None, help="output rows per program (default: gemv 128, tc 64)")

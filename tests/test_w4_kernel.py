@@ -381,7 +381,7 @@ def test_candidate_configs_all_valid():
     (dict(KERNEL="tc", DEQUANT="magic"), "DEQUANT must be one of"),
     (dict(KERNEL="tc", REDUCE="tree"), "REDUCE must be one of"),
     (dict(KERNEL="tc", GROUPS=3), "GROUPS must be a power of 2"),
-    (dict(KERNEL="fast"), "KERNEL must be 'gemv' or 'tc'"),
+    (dict(KERNEL="fast"), "KERNEL must be 'gemv', 'tc' or 'prepared'"),
 ])
 def test_bad_config_is_refused(bad, match):
     p = w4_format.pack_w4(weight(16, 512).to(DEV), 128)

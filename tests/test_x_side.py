@@ -1,5 +1,6 @@
-"""benchmarks/x_side.py (round 12's diagnostic): the prepared activation side and the loop that reads it, exact
-in Triton's interpreter against the readable reference; the timing itself runs only on a GPU."""
+"""Round 12: the one-row GEMV with its activation side prepared (helpers/w4_kernel.py: prepare_x, gemv_prepared,
+prepared_config, KERNEL="prepared") and benchmarks/x_side.py's sweep and control, exact in Triton's interpreter
+against the readable reference; the timing itself runs only on a GPU."""
 import math
 
 import pytest
@@ -28,7 +29,7 @@ def test_prepare_x_writes_each_groups_shrunk_pairs_and_sums(group):
     x = torch.randn(1, k, dtype=torch.bfloat16, device=DEV) * 3
     x[0, 7] = -900.0             # an outlier sets its own group's shrink, not the others'
     x[0, group:2 * group] = 0.0  # a group of zeros keeps shrink 1
-    prep = x_side.prepare_x(x, group)
+    prep = w4_kernel.prepare_x(x, group)
     limit = w4_kernel.acc16_x_limit(group)
     most = x[0].float().abs().view(-1, group).amax(1)
     shrink = torch.where(most > 0, 2.0 ** torch.floor(torch.log2(limit / most.clamp_min(1e-30))), 1.0)
@@ -42,7 +43,7 @@ def test_prepare_x_writes_each_groups_shrunk_pairs_and_sums(group):
     for plane, w in enumerate(want):
         got = prep.planes[plane * prep.plane_stride:plane * prep.plane_stride + k // 8]
         assert torch.equal(got.cpu(), w.cpu()), f"plane {plane}"
-    assert prep.plane_stride % x_side.PLANE_ALIGN == 0
+    assert prep.plane_stride % w4_kernel.PLANE_ALIGN == 0
     torch.testing.assert_close(prep.xs.cpu(), x[0].float().view(-1, group).sum(1).cpu(), rtol=1e-5, atol=1e-3)
 
 
@@ -55,7 +56,7 @@ def test_the_prepared_loop_is_exact_against_the_reference(group, n, k, split, pr
     x = torch.randn(1, k, dtype=torch.bfloat16, device=DEV)
     x[0, 5] = 3000.0   # past fp16 sums' reach unless its group is shrunk
     cfg = {**w4_kernel.narrow_gemv_config(p, sms=4), "SPLIT_K": split, "PREFETCH": prefetch}
-    got = x_side.gemv_prepared(x_side.prepare_x(x, group), p, cfg, out_dtype=torch.float32)
+    got = w4_kernel.gemv_prepared(w4_kernel.prepare_x(x, group), p, cfg, out_dtype=torch.float32)
     ref = w4_format.reference_matmul(x.float(), p).float()
     assert ((got - ref).abs().max() / ref.abs().max()).item() <= 2e-3
 
@@ -63,13 +64,13 @@ def test_the_prepared_loop_is_exact_against_the_reference(group, n, k, split, pr
 def test_bad_input_names_what_is_wrong():
     x = torch.randn(2, 256, dtype=torch.bfloat16, device=DEV)
     with pytest.raises(ValueError, match="one row"):
-        x_side.prepare_x(x, 128)
+        w4_kernel.prepare_x(x, 128)
     with pytest.raises(ValueError, match="multiple of 8 and of the group size"):
-        x_side.Prepared(200, 128, DEV)
-    prep = x_side.prepare_x(x[:1], 128)
+        w4_kernel.PreparedX(200, 128, DEV)
+    prep = w4_kernel.prepare_x(x[:1], 128)
     p = w4_format.pack_w4(torch.randn(16, 512, dtype=torch.bfloat16, device=DEV), 128)
     with pytest.raises(ValueError, match="prep is for K = 256"):
-        x_side.gemv_prepared(prep, p, w4_kernel.narrow_gemv_config(p, sms=4))
+        w4_kernel.gemv_prepared(prep, p, w4_kernel.narrow_gemv_config(p, sms=4))
 
 
 def test_big_shapes_are_the_issues_target_weights():
@@ -84,7 +85,7 @@ def test_every_tile_of_the_sweep_is_exact():
     w = torch.randn(20, 4096, dtype=torch.bfloat16, device=DEV) * 0.02
     p = w4_format.pack_w4(w, 128)
     x = torch.randn(1, 4096, dtype=torch.bfloat16, device=DEV)
-    prep = x_side.prepare_x(x, 128)
+    prep = w4_kernel.prepare_x(x, 128)
     ref = w4_format.reference_matmul(x.float(), p).float()
     configs = x_side.tile_configs(p, sms=2)
     seen = set()
@@ -93,7 +94,7 @@ def test_every_tile_of_the_sweep_is_exact():
         if tile in seen:
             continue
         seen.add(tile)
-        got = x_side.gemv_prepared(prep, p, {**cfg, "PREFETCH": cfg["SPLIT_K"] > 1}, out_dtype=torch.float32)
+        got = w4_kernel.gemv_prepared(prep, p, {**cfg, "PREFETCH": cfg["SPLIT_K"] > 1}, out_dtype=torch.float32)
         assert ((got - ref).abs().max() / ref.abs().max()).item() <= 2e-3, cfg
     assert len(seen) == len(x_side.TILES)
     assert all(1 <= c["SPLIT_K"] <= 4096 // (128 * c["GROUPS"]) for c in configs)
@@ -112,19 +113,51 @@ def test_the_control_is_the_rules_kernel_at_a_narrow_tile():
     assert int(locks.abs().sum()) == 0   # the serial reduction left its counters at zero
 
 
-def test_the_candidate_rule_splits_only_where_too_few_codes_are_in_flight():
+def test_the_prepared_rule_splits_only_where_too_few_codes_are_in_flight():
     stand_in = w4_format.W4Weight.stand_in
-    assert x_side.candidate_config(stand_in(14336, 4096, 128), 132) == dict(
-        BLOCK_N=8, GROUPS=16, SPLIT_K=1, num_warps=2, PREFETCH=False)            # 8B gate/up: 2048 codes a step
-    c14 = x_side.candidate_config(stand_in(5120, 13824, 128), 132)             # 108 groups: 4 per step, 27 steps
+    assert w4_kernel.prepared_config(stand_in(14336, 4096, 128), 132) == dict(
+        KERNEL="prepared", BLOCK_N=8, GROUPS=16, SPLIT_K=1, num_warps=2, PREFETCH=False)   # 8B gate/up: 2048 codes
+    c14 = w4_kernel.prepared_config(stand_in(5120, 13824, 128), 132)             # 108 groups: 4 per step, 27 steps
     assert (c14["GROUPS"], c14["SPLIT_K"]) == (4, 3)
-    c72 = x_side.candidate_config(stand_in(8192, 29568, 128), 132)             # 231 groups: one per step
+    c72 = w4_kernel.prepared_config(stand_in(8192, 29568, 128), 132)             # 231 groups: one per step
     assert (c72["GROUPS"], c72["SPLIT_K"]) == (1, 8)   # 1,986 codes in flight per SM at one split: 16,384 / 1,986
     torch.manual_seed(4)
     w = torch.randn(40, 2048 + 1024, dtype=torch.bfloat16, device=DEV) * 0.02
     p = w4_format.pack_w4(w, 128)
     x = torch.randn(1, p.shape[1], dtype=torch.bfloat16, device=DEV)
-    cfg = x_side.candidate_config(p, sms=1)
-    got = x_side.gemv_prepared(x_side.prepare_x(x, 128), p, cfg, out_dtype=torch.float32)
+    cfg = w4_kernel.prepared_config(p, sms=1)
+    got = w4_kernel.gemv_prepared(w4_kernel.prepare_x(x, 128), p, cfg, out_dtype=torch.float32)
     ref = w4_format.reference_matmul(x.float(), p).float()
     assert ((got - ref).abs().max() / ref.abs().max()).item() <= 2e-3
+
+
+def test_w4a16_matmul_runs_the_prepared_path_from_a_kernel_family():
+    """``auto_config(p, 1, {"PREPARED": True})`` picks ``prepared_config``; w4a16_matmul runs the preparation and
+    the loop; more rows keep the tensor-core kernel; a W4Linear built with that family matches the reference."""
+    from helpers.w4_linear import W4Linear
+    torch.manual_seed(5)
+    lin = torch.nn.Linear(1024, 48, bias=False).to(DEV, torch.bfloat16)
+    p = w4_format.pack_w4(lin.weight.data, 64)
+    cfg = w4_kernel.auto_config(p, 1, {"PREPARED": True})
+    assert cfg["KERNEL"] == "prepared" and w4_kernel.auto_config(p, 16, {"PREPARED": True})["KERNEL"] == "tc"
+    x = torch.randn(1, 1024, dtype=torch.bfloat16, device=DEV)
+    ref = w4_format.reference_matmul(x.float(), p).float()
+    got = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
+    assert ((got - ref).abs().max() / ref.abs().max()).item() <= 2e-3
+    layer = W4Linear(lin, 64, family={"PREPARED": True})
+    assert layer.configs[1]["KERNEL"] == "prepared"
+    assert ((layer(x).float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2   # bf16 output
+
+
+def test_a_bad_prepared_config_is_refused_by_name():
+    p = w4_format.pack_w4(torch.randn(16, 512, dtype=torch.bfloat16, device=DEV), 128)
+    x = torch.randn(1, 512, dtype=torch.bfloat16, device=DEV)
+    good = w4_kernel.prepared_config(p, sms=2)
+    with pytest.raises(ValueError, match="unknown keys"):
+        w4_kernel.w4a16_matmul(x, p, {**good, "HALF2": True})
+    with pytest.raises(ValueError, match="SPLIT_K=9 must be at most"):
+        w4_kernel.w4a16_matmul(x, p, {**good, "SPLIT_K": 9})
+    with pytest.raises(ValueError, match="one row"):
+        w4_kernel.w4a16_matmul(torch.randn(2, 512, dtype=torch.bfloat16, device=DEV), p, good)
+    with pytest.raises(ValueError, match="BLOCK_N must be a power of 2"):
+        w4_kernel.w4a16_matmul(x, p, {**good, "BLOCK_N": 12})
