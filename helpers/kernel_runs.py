@@ -1,5 +1,5 @@
 """The W4A16 kernel and decode runs a lent card recorded (``results/CARD/kernels.json``, ``decode.json``, ``x_side.json``,
-written by ``benchmarks/kernels.py`` and ``benchmarks/decode.py``, joined by ``scripts/add_run.py``), read
+written by ``benchmarks/kernels.py``, ``decode.py`` and ``x_side.py``, joined by ``scripts/add_run.py``), read
 back as tables, and the views of one weight × group that notebook 08 prints from them.
 
 A phase-U case (:func:`phase_u_case`) is the one-row rule's tile timed at several splits of ``K``, the
