@@ -9,21 +9,18 @@ of the shrink, ``x·shrink`` and its fp16 pairs, ``Σx`` per group — and Trito
 register layouts through shared memory, with barriers (``scripts/kernel_sass.py`` counts them; README,
 round 12).
 
-This benchmark does the activation side **once per call**, in a kernel of its own
-(:func:`helpers.w4_kernel.prepare_x`: one program per 512 activations; per group a shrink from its largest
-``|x|``, ``Σx`` and ``1/shrink``; the fp16 pairs in four planes), and times the GEMV loop that then only
-loads them (:func:`helpers.w4_kernel.gemv_prepared`; ``scripts/kernel_sass.py --kernel prepared``) — alone (the bar: what a
-step costs without the activation work) and with its preparation (what a decode step would pay: one more
-launch per linear), at four tiles (:data:`TILES`) and a few splits each. Then the control — the rule's
-kernel, activation side in every step, at the best prepared tile (:func:`in_kernel_x`) — which tells the
-tile's share from the preparation's, and a candidate shape rule for the prepared loop
-(:func:`helpers.w4_kernel.prepared_config`), alone and with its preparation. Beside them, in one process: the narrow rule
-as it is (:func:`helpers.w4_kernel.narrow_gemv_config`) and tinygemm. The best loop, the control and the
-candidate are checked against :func:`helpers.w4_format.reference_matmul` (``rel_err``, ``exact``).
-
-Not used by the course's layers: a diagnostic. If the loop alone is much faster than the rule, the
-activation side is where the time goes and the next round moves it out of the loop for good (fused
-into what produces ``x``); if not, the weight side is.
+This benchmark times the one-row path that does the activation side **once per call**, in a kernel of its
+own (``KERNEL="prepared"`` of :mod:`helpers.w4_kernel`: :func:`~helpers.w4_kernel.prepare_x`, one program
+per 512 activations, per group a shrink from its largest ``|x|``, ``Σx`` and ``1/shrink``, the fp16 pairs in
+four planes; then :func:`~helpers.w4_kernel.gemv_prepared`, the loop that only loads them) — the loop alone
+(the bar: what a step costs without the activation work) and with its preparation (what a layer pays: one
+more launch), at four tiles (:data:`TILES`) and a few splits each. Then the control — the rule's kernel,
+activation side in every step, at the best prepared tile (:func:`in_kernel_x`), which tells the tile's share
+from the preparation's — and the candidate shape rule (:func:`~helpers.w4_kernel.prepared_config`), alone
+and with its preparation. Beside them, in one process: the narrow rule as it is
+(:func:`~helpers.w4_kernel.narrow_gemv_config`) and tinygemm. The best loop, the control and the candidate
+are checked against :func:`helpers.w4_format.reference_matmul` (``rel_err``, ``exact``). The layers take
+the prepared path only when asked (``family={"PREPARED": True}``); ``auto_config``'s default is the rule.
 """
 from __future__ import annotations
 

@@ -845,8 +845,8 @@ CHUNK_WORDS = 64     # word columns (512 activations) each preparing program han
 
 
 class PreparedX:
-    """The activation side of one row ``x[1, K]`` for one group size: the planes, and per group ``Σx`` and
-    ``1/shrink``."""
+    """The activation side of one row ``x[1, K]`` for one group size, as :func:`prepare_x` writes it: four planes
+    of fp16 pairs (``plane_stride`` int32 apart), and per group ``Σx`` (``xs``) and ``1/shrink`` (``inv``)."""
 
     def __init__(self, k: int, group: int, device):
         if k % 8 or k % group:
@@ -890,9 +890,9 @@ def gemv_prepared(prep: PreparedX, p: W4Weight, cfg: dict, locks: torch.Tensor |
     locks = (_locks(locks, grid[0], y.device) if split > 1 else y)
     extra = {} if _interpreted() else {"num_warps": cfg["num_warps"]}
     _kernel("prepared")[grid](prep.planes, prep.xs, prep.inv, p.words, p.scale, p.zero, y, ws, locks, n, k, split,
-                          prep.plane_stride, p.words.stride(0), p.scale.stride(0), GROUP=p.group_size,
-                          GROUPS=cfg["GROUPS"], BLOCK_N=cfg["BLOCK_N"], PREFETCH=bool(cfg.get("PREFETCH")),
-                          PLAIN=_interpreted(), **extra)
+                              prep.plane_stride, p.words.stride(0), p.scale.stride(0), GROUP=p.group_size,
+                              GROUPS=cfg["GROUPS"], BLOCK_N=cfg["BLOCK_N"], PREFETCH=bool(cfg.get("PREFETCH")),
+                              PLAIN=_interpreted(), **extra)
     return y
 
 
