@@ -608,7 +608,9 @@ else:
 # The appendix (section 6) goes through how it got here, in order: the split of `K` and the decode
 # attention, the bar any kernel could reach and the narrow tiles, the shape rule fitted on them and the
 # model it broke on (round 9), its check, splits that need not divide (round 10), and the rule for them
-# (round 11).
+# (round 11). Round 12, the last section, looks inside the loop instead: with the activation side done once
+# per call, narrower tiles read most of the 30-odd-MB weights past the target in the kernel benchmark; the layers can
+# take that path on request, and decode with it is the next measurement.
 
 # %% [markdown]
 # ### Your turn: the split rule
