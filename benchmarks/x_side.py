@@ -89,7 +89,7 @@ def tile_configs(p: w4_format.W4Weight, sms: int) -> list[dict]:
         base = w4_kernel.uneven_split(tiles, steps, sms, warps, codes=p.group_size * groups)
         splits = sorted({max(1, min(steps, round(base * f))) for f in SPLIT_SCALES})
         for split in splits:
-            split = math.ceil(steps / math.ceil(steps / split))   # no program left empty
+            split = w4_kernel.same_span_split(steps, split)   # no program left empty
             for prefetch in (False, True):
                 cfg = dict(BLOCK_N=rows, GROUPS=groups, SPLIT_K=split, num_warps=warps, PREFETCH=prefetch)
                 if cfg not in out:

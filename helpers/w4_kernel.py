@@ -245,6 +245,23 @@ def _pdl_prologue(row_ptrs, ROW_BYTES: tl.constexpr, ELEM: tl.constexpr):
     tl.extra.cuda.gdc_wait()
 
 
+@_device
+def _serial_reduce(acc, ws_ptr, ws_off, part_stride, y_ptr, y_off, mask, lock_ptr, pid_k, SPLIT_K):
+    """Split-K without atomics on the output: this program writes its partial ``acc`` to the workspace (split
+    ``pid_k`` at ``ws_ptr + pid_k·part_stride + ws_off``), takes a ticket from its tile's counter ``lock_ptr``,
+    and the last of the ``SPLIT_K`` to arrive adds the partials and writes ``y`` once, in its dtype (one
+    launch, no zero-fill), then leaves the counter at zero for the next call."""
+    tl.store(ws_ptr + pid_k * part_stride + ws_off, acc, mask=mask)
+    tl.debug_barrier()
+    ticket = tl.atomic_add(lock_ptr, 1, sem="acq_rel", scope="gpu")
+    if ticket == SPLIT_K - 1:
+        total = tl.zeros_like(acc)
+        for part_k in range(0, SPLIT_K):
+            total += tl.load(ws_ptr + part_k * part_stride + ws_off, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.store(y_ptr + y_off, total.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(lock_ptr, 0)
+
+
 def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K, SPLIT_K, stride_wn, stride_sn,
                        GROUP: tl.constexpr, GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, SERIAL: tl.constexpr,
                        MAGIC: tl.constexpr, HALF2: tl.constexpr, ACC16: tl.constexpr, ACC_LIMIT: tl.constexpr,
@@ -314,15 +331,7 @@ def _w4a16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K
     if not SERIAL:
         tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mask_n)
     else:   # each split writes its partial; the last to arrive adds them and writes y once, in its dtype
-        tl.store(ws_ptr + pid_k * N + offs_n, acc, mask=mask_n)
-        tl.debug_barrier()
-        ticket = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if ticket == SPLIT_K - 1:
-            total = tl.zeros_like(acc)
-            for part_k in range(0, SPLIT_K):
-                total += tl.load(ws_ptr + part_k * N + offs_n, mask=mask_n, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptr + offs_n, total.to(y_ptr.dtype.element_ty), mask=mask_n)
-            tl.atomic_xchg(lock_ptr + pid_n, 0)
+        _serial_reduce(acc, ws_ptr, offs_n, N, y_ptr, offs_n, mask_n, lock_ptr + pid_n, pid_k, SPLIT_K)
 
 
 @_device
@@ -378,28 +387,6 @@ def _prepare_x_kernel(x_ptr, planes_ptr, xs_ptr, inv_ptr, K, plane_stride, GROUP
     tl.store(planes_ptr + 3 * plane_stride + c, _pack_pair(x3 * (shrink * 0.0625), x7 * (shrink * 0.0625)), mask=m)
 
 
-@_device
-def _pairs_dot_plain(w, p04, p15, p26, p37, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, WPG: tl.constexpr):
-    """The same sums in plain Triton (the interpreter runs no PTX): per row and group, the low and high
-    halves' ``Σ (q − 8)·x`` in fp16, added in fp32."""
-    a0, b0 = _unpack_pair(p04)
-    a1, b1 = _unpack_pair(p15)
-    a2, b2 = _unpack_pair(p26)
-    a3, b3 = _unpack_pair(p37)
-    h = w >> 16
-    lo = ((w & 0xF) - 8).to(tl.float16) * a0[None, :]
-    lo += ((((w >> 4) & 0xF) - 8) * 16).to(tl.float16) * a1[None, :]
-    lo += (((w >> 8) & 0xF) - 8).to(tl.float16) * a2[None, :]
-    lo += ((((w >> 12) & 0xF) - 8) * 16).to(tl.float16) * a3[None, :]
-    hi = ((h & 0xF) - 8).to(tl.float16) * b0[None, :]
-    hi += ((((h >> 4) & 0xF) - 8) * 16).to(tl.float16) * b1[None, :]
-    hi += (((h >> 8) & 0xF) - 8).to(tl.float16) * b2[None, :]
-    hi += ((((h >> 12) & 0xF) - 8) * 16).to(tl.float16) * b3[None, :]
-    lo = tl.sum(tl.reshape(lo.to(tl.float32), (BLOCK_N, GROUPS, WPG)), axis=2)
-    hi = tl.sum(tl.reshape(hi.to(tl.float32), (BLOCK_N, GROUPS, WPG)), axis=2)
-    return lo + hi
-
-
 def _gemv_prepared_kernel(planes_ptr, xs_ptr, inv_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K, SPLIT_K,
                           plane_stride, stride_wn, stride_sn, GROUP: tl.constexpr, GROUPS: tl.constexpr,
                           BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, PLAIN: tl.constexpr):
@@ -438,8 +425,13 @@ def _gemv_prepared_kernel(planes_ptr, xs_ptr, inv_ptr, w_ptr, s_ptr, z_ptr, y_pt
         p15 = tl.load(planes_ptr + plane_stride + xo)
         p26 = tl.load(planes_ptr + 2 * plane_stride + xo)
         p37 = tl.load(planes_ptr + 3 * plane_stride + xo)
-        if PLAIN:
-            dot = _pairs_dot_plain(w, p04, p15, p26, p37, BLOCK_N, GROUPS, WPG)
+        if PLAIN:   # the interpreter runs no PTX: the planes back to x·shrink, summed as the GEMV's ACC16 sums them
+            a0, b0 = _unpack_pair(p04)
+            a1, b1 = _unpack_pair(p15)
+            a2, b2 = _unpack_pair(p26)
+            a3, b3 = _unpack_pair(p37)
+            dot = _group_dot_acc16(w, a0, a1 * 16.0, a2, a3 * 16.0, b0, b1 * 16.0, b2, b3 * 16.0, BLOCK_N, GROUPS, WPG,
+                                   False)
         else:
             pairs = _word_pairs_half2(w, p04, p15, p26, p37)
             dot = _pair_sum_f32(tl.reduce(tl.reshape(pairs, (BLOCK_N, GROUPS, WPG)), 2, _add_pairs))
@@ -451,16 +443,8 @@ def _gemv_prepared_kernel(planes_ptr, xs_ptr, inv_ptr, w_ptr, s_ptr, z_ptr, y_pt
         acc += tl.sum(sc * (dot * inv[None, :] - (z - 8.0) * xs[None, :]), axis=1)
     if SPLIT_K == 1:
         tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mask_n)
-    else:
-        tl.store(ws_ptr + pid_k * N + offs_n, acc, mask=mask_n)
-        tl.debug_barrier()
-        ticket = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if ticket == SPLIT_K - 1:
-            total = tl.zeros_like(acc)
-            for part_k in range(0, SPLIT_K):
-                total += tl.load(ws_ptr + part_k * N + offs_n, mask=mask_n, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptr + offs_n, total.to(y_ptr.dtype.element_ty), mask=mask_n)
-            tl.atomic_xchg(lock_ptr + pid_n, 0)
+    else:   # as the GEMV's
+        _serial_reduce(acc, ws_ptr, offs_n, N, y_ptr, offs_n, mask_n, lock_ptr + pid_n, pid_k, SPLIT_K)
 
 
 def _w4a16_tc_kernel(x_ptr, b_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, M, N, K, SPLIT_K,
@@ -550,16 +534,8 @@ def _w4a16_tc_kernel(x_ptr, b_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, M, N, 
     elif REDUCE == "atomic":   # y is an fp32 buffer the host zeroed
         tl.atomic_add(y_ptr + y_off, acc, mask=mask)
     else:                      # serial: the last split to arrive adds the partials and writes y once
-        tl.store(ws_ptr + pid_k * M * N + w_off, acc, mask=mask)
-        tl.debug_barrier()
-        tile = pid_m * tl.num_programs(0) + pid_n
-        ticket = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if ticket == SPLIT_K - 1:
-            total = tl.zeros_like(acc)
-            for part_k in range(0, SPLIT_K):
-                total += tl.load(ws_ptr + part_k * M * N + w_off, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptr + y_off, total.to(y_ptr.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(lock_ptr + tile, 0)
+        _serial_reduce(acc, ws_ptr, w_off, M * N, y_ptr, y_off, mask, lock_ptr + pid_m * tl.num_programs(0) + pid_n,
+                       pid_k, SPLIT_K)
 
 
 _KERNELS: dict = {}   # a memo of the jitted kernel objects (Triton's own cache keeps their compiled binaries)
@@ -836,7 +812,12 @@ def uneven_split(tiles: int, steps: int, sms: int, warps: int, per_sm: int = NAR
     if tiles < 1 or steps < 1 or sms < 1 or warps < 1 or per_sm < 1 or codes < 1:
         raise ValueError(f"uneven_split needs tiles, steps, sms, warps, per_sm and codes ≥ 1, got tiles={tiles}, "
                          f"steps={steps}, sms={sms}, warps={warps}, per_sm={per_sm}, codes={codes}")
-    split = max(1, min(steps, per_sm * NARROW_CODES * sms // (codes * tiles * warps)))
+    return same_span_split(steps, max(1, min(steps, per_sm * NARROW_CODES * sms // (codes * tiles * warps))))
+
+
+def same_span_split(steps: int, split: int) -> int:
+    """The fewest programs along ``K`` that keep ``split``'s span, ``⌈steps / split⌉`` steps each
+    (``⌈steps / span⌉``): none is left without steps."""
     return math.ceil(steps / math.ceil(steps / split))
 
 
@@ -917,8 +898,7 @@ def prepared_config(p: W4Weight, sms: int | None = None) -> dict:
     steps = k // (p.group_size * groups)
     sms = _sms(p) if sms is None else sms
     flight = math.ceil(n / rows) * warps / sms * p.group_size * groups
-    split = max(1, min(steps, round(PREPARED_FLIGHT / flight)))
-    split = math.ceil(steps / math.ceil(steps / split))
+    split = same_span_split(steps, max(1, min(steps, round(PREPARED_FLIGHT / flight))))
     return dict(KERNEL="prepared", BLOCK_N=rows, GROUPS=groups, SPLIT_K=split, num_warps=warps, PREFETCH=False)
 
 

@@ -37,7 +37,9 @@
 #      tinygemm at M = 1 on every weight of at least 16 MB of the three shape sets
 #   17 round 12's prepared path in the layers (helpers/w4_kernel.py KERNEL="prepared", chosen by {"PREPARED":true}):
 #      its tests and the kernel tests on the GPU, then decode, batch 1 compiled, fused+head+attn: Llama-3.1-8B and
-#      Llama-2-7B, ours at the rule and prepared (one --family list) beside tinygemm, one process per architecture
+#      Llama-2-7B, ours at the rule and prepared (one --family list) beside tinygemm, one process per architecture;
+#      with call 5 after it, the whole suite at that commit (the three kernels' split-K reduction became one device
+#      function, _serial_reduce, after the last GPU run)
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
