@@ -2,7 +2,8 @@
 
 * :func:`apply_quantizer` — one dispatch to RTN, GPTQ or AWQ, ours or llm-compressor's, in place;
 * :func:`variant` — ``(model, meta, key)``: a quantized copy of the bench model, loaded from the
-  variant store (safetensors of the decoder linears, with a JSON of facts) or built and stored;
+  variant store (safetensors of every decoder block's tensors — the linears and the norms AWQ folds
+  its scales into — with a JSON of facts) or built and stored;
 * :func:`perplexity` — the course protocol on the bench's evaluation tokens, remembered on disk under
   a key made of everything that determines the number: the evaluated tokens (hash), the model's
   weights (fingerprint) and dtype, window, stride, BOS and the quantizer version. Another text,
@@ -29,13 +30,15 @@ from . import awq, evaluate, gptq, llm_compressor
 from .calib import options_and_calibration
 from .config import cache_dir, file_lock, profile, read_json, write_json
 from .course_model import Bench
+from .models import decoder_layers
 from .qspec import QuantSpec
-from .quant import quantizable_linears, rtn_model
+from .quant import rtn_model
 from .validate import as_int, bad_file, flag, json_fields, non_negative_int, positive_int, positive_number, text
 
 # Bump when one of our quantizers changes the weights it produces, so stored variants are rebuilt
-# (2: AWQ scores α in bf16 on CPUs with bf16 units and clips with one bmm; 3: keys carry QuantSpec).
-CACHE_VERSION = 3
+# (2: AWQ scores α in bf16 on CPUs with bf16 units and clips with one bmm; 3: keys carry QuantSpec;
+# 4: a variant stores every tensor of the decoder blocks, not only the linears: AWQ's scales live in the norms).
+CACHE_VERSION = 4
 METHODS = ("rtn", "gptq", "awq")
 IMPLS = ("ours", "llmcompressor")
 SPEC_KEYWORDS = ("bits", "group_size", "symmetric")
@@ -145,14 +148,23 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def block_tensors(model) -> dict[str, torch.Tensor]:
+    """Every tensor a quantizer may change, by its ``state_dict`` name: the parameters and persistent
+    buffers of the decoder blocks (``model.layers.{i}.…``). The linears alone are not enough: AWQ
+    divides the norm before each scaled group by its scales (``awq.apply_scale``), so a variant
+    restored without its norms computes ``norm(x)·(W·s)`` instead of ``(norm(x)/s)·(W·s)``."""
+    return {f"model.layers.{i}.{n}": t for i, layer in enumerate(decoder_layers(model))
+            for n, t in layer.state_dict().items()}
+
+
 def save(model, key: str, meta: dict) -> Path:
-    """Store the decoder linears' (fake-quantized) weights as safetensors, and ``meta`` plus the
-    file's size and SHA-256 as JSON (written last: a variant without its JSON is incomplete)."""
+    """Store the decoder blocks' tensors (:func:`block_tensors`: the fake-quantized linears and the
+    norms) as safetensors, and ``meta`` plus the file's size and SHA-256 as JSON (written last: a
+    variant without its JSON is incomplete)."""
     if not isinstance(meta, dict):
         raise TypeError(f"meta must be a dict of facts to store with the variant, got {type(meta).__name__}")
     path = _store() / f"{_check_key(key)}.safetensors"
-    save_file({f"{n}.weight": m.weight.detach().cpu().contiguous()
-               for n, m in quantizable_linears(model).items()}, str(path))
+    save_file({n: t.detach().cpu().contiguous() for n, t in block_tensors(model).items()}, str(path))
     meta = {**meta, "file_bytes": path.stat().st_size, "sha256": _file_sha256(path)}
     path.with_suffix(".json").write_text(json.dumps(meta, indent=1, default=str))
     return path
@@ -173,10 +185,12 @@ def load(model, key: str) -> dict | None:
             problem = "its size or SHA-256 differs from what was written"
         else:
             state = load_file(str(path))
-            lins = quantizable_linears(model)
-            missing = {f"{n}.weight" for n in lins} - set(state)
+            tensors = block_tensors(model)
+            missing = set(tensors) - set(state)
             if missing:
                 problem = f"it lacks {sorted(missing)[:3]}"
+            elif any(state[n].shape != t.shape for n, t in tensors.items()):
+                problem = "its tensors' shapes differ from this model's"
     except Exception as e:  # a truncated or foreign file: any read error means "rebuild"
         problem = f"it cannot be read ({type(e).__name__}: {str(e)[:120]})"
     if problem:
@@ -184,8 +198,9 @@ def load(model, key: str) -> dict | None:
         path.unlink(missing_ok=True)
         meta_path.unlink(missing_ok=True)
         return None
-    for n, m in lins.items():
-        m.weight.data.copy_(state[f"{n}.weight"].to(m.weight.dtype))
+    with torch.no_grad():
+        for n, t in tensors.items():
+            t.copy_(state[n].to(t.dtype))
     return meta
 
 

@@ -1,5 +1,6 @@
 import json
 
+import pytest
 import torch
 
 from helpers import variants
@@ -7,9 +8,10 @@ from helpers.course_model import Bench
 from helpers.qspec import QuantSpec
 
 
-def make_bench(model, seed=0):
+def make_bench(model, seed=0, real_text=True):
+    """A bench of random ids (``real_text=False``: calibration windows are random ids too, no tokenizer)."""
     ids = torch.randint(0, 128, (400,), generator=torch.Generator().manual_seed(seed))
-    return Bench(model, None, True, True, ids, "tiny",
+    return Bench(model, None, True, real_text, ids, "tiny",
                  {"calib_samples": 2, "seq_len": 32, "eval_tokens": 128, "n_grid": 4})
 
 
@@ -52,6 +54,25 @@ def test_variant_store_roundtrip_and_rebuild_of_a_bad_file(tiny_llama, tmp_path,
     m3, meta3, _ = variants.variant(bench, "rtn", spec=QuantSpec(4, 32))
     assert meta3["cached"] is False and "unusable" in capsys.readouterr().out
     assert json.loads(path.with_suffix(".json").read_text())["file_bytes"] == path.stat().st_size
+
+
+@pytest.mark.parametrize("impl", ["ours", "llmcompressor"])
+def test_a_stored_awq_variant_comes_back_with_its_scaled_norms(tiny_llama, tmp_path, monkeypatch, impl):
+    """AWQ folds its scales into the norms before each scaled group: a variant loaded from the store
+    is the model that was built, every tensor (the store once kept the linears only, and a loaded
+    AWQ variant scored a perplexity ~40× the built one's on the CI model)."""
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
+    bench = make_bench(tiny_llama, real_text=False)
+    built, meta, key = variants.variant(bench, "awq", impl, QuantSpec(4, 32), n_grid=4)
+    before, after = tiny_llama.state_dict(), built.state_dict()    # (llm-compressor adds its scales and zeros)
+    changed = {n for n, t in before.items() if not torch.equal(after[n], t)}
+    if impl == "ours":   # (llm-compressor's search keeps α = 0, scales of 1, on this tiny random model)
+        assert any("norm" in n for n in changed), "our AWQ's scales are folded into the norms"
+    loaded, meta2, key2 = variants.variant(bench, "awq", impl, QuantSpec(4, 32), n_grid=4)
+    assert key2 == key and meta2["cached"] is True
+    for n, t in loaded.state_dict().items():
+        assert torch.equal(t, after[n]), n
+    assert variants.perplexity(bench, loaded, key) == variants.perplexity(bench, built, key)
 
 
 def test_corrupt_score_table_is_set_aside(tiny_llama, tmp_path, monkeypatch, capsys):
