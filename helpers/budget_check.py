@@ -19,6 +19,7 @@ from . import budget, budget_replay, generation, host_alloc, measure, models
 from .budget_inputs import ATTENTIONS, choice, positive_int
 from .config import read_json, write_json
 from .data import random_ids
+from .validate import flag
 
 ARCHS = ["SmolLM2-135M", "Qwen2.5-0.5B", "TinyLlama-1.1B",                      # the course's first three
          "Llama-3.2-1B", "Qwen3-1.7B", "Gemma-2-2B", "Mistral-7B", "Phi-3-mini",   # dense: sliding windows, fused projections
@@ -104,10 +105,10 @@ def sets_cache_aside(config, prompt_len: int, new_tokens: int = 1) -> bool:
             and prompt_len + new_tokens - 1 >= limit + 1)
 
 
-def predicted_vs_measured(points=None, out: Path | None = None, echo: bool = True) -> list[dict]:
+def predicted_vs_measured(points=None, out: Path | None = None, echo: bool = True, static: bool = True) -> list[dict]:
     """For each :class:`Point` (default: :func:`grid_points` over :data:`ARCHS`, :data:`ATTENTION`,
     :data:`GRID`): predicted and measured weights, KV cache, generation peaks (prefill, decode, whole;
-    dynamic and static cache) and the device-level footprint (``smi_pred`` from
+    dynamic cache, and with ``static`` a second generate with a static cache) and the device-level footprint (``smi_pred`` from
     :func:`helpers.budget_replay.device_footprint`: the non-torch memory measured after a warm-up
     generate of the same model plus the simulated reserved memory ``reserved_pred``; ``smi_meas`` from
     NVML's per-process memory, beside ``reserved_meas``). Consecutive points of one architecture and
@@ -116,6 +117,7 @@ def predicted_vs_measured(points=None, out: Path | None = None, echo: bool = Tru
     so is an attention implementation a model does not have or weights that do not fit (``error``,
     one row for the architecture and attention)."""
     points = grid_points() if points is None else list(points)
+    static = flag(static, "static")
     for p in points:
         if not isinstance(p, Point):
             raise TypeError(f"points must be budget_check.Point objects (budget_check.grid_points(...)), got {p!r}")
@@ -149,7 +151,7 @@ def predicted_vs_measured(points=None, out: Path | None = None, echo: bool = Tru
                         int(budget.weight_bytes(cfg, "bf16")))
         for p in group:
             try:
-                row = _point(model, p, base)
+                row = _point(model, p, base, static)
             except Exception as e:  # transformers itself failing at a point is a finding: record it, go on
                 row = {**p.key_fields(), "error": f"{type(e).__name__}: {str(e)[:300]}"}
                 measure.free_memory()
@@ -179,7 +181,7 @@ def _footprint(cfg, p: Point, non_torch: int | None, workspace: int | None) -> d
             "decode_blocks_pred": int(foot["decode_allocated"])}
 
 
-def _point(model, p: Point, base: Baseline) -> dict:
+def _point(model, p: Point, base: Baseline, static: bool = True) -> dict:
     cfg = models.architecture_config(p.arch)
     row = {**p.key_fields(), "new_tokens": p.new_tokens, **base.fields(),
            "given_cache_set_aside": sets_cache_aside(cfg, p.seq_len, p.new_tokens)}
@@ -197,6 +199,8 @@ def _point(model, p: Point, base: Baseline) -> dict:
                decode_blocks_pred=foot["decode_blocks_pred"],
                smi_pred=foot["smi_pred"], smi_meas=m.get("process_gpu_bytes"),
                new_tokens_generated=int(m["new_tokens"]))
+    if not static:
+        return row
     s = measure.oom_guard(generation.measure_generate, model, p.seq_len, p.batch, p.new_tokens, cache="static")
     if s["ok"] and not s["result"]["cache_used"]:
         row["static_error"] = ("generate set the static cache aside and decoded with a dynamic one "

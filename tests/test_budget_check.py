@@ -34,6 +34,8 @@ def test_grid_points_in_measurement_order():
     assert len(pts) == 8 and len(grid_points()) == len(budget_check.ARCHS) * 2 * len(budget_check.GRID)
     with pytest.raises(TypeError, match="budget_check.Point"):
         budget_check.predicted_vs_measured([("SmolLM2-135M", 512, 1)])
+    with pytest.raises(TypeError, match="static"):
+        budget_check.predicted_vs_measured(pts, static="no")
 
 
 def test_repredict_rewrites_only_the_predictions(tmp_path):
