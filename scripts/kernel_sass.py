@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import re
 import subprocess
@@ -131,6 +132,27 @@ def prepared_sass(group: int = 128, groups: int = 4, block_n: int = 32, warps: i
                     dict(num_warps=warps, num_stages=1))
 
 
+KERNELS = {"gemv": gemv_sass, "tc": tc_sass, "prepared": prepared_sass}
+
+
+def many_sass(requests: list) -> list[str]:
+    """The SASS of several kernels, each request ``(kernel, keywords)`` with ``kernel`` a :data:`KERNELS`
+    name and ``keywords`` what its function takes, compiled in one process: where ``TRITON_INTERPRET=1``,
+    in one child for all of them (the child's imports of torch, Triton and the kernels take longer than
+    compiling one kernel)."""
+    requests = [tuple(r) for r in requests]
+    for r in requests:
+        if len(r) != 2 or r[0] not in KERNELS or not isinstance(r[1], dict):
+            raise ValueError(f"each request must be (kernel, keywords) with kernel one of {sorted(KERNELS)} "
+                             f"and keywords a dict, got {r!r}")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        out = subprocess.run([sys.executable, __file__, "--many"], input=json.dumps(requests), capture_output=True,
+                             text=True, check=True, env=env).stdout
+        return json.loads(out)
+    return [KERNELS[kernel](**kw) for kernel, kw in requests]
+
+
 def inner_loop(sass: str) -> str:
     """The body of the longest loop: from a label to the farthest branch back to it."""
     lines, best = sass.splitlines(), (0, 0)
@@ -185,7 +207,12 @@ def main():
     ap.add_argument("--off", action="append", default=[], choices=sorted(SWITCHES), help="gemv: switch one off")
     ap.add_argument("--maxnreg", type=int, help="gemv: cap the registers per thread (ptxas spills the rest)")
     ap.add_argument("--print-sass", action="store_true", help="print the whole SASS only")
+    ap.add_argument("--many", action="store_true",
+                    help="read a JSON list of [kernel, keywords] requests on stdin, print their SASS as a JSON list")
     args = ap.parse_args()
+    if args.many:
+        print(json.dumps(many_sass(json.load(sys.stdin))))
+        return
     both = sorted(set(args.on) & set(args.off))
     if both:
         ap.error(f"switched both on and off: {both} (give each switch once, with --on or --off)")

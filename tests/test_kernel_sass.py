@@ -13,14 +13,30 @@ if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm
     pytest.skip("this Triton has no nvdisasm (its NVIDIA backend)", allow_module_level=True)
 
 
+GEMV = dict(group=128, groups=2, block_n=128, warps=4)   # 128 rows, 4 warps, 2 groups of 128 per step
+TC_CASES = [dict(), dict(swap=False), dict(block_n=128), dict(group=64, groups=4)]
+REQUESTS = {   # every kernel this module reads, compiled together in one process by the first test that needs one
+    "gemv": ("gemv", GEMV), "half2": ("gemv", {**GEMV, "HALF2": True}),
+    "acc16": ("gemv", {**GEMV, "HALF2": True, "ACC16": True}), "pdl": ("gemv", {**GEMV, "PDL": True}),
+    **{f"tc{i}": ("tc", kw) for i, kw in enumerate(TC_CASES)},
+    "prepared narrow": ("prepared", dict(group=128, groups=16, block_n=8, warps=2)),
+    "prepared wide": ("prepared", dict(group=128, groups=4, block_n=32, warps=2)),
+}
+pytestmark = pytest.mark.xdist_group("sass")   # with --dist loadgroup (the README's command) on one worker: compiled once
+
+
 @functools.cache
-def _sass(**switches) -> str:
-    """The GEMV's SASS at 128 rows, 4 warps, 2 groups of 128 per step, compiled once per switch set."""
-    return ks.gemv_sass(group=128, groups=2, block_n=128, warps=4, **switches)
+def _compiled() -> dict:
+    return dict(zip(REQUESTS, ks.many_sass(list(REQUESTS.values()))))
+
+
+def sass_of(name: str) -> str:
+    """The SASS of :data:`REQUESTS`' ``name``."""
+    return _compiled()[name]
 
 
 def test_the_gemv_streams_wide_loads_and_spends_one_ffma_per_code():
-    sass = ks.gemv_sass(group=128, groups=2, block_n=128, warps=4)
+    sass = sass_of("gemv")
     loop = ks.inner_loop(sass)
     ops, mem = ks.opcodes(loop), ks.memory_ops(loop)
     words = ks.words_per_thread(128, 2, 128, 4)                     # 32 int32 words per thread per step
@@ -38,7 +54,7 @@ def test_the_half2_gemv_makes_two_codes_per_instruction():
     copy of the loop: a step whose |x| is too large for fp16 sums has x scaled by a power of two
     instead, so the loop is shorter than the fp32 one and needs fewer registers (the point of it:
     more programs per multiprocessor)."""
-    sass = _sass(HALF2=True)
+    sass = sass_of("half2")
     loop = ks.inner_loop(sass)
     ops, mem = ks.opcodes(loop), ks.memory_ops(loop)
     words = ks.words_per_thread(128, 2, 128, 4)
@@ -63,8 +79,8 @@ def test_acc16_converts_a_groups_sums_once_not_every_word():
     warps, 2 groups of 128 per step: 26.2 instructions per word against 28.2 with Triton 3.6, 25.6
     against 27.5 with 3.9; 64 rows on 2 warps with 4 groups, auto_config's: 21.1 against 23.2)."""
     words = ks.words_per_thread(128, 2, 128, 4)
-    half2 = ks.opcodes(ks.inner_loop(_sass(HALF2=True)))
-    sass = _sass(HALF2=True, ACC16=True)
+    half2 = ks.opcodes(ks.inner_loop(sass_of("half2")))
+    sass = sass_of("acc16")
     acc16 = ks.opcodes(ks.inner_loop(sass))
     assert acc16["FADD"] < words < half2["FADD"]                      # no fp32 add per word
     assert sum(acc16.values()) <= sum(half2.values()) - 1.5 * words
@@ -72,24 +88,20 @@ def test_acc16_converts_a_groups_sums_once_not_every_word():
     assert not any(k[:3] in ("STL", "LDL") for k in ks.memory_ops(sass))
 
 
-@functools.cache
-def _tc_sass(**kw) -> str:
-    return ks.tc_sass(**kw)
-
-
 COPY_BYTES = {".64": 8, ".128": 16}   # an asynchronous copy's width, from its modifier (bare LDGSTS.E: 4 bytes)
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(swap=False), dict(block_n=128), dict(group=64, groups=4)])
-def test_the_tensor_core_kernel_copies_its_weights_several_bytes_at_a_time_and_pipelines(kw):
+@pytest.mark.parametrize("case", range(len(TC_CASES)))
+def test_the_tensor_core_kernel_copies_its_weights_several_bytes_at_a_time_and_pipelines(case):
     """Each group's bytes and columns are addressed from the step index times constexprs, so the compiler
     knows they start on a multiple of the group: the weights and the activations arrive by asynchronous
     copies of 8 or 16 bytes (``LDGSTS``, software-pipelined over ``num_stages``), not one byte per load.
     Before (a running ``k`` of unknown alignment): 64 ``LDG.E.EF.U8`` per thread per step, 1,579
     instructions in the loop and 216 registers at the default config, and 139 spills at 128 rows
     (Triton 3.9); after: eight 8-byte weight copies, 689 instructions and 126 registers, no spill."""
+    kw = TC_CASES[case]
     cfg = dict(group=128, groups=2, block_n=64, warps=4) | kw
-    sass = _tc_sass(**kw)
+    sass = sass_of(f"tc{case}")
     loop = ks.inner_loop(sass)
     mem = ks.memory_ops(loop)
     assert not [k for k in mem if k.endswith(".U8")]                                    # no byte loads at all
@@ -109,7 +121,7 @@ def test_pdl_asks_l2_for_one_step_then_waits_for_the_previous_kernel():
     """PDL: before the loop, an L2 prefetch (``CCTL.E.PF2``), ``griddepcontrol.launch_dependents``
     (``PREEXIT``) and ``griddepcontrol.wait`` (``ACQBULK``); the loop loads the same and does the same
     work (a few compares and moves of difference); without PDL none of the three."""
-    on, off = _sass(PDL=True), _sass()
+    on, off = sass_of("pdl"), sass_of("gemv")
     assert ks.memory_ops(ks.inner_loop(on)) == ks.memory_ops(ks.inner_loop(off))
     n_on, n_off = sum(ks.opcodes(ks.inner_loop(on)).values()), sum(ks.opcodes(ks.inner_loop(off)).values())
     assert abs(n_on - n_off) <= 0.01 * n_off
@@ -122,10 +134,17 @@ def test_the_prepared_loop_at_a_narrow_tile_loads_its_planes_where_they_are_used
     four planes of fp16 pairs arrive as 128-bit loads in the registers the words' threads use — no shared-memory
     move of them — while at the rule's tile (32 rows × 512 codes) each plane is loaded one word a thread and
     moved through shared memory with two barriers."""
-    narrow = ks.inner_loop(ks.prepared_sass(group=128, groups=16, block_n=8, warps=2))
-    wide = ks.inner_loop(ks.prepared_sass(group=128, groups=4, block_n=32, warps=2))
+    narrow = ks.inner_loop(sass_of("prepared narrow"))
+    wide = ks.inner_loop(sass_of("prepared wide"))
     n_mem, w_mem = ks.memory_ops(narrow), ks.memory_ops(wide)
     assert n_mem["LDG.E.128"] == 4 and not any(k.startswith("STSM") for k in n_mem)
     assert any(k.startswith("STSM") for k in w_mem)
     assert ks.opcodes(narrow)["BAR"] <= 2 < ks.opcodes(wide)["BAR"]
     assert sum(ks.opcodes(narrow).values()) / ks.words_per_thread(128, 16, 8, 2) <= 21   # 19.4 when written
+
+
+def test_many_sass_refuses_a_request_it_cannot_compile():
+    with pytest.raises(ValueError, match="kernel one of"):
+        ks.many_sass([("gemm", {})])
+    with pytest.raises(ValueError, match="keywords a dict"):
+        ks.many_sass([("gemv", 128)])
