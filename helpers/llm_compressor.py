@@ -330,10 +330,23 @@ class _PreTokenized:
     """Stands in for a tokenizer: the course passes token ids, never text."""
 
 
+def quantized_linears(model) -> int:
+    """How many linears of ``model`` carry llm-compressor's quantization scheme with weight scales (what
+    ``save_pretrained(save_compressed=True)`` packs); 0 for a plain model — e.g. a variant loaded back from
+    the course's store (:func:`helpers.variants.variant`), which holds the quantized values as dense weights."""
+    return sum(1 for mod in model.modules() if isinstance(mod, torch.nn.Linear) and hasattr(mod, "weight_scale")
+               and getattr(getattr(mod, "quantization_scheme", None), "weights", None) is not None)
+
+
 def save_compressed(model, tokenizer, out_dir) -> dict:
-    """Write a real compressed-tensors checkpoint (packed int weights) and report its bytes."""
+    """Write a real compressed-tensors checkpoint (packed int weights) and report its bytes. ``model`` must
+    be one llm-compressor quantized (:func:`oneshot_quantize`): a plain model would be written dense."""
     import warnings
 
+    if not quantized_linears(model):
+        raise ValueError("model has no linear quantized by llm-compressor (no quantization_scheme with weight "
+                         "scales), so its checkpoint would be written dense: quantize it with "
+                         "llm_compressor.oneshot_quantize first (a variant loaded from the store is a plain model)")
     out = Path(out_dir)
     with quiet_logs(), warnings.catch_warnings():
         # compressed-tensors keeps parameters "offloaded" after oneshot; transformers warns about the shard
@@ -349,10 +362,11 @@ def save_compressed(model, tokenizer, out_dir) -> dict:
 def demo_checkpoints(arch: str = "SmolLM2-135M", spec: QuantSpec | None = None) -> dict[str, Path]:
     """A dense bf16 checkpoint of ``arch`` (random weights) and the same weights as a W4 compressed-tensors
     checkpoint (llm-compressor round-to-nearest: the bytes do not depend on the algorithm), built once into
-    the course cache and shared by notebooks 07 and 08. Returns ``{"bf16": dir, "w4gG": dir}``."""
+    the course cache and shared by notebooks 07 and 08. Returns ``{"bf16": dir, spec.label: dir}`` (``"w4g64"``;
+    the label names the grid, symmetric or not, so another spec never finds this one's checkpoint)."""
     spec = spec or QuantSpec(4, 64)
     root = cache_dir("checkpoints", arch)
-    dirs = {"bf16": root / "bf16", f"w{spec.bits}g{spec.group_size}": root / f"w{spec.bits}g{spec.group_size}"}
+    dirs = {"bf16": root / "bf16", spec.label: root / spec.label}
     with file_lock(root / ".lock"):   # notebooks 07-09 in parallel: one builds, the others wait
         if all((d / "config.json").exists() and list(d.glob("*.safetensors")) and not unreadable_safetensors(d)
                for d in dirs.values()):

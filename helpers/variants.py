@@ -205,11 +205,15 @@ def load(model, key: str) -> dict | None:
 
 
 def bench_key(bench: Bench, method: str, impl: str, spec: QuantSpec, calib, **kw) -> str:
-    """The store key of a variant of the bench model: everything that determines its weights."""
+    """The store key of a variant of the bench model: everything that determines its weights — the
+    calibration tokens' source (text or random ids) as well as their count, and for our AWQ the dtype
+    its α search scores in when not given (:func:`helpers.awq.default_search_dtype`: it depends on the CPU)."""
     _check_bench(bench)
+    if method == "awq" and impl == "ours" and kw.get("search_dtype") is None:
+        kw = {**kw, "search": str(awq.default_search_dtype(next(bench.model.parameters())))}
     return variant_key(bench.name, method, impl, spec, 0 if calib is None else calib.numel(),
-                       profile=profile(), real=bench.quality_meaningful, version=CACHE_VERSION,
-                       dtype=str(bench.dtype), **kw)
+                       profile=profile(), real=bench.quality_meaningful, text=bench.real_text,
+                       version=CACHE_VERSION, dtype=str(bench.dtype), **kw)
 
 
 def stored_meta(bench: Bench, method: str, impl: str = "ours", spec: QuantSpec | None = None, **kw) -> dict | None:
@@ -246,7 +250,8 @@ def variant(bench: Bench, method: str, impl: str = "ours", spec: QuantSpec | Non
         meta = None if rebuild else load(model, key)
         if meta is not None:
             return model, {**meta, "cached": True}, key
-        meta = {**apply_quantizer(model, calib, method, impl, spec, **kw), "profile": profile()}
+        meta = {**apply_quantizer(model, calib, method, impl, spec, **kw), "profile": profile(),
+                "cache_version": CACHE_VERSION}
         save(model, key, meta)
     return model, {**meta, "cached": False}, key
 

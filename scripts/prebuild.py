@@ -10,8 +10,10 @@ the participants' notebooks will ask for: ours and llm-compressor's GPTQ and AWQ
 checkpoints of 07–09, the load-peak measurements), with one progress bar over all their cells, and
 writes the per-notebook times to ``build/prebuild/run_all.json`` (the agenda in docs/workshop.md uses
 them). ``--check`` runs nothing: it lists the cache's variants, and fails when there are none for the
-workshop profile. Point every participant's Jupyter at the same ``COURSE_CACHE`` (read-only is fine
-once built) and set ``COURSE_PROFILE=workshop`` there too.
+workshop profile (or holds only variants of an older store version, or of another size than written).
+Point every participant's Jupyter at the same ``COURSE_CACHE`` and set ``COURSE_PROFILE=workshop`` there too.
+The cache must stay writable by the participants: the notebooks take its file locks and remember their
+perplexities in it (``scores.json``), and a variant that fails its checks is deleted and rebuilt.
 """
 from __future__ import annotations
 
@@ -32,12 +34,16 @@ def cache_root() -> Path:
 
 
 def stored_variants(profile: str = "workshop") -> list[dict]:
-    """The variants in the cache built under ``profile`` (their stored facts)."""
+    """The usable variants in the cache built under ``profile`` (their stored facts): of this store's
+    version (``helpers.variants.CACHE_VERSION``: older ones are rebuilt when asked for) and with their
+    safetensors of the size written."""
+    from helpers.variants import CACHE_VERSION
     folder = cache_root() / "variants"
     rows = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        meta = json.loads(path.read_text())
-        if meta.get("profile") == profile and path.with_suffix(".safetensors").exists():
+        meta, weights = json.loads(path.read_text()), path.with_suffix(".safetensors")
+        if (meta.get("profile") == profile and meta.get("cache_version") == CACHE_VERSION and weights.exists()
+                and weights.stat().st_size == meta.get("file_bytes")):
             rows.append({"variant": path.stem, "seconds": meta.get("seconds"), "file_bytes": meta.get("file_bytes")})
     return rows
 

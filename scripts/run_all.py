@@ -160,11 +160,16 @@ def merge(parts: list[Path], out: Path, notes: dict | None = None, supersede: bo
     merged["notebooks"] = sorted(rows, key=lambda x: x["name"])
     merged["key_numbers"] = dict(sorted(numbers.items()))
     out.mkdir(parents=True, exist_ok=True)
-    for p in parts:
-        for f in Path(p).glob("*.ipynb"):  # a later part's copy replaces an earlier one (supersede)
-            shutil.copy2(f, out / f.name)
-        if (Path(p) / "plots").is_dir():
-            shutil.copytree(Path(p) / "plots", out / "plots", dirs_exist_ok=True)
+    (out / "plots").mkdir(exist_ok=True)
+    for p, r in zip(parts, runs):   # only what each part's report ran (a folder may hold older copies)
+        for name in (row["name"] for row in r["notebooks"]):   # a later part's run replaces an earlier one's
+            stem = Path(name).stem
+            for old in (out / "plots").glob(f"{stem}_cell*.png"):
+                old.unlink()
+            if (Path(p) / name).exists():
+                shutil.copy2(Path(p) / name, out / name)
+            for png in (Path(p) / "plots").glob(f"{stem}_cell*.png"):
+                shutil.copy2(png, out / "plots" / png.name)
     (out / "run_all.json").write_text(json.dumps(merged, indent=1))
     return merged
 
@@ -219,8 +224,12 @@ def slowest_cells(nb, n: int = 5) -> list[dict]:
 
 
 def save_plots(nb, folder: Path, stem: str) -> None:
-    """Every PNG output of an executed notebook as ``<stem>_cell<k>[_<j>].png``."""
+    """Every PNG output of an executed notebook as ``<stem>_cell<k>[_<j>].png``; the notebook's plots of an
+    earlier run in ``folder`` are removed first (a cell that no longer plots, or a run that failed early,
+    leaves none of them behind)."""
     folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob(f"{stem}_cell*.png"):
+        old.unlink()
     for k, cell in enumerate(nb.cells):
         pngs = [o["data"]["image/png"] for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
         for j, png in enumerate(pngs):

@@ -70,6 +70,14 @@ def test_roundtrip_reports_bytes_and_agreement(tiny_llama, tiny_calib, tmp_path)
     assert r["safetensors_bytes"] > 0 and r["agreement"] == 1.0 and r["max_abs_logit_diff"] < 1e-3
 
 
+def test_a_plain_model_is_refused_not_written_dense_as_compressed(tiny_llama, tiny_calib, tmp_path):
+    """A variant loaded from the store is a plain model (dense weights holding the quantized values):
+    saved "compressed" it would be written dense and agree perfectly, a wrong size under the right name."""
+    with pytest.raises(ValueError, match="oneshot_quantize first"):
+        llmc.roundtrip(tiny_llama, None, tmp_path / "ckpt", tiny_calib[:1])
+    assert not (tmp_path / "ckpt").exists()
+
+
 def test_our_gptq_is_bit_identical_to_llm_compressor_on_the_first_block(tiny_llama, tiny_calib):
     """Same inputs, same settings (W4 g32 asymmetric, act-order with static groups, dampening 1 %,
     blocks of 128 — the library's defaults, options=None): block 0's weights come out bit-identical

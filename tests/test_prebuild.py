@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.variants import CACHE_VERSION
+
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("prebuild", ROOT / "scripts" / "prebuild.py")
 prebuild = importlib.util.module_from_spec(spec)
@@ -16,10 +18,13 @@ def test_check_lists_only_the_profiles_variants(tmp_path, monkeypatch, capsys):
     assert prebuild.main(["--check"]) == 1 and "none: run" in capsys.readouterr().out
     store = tmp_path / "variants"
     store.mkdir()
-    for key, profile in (("a-gptq", "workshop"), ("b-awq", "ci"), ("c-rtn", "workshop")):
-        (store / f"{key}.json").write_text(json.dumps({"profile": profile, "seconds": 1.0, "file_bytes": 8}))
-        (store / f"{key}.safetensors").write_bytes(b"x" * 8)
-    (store / "c-rtn.safetensors").unlink()          # incomplete: not listed
+    for key, profile, version, size in (("a-gptq", "workshop", CACHE_VERSION, 8), ("b-awq", "ci", CACHE_VERSION, 8),
+                                        ("c-rtn", "workshop", CACHE_VERSION, 8), ("d-old", "workshop", 3, 8),
+                                        ("e-cut", "workshop", CACHE_VERSION, 4)):
+        (store / f"{key}.json").write_text(json.dumps({"profile": profile, "seconds": 1.0, "file_bytes": 8,
+                                                       "cache_version": version}))
+        (store / f"{key}.safetensors").write_bytes(b"x" * size)
+    (store / "c-rtn.safetensors").unlink()          # incomplete, of an older store, truncated: not listed
     assert [r["variant"] for r in prebuild.stored_variants("workshop")] == ["a-gptq"]
     assert prebuild.main(["--check"]) == 0 and "1 variants for the workshop profile" in capsys.readouterr().out
 

@@ -27,6 +27,10 @@ def test_save_plots_writes_every_png(tmp_path):
     names = sorted(p.name for p in (tmp_path / "plots").iterdir())
     assert names == ["99_demo_cell1.png", "99_demo_cell2_0.png", "99_demo_cell2_1.png"]
     assert (tmp_path / "plots" / "99_demo_cell1.png").read_bytes().startswith(b"\x89PNG")
+    nb.cells = nb.cells[:2]                                    # run again: the cell that plotted twice is gone
+    (tmp_path / "plots" / "98_other_cell1.png").write_bytes(b"kept")
+    run_all.save_plots(nb, tmp_path / "plots", "99_demo")
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["98_other_cell1.png", "99_demo_cell1.png"]
 
 
 def test_headless_client_keeps_what_an_output_widget_captures_in_the_cell():
@@ -116,6 +120,23 @@ def test_merge_supersede_keeps_the_later_run_and_records_the_earlier(tmp_path):
     assert row["seconds"] == 9.0 and row["part"] == "rerun"
     assert [e["part"] for e in row["earlier"]] == ["first"]
     assert m["key_numbers"]["02_x"] == {"x": "new"} and len(m["notebooks"]) == 2
+
+
+def test_merge_takes_only_what_each_part_ran_and_the_later_parts_plots(tmp_path):
+    """A part's folder may hold executed copies and plots of an older run of notebooks it did not run this
+    time: they are not gathered; a notebook's plots come from the part whose run counts, none of the earlier's."""
+    first = _part(tmp_path / "first", ["02_x.ipynb"])
+    (first / "plots").mkdir()
+    (first / "plots" / "02_x_cell3.png").write_bytes(b"first")
+    (first / "plots" / "02_x_cell4.png").write_bytes(b"first")
+    rerun = _part(tmp_path / "rerun", ["02_x.ipynb"])
+    (rerun / "03_stale.ipynb").write_text("{}")                 # an older run's copy, not in this report
+    (rerun / "plots").mkdir()
+    (rerun / "plots" / "02_x_cell3.png").write_bytes(b"rerun")
+    (rerun / "plots" / "03_stale_cell1.png").write_bytes(b"old")
+    run_all.merge([first, rerun], tmp_path / "out", supersede=True)
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.ipynb")) == ["02_x.ipynb"]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out" / "plots").iterdir()} == {"02_x_cell3.png": b"rerun"}
 
 
 def test_run_executes_notebooks_with_one_progress_bar(tmp_path, capsys, monkeypatch):

@@ -91,6 +91,19 @@ def test_keys_carry_the_spec():
     assert len({k4, k3, kc}) == 3 and "w4g64" in k4 and "w4ch" in kc
 
 
+def test_a_key_tells_text_calibration_from_random_ids(tiny_llama):
+    """Same model cut to its first layers (as the CI profile does: no quality either way), same count of
+    calibration tokens, one bench on text and one on random ids (no text source): two variants, never one
+    reused for the other."""
+    import dataclasses
+    calib = torch.zeros(2, 32, dtype=torch.long)
+    on_text, on_ids = (dataclasses.replace(make_bench(tiny_llama, real_text=t), cut_from=30) for t in (True, False))
+    assert on_text.quality_meaningful == on_ids.quality_meaningful
+    for method in ("gptq", "awq"):
+        assert variants.bench_key(on_text, method, "ours", QuantSpec(4, 32), calib) != \
+            variants.bench_key(on_ids, method, "ours", QuantSpec(4, 32), calib)
+
+
 def test_stored_meta_reads_the_facts_without_the_weights(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
     bench = make_bench(tiny_llama)
