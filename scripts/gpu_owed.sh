@@ -40,6 +40,9 @@
 #      Llama-2-7B, ours at the rule and prepared (one --family list) beside tinygemm, one process per architecture;
 #      with call 5 after it, the whole suite at that commit (the three kernels' split-K reduction became one device
 #      function, _serial_reduce, after the last GPU run)
+#   18 call 17 for a short budget, with this session's changes on the GPU: the kernel tests, the variant store
+#      (every tensor of the blocks), budget_check (static=False) and llm-compressor's tests; then Llama-3.1-8B decode
+#      (ours at the rule and prepared beside tinygemm, batch 1 compiled, fused+head+attn); then notebook 01 alone
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -161,6 +164,13 @@ notebooks/09_clinic.ipynb notebooks/10_multi_gpu.ipynb" PART_TIMEOUT=580 gpu not
          PART_TIMEOUT=$( [ $arch = Llama-3.1-8B ] && left 370 60 || left 585 30 ) gpu decode
        mv "$OUT/decode.json" "$OUT/decode_${arch}_prepared.json"; mv "$OUT/decode.log" "$OUT/decode_${arch}_prepared.log"
      done ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|17 (see the header)"; exit 2 ;;
+  18) TESTS="tests/test_x_side.py tests/test_w4_kernel.py tests/test_variants.py tests/test_budget_check.py \
+tests/test_llm_compressor.py" PART_TIMEOUT=200 gpu pytest
+     mv "$OUT/pytest_part.txt" "$OUT/pytest_session.txt"
+     DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-3.1-8B --batches 1 --eager= --compile 1 \
+--recipes fused+head+attn --family [{},{\"PREPARED\":true}]" PART_TIMEOUT=$(left 480 60) gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_Llama-3.1-8B_prepared.json"; mv "$OUT/decode.log" "$OUT/decode_Llama-3.1-8B_prepared.log"
+     NOTEBOOKS="notebooks/01_memory_budget.ipynb" PART_TIMEOUT=$(left 585 30) gpu notebooks ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|18 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"
