@@ -15,14 +15,14 @@ if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm
 
 GEMV = dict(group=128, groups=2, block_n=128, warps=4)   # 128 rows, 4 warps, 2 groups of 128 per step
 TC_CASES = [dict(), dict(swap=False), dict(block_n=128), dict(group=64, groups=4)]
-REQUESTS = {   # every kernel this module reads, compiled together in one process by the first test that needs one
+REQUESTS = {   # every kernel this module reads, compiled together in one child process by the first test of a worker
+               # that needs one (the child's imports cost more than a compile)
     "gemv": ("gemv", GEMV), "half2": ("gemv", {**GEMV, "HALF2": True}),
     "acc16": ("gemv", {**GEMV, "HALF2": True, "ACC16": True}), "pdl": ("gemv", {**GEMV, "PDL": True}),
     **{f"tc{i}": ("tc", kw) for i, kw in enumerate(TC_CASES)},
     "prepared narrow": ("prepared", dict(group=128, groups=16, block_n=8, warps=2)),
     "prepared wide": ("prepared", dict(group=128, groups=4, block_n=32, warps=2)),
 }
-pytestmark = pytest.mark.xdist_group("sass")   # with --dist loadgroup (the README's command) on one worker: compiled once
 
 
 @functools.cache
