@@ -62,3 +62,55 @@ def phase_v_case(case, sms: int) -> dict:
     uneven = w4_kernel.narrow_gemv_config(p, sms=sms)["SPLIT_K"]
     return {"by": by, "divisor": by[divisor], "uneven": by[uneven], "best_ms": min(r.ms for r in by.values()),
             "tiny_ms": case[case.kernel.str.startswith("tinygemm")].ms.min()}
+
+
+OF_COPY, VS_TINYGEMM = 0.7, 1.3
+"""The one-row kernel's targets (issue #31): bytes read at ≥ 70 % of the copy bandwidth and ≥ 1.3× tinygemm's speed."""
+
+
+def meets_targets(of_copy, vs_tinygemm):
+    """Where both kernel targets hold: ``of_copy`` (GB/s ÷ the copy's) ≥ :data:`OF_COPY` and ``vs_tinygemm``
+    (tinygemm's time ÷ ours) ≥ :data:`VS_TINYGEMM`; element-wise on pandas Series or arrays."""
+    return (of_copy >= OF_COPY) & (vs_tinygemm >= VS_TINYGEMM)
+
+
+X_RULE, X_TINY = "ours (the rule)", "tinygemm (torchao int4)"
+X_BEST, X_BEST_PAID = "prepared x: loop alone, the best", "prepared x: preparation + the best"
+X_CAND, X_CAND_PAID = "prepared x: the candidate rule, loop alone", "prepared x: the candidate rule with its preparation"
+
+
+def _kernels(case, needed: set) -> object:
+    """Each kernel's first row of one x_side case, by kernel name; refuses a case without ``needed``."""
+    one = case.drop_duplicates("kernel").set_index("kernel")
+    missing = sorted(needed - set(one.index))
+    if missing:
+        raise ValueError(f"the case has no rows {missing}; it has {sorted(one.index)}")
+    return one
+
+
+def x_side_best(case) -> dict:
+    """One weight × group of an x_side sweep (``benchmarks/x_side.py``, run X2 or later): the rule, the best
+    prepared loop alone and with its preparation — each as a share of the copy bandwidth and as tinygemm's time
+    ÷ its own — the best loop's tile and split, and whether that loop was exact."""
+    one = _kernels(case, {X_RULE, X_TINY, X_BEST, X_BEST_PAID})
+    tiny, best, rule, paid = one.loc[X_TINY], one.loc[X_BEST], one.loc[X_RULE], one.loc[X_BEST_PAID]
+    cfg, g = best.config, int(best.group)
+    return {"shape": best["shape"], "group": g, "rule": rule.GBps / rule.copy_GBps,
+            "loop alone, best": best.GBps / best.copy_GBps, "with its preparation": paid.GBps / paid.copy_GBps,
+            "rule ÷ tinygemm": tiny.ms / rule.ms, "best ÷ tinygemm": tiny.ms / best.ms,
+            "with prep ÷ tinygemm": tiny.ms / paid.ms,
+            "best tile": f"{cfg['BLOCK_N']} rows × {cfg['GROUPS'] * g} codes, {cfg['num_warps']} warps"
+                         + (", prefetch" if cfg["PREFETCH"] else "") + f", split {cfg['SPLIT_K']}",
+            "exact": bool(best.exact)}
+
+
+def x_side_candidate(case) -> dict:
+    """One weight × group of an x_side run with the candidate shape rule (``w4_kernel.prepared_config``, run
+    X3): whether the weight was held out of the fit, the candidate loop's time ÷ the best loop's, its share of
+    the copy bandwidth with its preparation paid, tinygemm's time ÷ that, its split, and its exactness."""
+    one = _kernels(case, {X_TINY, X_BEST, X_CAND, X_CAND_PAID})
+    alone, paid = one.loc[X_CAND], one.loc[X_CAND_PAID]
+    return {"set": "held out or fresh" if bool(alone.held_out) else "twelve (fitted)", "shape": alone["shape"],
+            "group": int(alone.group), "× the best loop": alone.ms / one.loc[X_BEST].ms,
+            "of copy, with preparation": paid.GBps / paid.copy_GBps, "÷ tinygemm": one.loc[X_TINY].ms / paid.ms,
+            "split": alone.config["SPLIT_K"], "exact": bool(alone.exact)}

@@ -298,7 +298,7 @@ if kern_file.exists():
               f"= tinygemm's µs / ours'")
         shown = gbps.assign(ours_of_copy=gbps["ours (auto_config)"] / copy_bw, ours_vs_tinygemm=t["tinygemm"] / t["ours (auto_config)"])
         display(shown.round(2))
-        met = shown[(shown.ours_of_copy >= 0.7) & (shown.ours_vs_tinygemm >= 1.3)].index.tolist()
+        met = shown[kernel_runs.meets_targets(shown.ours_of_copy, shown.ours_vs_tinygemm)].index.tolist()
         print(f"  weights where ours meets both targets (≥ 70 % of the copy bandwidth and ≥ 1.3× tinygemm): {met or 'none'}")
 
 # %% [markdown]
@@ -584,7 +584,7 @@ if (H100 / "decode.json").exists() and (H100 / "kernels.json").exists():
                         "× tinygemm": v_["tiny_ms"] / r.ms})
     one_now = pd.DataFrame(one_now)
     big_now = one_now[one_now.MB >= 16]
-    met_now = big_now[(big_now["of copy"] >= 0.7) & (big_now["× tinygemm"] >= 1.3)]
+    met_now = big_now[kernel_runs.meets_targets(big_now["of copy"], big_now["× tinygemm"])]
     print(f"one row, the rule (phase V, runs '2026-12-06 V' and 'V2', warm, tinygemm timed after ours): on the "
           f"{len(big_now)} weights × groups of ≥ 16 MB, {big_now['of copy'].min():.0%}–{big_now['of copy'].max():.0%} "
           f"of the copy bandwidth and {big_now['× tinygemm'].min():.2f}–{big_now['× tinygemm'].max():.2f}× tinygemm; "
@@ -915,7 +915,7 @@ if (H100 / "kernels.json").exists():
     big = one[one.MB >= 16]
     print("M = 1, the GEMV (auto_config) on the weights of ≥ 16 MB:")
     display(big.pivot_table(index="shape", columns="group", values=["of_copy", "x_tinygemm"]).round(2))
-    met = big[(big.of_copy >= 0.7) & (big.x_tinygemm >= 1.3)]
+    met = big[kernel_runs.meets_targets(big.of_copy, big.x_tinygemm)]
     print(f"  both targets (≥ 70 % of the copy bandwidth, ≥ 1.3× tinygemm) met on {len(met)} of {len(big)}: "
           f"{', '.join(f'{s} g{g}' for s, g in zip(met['shape'], met.group)) or 'none'}; "
           f"of the copy bandwidth {big.of_copy.min():.0%}–{big.of_copy.max():.0%}")
@@ -1019,7 +1019,7 @@ if (H100 / "kernels.json").exists():
     display(bars.round({"MB": 1, "loads alone µs": 1, "auto_config µs": 1, "sweep best µs": 1}).round(3))
     big_r = bars[bars.MB >= 16]
     for col in ("auto", "sweep best"):
-        met = big_r[(big_r[f"{col} of copy"] >= 0.7) & (big_r[f"{col} × tinygemm"] >= 1.3)]
+        met = big_r[kernel_runs.meets_targets(big_r[f"{col} of copy"], big_r[f"{col} × tinygemm"])]
         print(f"  {col}: both targets met on {len(met)} of {len(big_r)} (≥ 16 MB weights × groups): "
               f"{', '.join(f'{s} g{g}' for s, g in zip(met['shape'], met.group)) or 'none'}")
     print(f"  loads alone: {big_r['loads alone, of copy'].min():.0%}–{big_r['loads alone, of copy'].max():.0%} "
@@ -1137,7 +1137,7 @@ if (H100 / "kernels.json").exists():
               f"({r['below × old']:.2f}× → {r['rule × old']:.2f}× the old rule)")
     for held, d in nrule.groupby("held out"):
         big = d[d.MB >= 16]
-        met = big[(big["rule of copy"] >= 0.7) & (big["rule × tinygemm"] >= 1.3)]
+        met = big[kernel_runs.meets_targets(big["rule of copy"], big["rule × tinygemm"])]
         print(f"  {'held-out' if held else 'fitted'} weights: the rule faster than the old one on "
               f"{int((d['rule × old'] > 1).sum())} of {len(d)} ({d['rule × old'].min():.2f}–"
               f"{d['rule × old'].max():.2f}×), {d['rule of copy'].min():.0%}–{d['rule of copy'].max():.0%} "
@@ -1514,27 +1514,14 @@ if (H100 / "x_side.json").exists():
           f"rule (median {share.median():.2f}×) on {len(share)} weights × groups; slowest win on "
           f"{share.idxmin()[0]} g{share.idxmin()[1]}, fastest on {share.idxmax()[0]} g{share.idxmax()[1]}")
     x2 = xs_[xs_.run == "2026-12-06 X2"]
-    t12 = []
-    for (shape, g), c in x2.groupby(["shape", "group"], sort=False):
-        one = c.drop_duplicates("kernel").set_index("kernel")      # each kernel's first row of the case
-        tiny, best = one.loc["tinygemm (torchao int4)"], one.loc["prepared x: loop alone, the best"]
-        rule, with_prep = one.loc["ours (the rule)"], one.loc["prepared x: preparation + the best"]
-        cfg = best.config
-        t12.append({"shape": shape, "group": int(g), "rule": rule.GBps / rule.copy_GBps,
-                    "loop alone, best": best.GBps / best.copy_GBps, "with its preparation": with_prep.GBps / with_prep.copy_GBps,
-                    "rule ÷ tinygemm": tiny.ms / rule.ms, "best ÷ tinygemm": tiny.ms / best.ms,
-                    "with prep ÷ tinygemm": tiny.ms / with_prep.ms,
-                    "best tile": f"{cfg['BLOCK_N']} rows × {cfg['GROUPS'] * int(g)} codes, {cfg['num_warps']} warps"
-                                 + (", prefetch" if cfg["PREFETCH"] else "") + f", split {cfg['SPLIT_K']}",
-                    "exact": bool(best.exact)})
-    t12 = pd.DataFrame(t12)
+    t12 = pd.DataFrame([kernel_runs.x_side_best(c) for _, c in x2.groupby(["shape", "group"], sort=False)])
     prep_us = x2[x2.kernel == "prepared x: preparation alone"].ms * 1e3
     print(f"run X2 on {xmeta['device']}: the preparation alone (graph replay) {prep_us.min():.1f}–{prep_us.max():.1f} µs; "
           f"the best loop exact on {int(t12.exact.sum())} of {len(t12)}")
     for name, col, tcol in (("the rule", "rule", "rule ÷ tinygemm"), ("the loop alone, best", "loop alone, best",
                             "best ÷ tinygemm"), ("the best loop with its preparation", "with its preparation",
                             "with prep ÷ tinygemm")):
-        met = ((t12[col] >= 0.7) & (t12[tcol] >= 1.3)).sum()
+        met = kernel_runs.meets_targets(t12[col], t12[tcol]).sum()
         print(f"  {name:36s} {t12[col].min():.0%}–{t12[col].max():.0%} of copy, "
               f"{t12[tcol].min():.2f}–{t12[tcol].max():.2f}× tinygemm; both targets on {met} of {len(t12)}")
     print("  the best tile, how often:", {k_: int(v) for k_, v in t12["best tile"].str.split(", split").str[0]
@@ -1559,21 +1546,11 @@ if (H100 / "x_side.json").exists():
         print(f"the control (run {run3}): the rule's own kernel at the best prepared tile takes {r_.min():.2f}–"
               f"{r_.max():.2f}× the prepared loop's time (median {r_.median():.2f}×), and the rule takes "
               f"{t_.min():.2f}–{t_.max():.2f}× the control's (median {t_.median():.2f}×)")
-        cand = []
-        for (shape, g), c in x3.groupby(["shape", "group"], sort=False):
-            one = c.drop_duplicates("kernel").set_index("kernel")
-            tiny = one.loc["tinygemm (torchao int4)"].ms
-            alone, paid = one.loc["prepared x: the candidate rule, loop alone"], \
-                one.loc["prepared x: the candidate rule with its preparation"]
-            cand.append({"set": "held out or fresh" if bool(alone.held_out) else "twelve (fitted)", "shape": shape,
-                         "group": int(g), "× the best loop": alone.ms / one.loc["prepared x: loop alone, the best"].ms,
-                         "of copy, with preparation": paid.GBps / paid.copy_GBps, "÷ tinygemm": tiny / paid.ms,
-                         "split": alone.config["SPLIT_K"], "exact": bool(alone.exact)})
-        cand = pd.DataFrame(cand)
+        cand = pd.DataFrame([kernel_runs.x_side_candidate(c) for _, c in x3.groupby(["shape", "group"], sort=False)])
         print(f"the candidate rule (w4_kernel.prepared_config, fitted on run X2's twelve), run {run3}, "
               f"exact on {int(cand.exact.sum())} of {len(cand)}:")
         for name, c in cand.groupby("set"):
-            met = ((c["of copy, with preparation"] >= 0.7) & (c["÷ tinygemm"] >= 1.3)).sum()
+            met = kernel_runs.meets_targets(c["of copy, with preparation"], c["÷ tinygemm"]).sum()
             print(f"  {name:18s} ({len(c)}): {c['× the best loop'].min():.2f}–{c['× the best loop'].max():.2f}× the "
                   f"best loop's time; with its preparation {c['of copy, with preparation'].min():.0%}–"
                   f"{c['of copy, with preparation'].max():.0%} of copy, {c['÷ tinygemm'].min():.2f}–"

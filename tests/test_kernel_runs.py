@@ -39,3 +39,30 @@ def test_phase_u_case_pairs_the_rules_first_and_later_timing():
     assert one["later_ms"] is None and one["rule_ms"] == one["rule"].ms
     with pytest.raises(ValueError, match="rows of ours"):
         kernel_runs.phase_u_case(case[case.kernel.str.startswith("tinygemm")])
+
+
+def test_x_side_views_count_run_x2_and_x3_as_recorded():
+    """Round 12 on the H100 (x_side.json): run X2's best prepared loop meets both targets on 34 of 44 weights ×
+    groups (29 with its preparation paid, the rule 17), exact everywhere; run X3's candidate rule with its
+    preparation on 11 of the 18 it was fitted on and 13 of the 26 held out — the numbers notebook 08 prints."""
+    import pandas as pd
+    _, xs = kernel_runs.load("h100", "x_side.json")
+    cases = xs[xs.run == "2026-12-06 X2"].groupby(["shape", "group"], sort=False)
+    t = pd.DataFrame([kernel_runs.x_side_best(c) for _, c in cases])
+    assert len(t) == 44 and t.exact.all()
+    met = [int(kernel_runs.meets_targets(t[a], t[b]).sum()) for a, b in (
+        ("loop alone, best", "best ÷ tinygemm"), ("with its preparation", "with prep ÷ tinygemm"), ("rule", "rule ÷ tinygemm"))]
+    assert met == [34, 29, 17]
+    cand = pd.DataFrame([kernel_runs.x_side_candidate(c) for _, c in xs[xs.run == "2026-12-06 X3"].groupby(
+        ["shape", "group"], sort=False)])
+    by_set = {s: int(kernel_runs.meets_targets(c["of copy, with preparation"], c["÷ tinygemm"]).sum())
+              for s, c in cand.groupby("set")}
+    assert by_set == {"twelve (fitted)": 11, "held out or fresh": 13} and cand.exact.all()
+    x1 = xs[xs.run == "2026-12-06 X1"]                        # the rule's tile only: no best loop, no candidate
+    with pytest.raises(ValueError, match="has no rows"):
+        kernel_runs.x_side_best(x1[(x1["shape"] == t["shape"].iloc[0]) & (x1.group == t.group.iloc[0])])
+
+
+def test_meets_targets_needs_both():
+    import pandas as pd
+    assert kernel_runs.meets_targets(pd.Series([0.7, 0.9, 0.69]), pd.Series([1.3, 1.2, 2.0])).tolist() == [True, False, False]
