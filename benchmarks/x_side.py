@@ -1,6 +1,7 @@
 """Round 12's question, measured: how much of the one-row GEMV's time is its activation side?
 
     python -m benchmarks.x_side --out results/h100/x_side.json
+    python -m benchmarks.x_side --pad --out /tmp/x_pad.json    # round 13: K padded to the candidate tile's step
 
 Every step of :func:`helpers.w4_kernel._w4a16_gemv_kernel` (the narrow rule's tile: 32 rows, 2 warps,
 fp16-pair sums kept per group) does the work of ``x`` again in every program: eight scalar loads of
@@ -21,6 +22,12 @@ and with its preparation. Beside them, in one process: the narrow rule as it is
 (:func:`~helpers.w4_kernel.narrow_gemv_config`) and tinygemm. The best loop, the control and the candidate
 are checked against :func:`helpers.w4_format.reference_matmul` (``rel_err``, ``exact``). The layers take
 the prepared path only when asked (``family={"PREPARED": True}``); ``auto_config``'s default is the rule.
+
+Round 13 (``--pad``): where the candidate tile's step does not divide ``K`` its ``GROUPS`` is halved
+(Llama-2-7B's down projection runs 256 codes a step, Qwen2.5-72B's 128), and run X3 found those weights at
+44–52 % of the copy bandwidth. :func:`padded_rows` pads ``K`` with zero columns to a whole number of a wider
+step instead (:func:`padded_groups`, at most :data:`MAX_PAD` more bytes) and times the candidate rule there,
+its GB/s counted on the weight's own bytes.
 """
 from __future__ import annotations
 
@@ -97,11 +104,70 @@ def tile_configs(p: w4_format.W4Weight, sms: int) -> list[dict]:
     return out
 
 
+MAX_PAD = 0.05   # the most extra bytes padding may add (a share of the weight's): the step it buys must pay for them
+
+
+def padded_groups(k: int, group: int, codes: int = w4_kernel.PREPARED_TILE[1], max_pad: float = MAX_PAD) -> tuple[int, int]:
+    """``(groups per step, padded K)`` for the candidate tile when ``K`` is padded with zero columns instead of
+    the step shrunk (:func:`helpers.w4_kernel._fitting_groups` halves ``GROUPS`` until it divides ``K / group``:
+    Llama-2-7B's down projection, 86 groups of 128, gets 2 per step, Qwen2.5-72B's, 231, gets 1). Of the tile's
+    ``codes // group`` groups per step, halved, the most whose padding
+
+        K' = ⌈K / (group · groups)⌉ · group · groups
+
+    adds at most ``max_pad`` of the weight's bytes (``K' / K − 1``); ``K' = K`` where no step that wide fits.
+    Zero activations in the padded columns make their codes contribute nothing, whatever they dequantize to."""
+    for name, v in (("k", k), ("group", group), ("codes", codes)):
+        if not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if k % group or codes % group:
+        raise ValueError(f"k ({k}) and codes ({codes}) must be multiples of group ({group})")
+    if not 0 <= max_pad < 1:
+        raise ValueError(f"max_pad must be a share in [0, 1), got {max_pad!r}")
+    groups = max(1, codes // group)
+    while True:
+        kp = -(-k // (group * groups)) * group * groups
+        if kp / k - 1 <= max_pad or groups == 1:
+            return groups, kp
+        groups //= 2
+
+
+def pad_weight(w: torch.Tensor, k_padded: int) -> torch.Tensor:
+    """``w`` [N, K] with ``k_padded − K`` zero columns appended."""
+    if k_padded < w.shape[1]:
+        raise ValueError(f"k_padded ({k_padded}) is below the weight's K ({w.shape[1]})")
+    return torch.nn.functional.pad(w, (0, k_padded - w.shape[1]))
+
+
+def padded_rows(x: torch.Tensor, w: torch.Tensor, g: int, sms: int, copies: int = 1) -> dict | None:
+    """Round 13's question for one weight ``w`` [N, K] and group ``g``: the candidate rule on ``K`` padded to a
+    whole number of the candidate tile's steps (:func:`padded_groups`). ``None`` where ``K`` needs no padding;
+    else the padded weight's ``copies`` (for timing past L2), the padded row of ``x`` and its preparation, the
+    config (:func:`~helpers.w4_kernel.prepared_config` on the padded weight), ``K'`` and the extra bytes' share,
+    and the relative error against :func:`helpers.w4_format.reference_matmul` on the *unpadded* weight."""
+    n, k = w.shape
+    groups, kp = padded_groups(k, g)
+    if kp == k:          # the tile (or its half) already divides K: the candidate rule runs it unpadded
+        return None
+    wp = pad_weight(w, kp)
+    ps = [w4_format.pack_w4(wp, g) for _ in range(copies)]
+    xp = torch.nn.functional.pad(x, (0, kp - k))
+    prep = prepare_x(xp, g)
+    cfg = prepared_config(ps[0], sms)
+    ref = w4_format.reference_matmul(x.float(), w4_format.pack_w4(w, g)).float()
+    got = gemv_prepared(prep, ps[0], cfg, out_dtype=torch.float32)
+    return {"packed": ps, "x": xp, "prep": prep, "config": cfg, "K_padded": kp, "pad_share": kp / k - 1,
+            "rel_err": ((got - ref).abs().max() / ref.abs().max()).item()}
+
+
 def main():
     ap = argparse.ArgumentParser(prog="python -m benchmarks.x_side")
     ap.add_argument("--out", required=True)
     ap.add_argument("--groups", default="128,64")
     ap.add_argument("--budget-s", type=float, default=420, help="stop after this many seconds (rows kept)")
+    ap.add_argument("--pad", action="store_true",
+                    help="round 13: only the weights whose K the candidate tile's step does not divide, the candidate "
+                         "rule unpadded and on K padded with zero columns (padded_rows), beside the rule and tinygemm")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("x_side.py times CUDA kernels; there is no CUDA device here")
@@ -110,7 +176,7 @@ def main():
     copy = timing.copy_bandwidth_gbps()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "copy_GBps": copy, "sms": sms, "tiles": TILES, "split_scales": SPLIT_SCALES}
+            "copy_GBps": copy, "sms": sms, "tiles": TILES, "split_scales": SPLIT_SCALES, "max_pad": MAX_PAD}
     rows, out = [], Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     print(f"copy bandwidth {copy:.0f} GB/s on {meta['device']}", flush=True)
@@ -139,6 +205,28 @@ def main():
             rule = w4_kernel.narrow_gemv_config(ps[0], sms=sms)
             locks = torch.zeros(math.ceil(n / min(t[0] for t in TILES)), dtype=torch.int32, device="cuda")
             prep = prepare_x(x, g)
+            if args.pad:
+                pad = padded_rows(x, sh.w[0], g, sms, copies=len(ps))
+                if pad is None:
+                    continue
+                add("ours (the rule)", label, k, n, g, ours_ms(sh, g, x, rule)["cudagraph"], nbytes, config=rule)
+                cand = prepared_config(ps[0], sms)
+                add("prepared x: the candidate rule with its preparation", label, k, n, g,
+                    timing.graph_ms([lambda p=p: gemv_prepared(prepare_x(x, g, prep), p, cand, locks) for p in ps]),
+                    nbytes, config=cand)
+                pcfg, pps, pprep, xp = pad["config"], pad["packed"], pad["prep"], pad["x"]
+                extra = dict(config=pcfg, K_padded=pad["K_padded"], pad_share=pad["pad_share"], rel_err=pad["rel_err"],
+                             exact=pad["rel_err"] <= 2e-3)   # GB/s of the weight's own bytes (the padding is overhead)
+                add("prepared x: padded K, the candidate rule, loop alone", label, k, n, g,
+                    timing.graph_ms([lambda p=p: gemv_prepared(pprep, p, pcfg, locks) for p in pps]), nbytes, **extra)
+                add("prepared x: padded K, the candidate rule with its preparation", label, k, n, g,
+                    timing.graph_ms([lambda p=p: gemv_prepared(prepare_x(xp, g, pprep), p, pcfg, locks) for p in pps]),
+                    nbytes, **extra)
+                tinygemm_row(sh, label, g, x, "X", label in HELD_OUT or label in FRESH,
+                             lambda kernel, fmt, lab, k_, n_, m, g_, ms, nb, tk, **e: add(kernel, lab, k_, n_, g_, ms, nb))
+                del pad, pps
+                save()
+                continue
             ref = w4_format.reference_matmul(x.float(), ps[0]).float()
             add("ours (the rule)", label, k, n, g, ours_ms(sh, g, x, rule)["cudagraph"], nbytes, config=rule)
             best = None

@@ -15,7 +15,8 @@
 #                         under CAP_GIB, default 15, started together; one cache; NOTEBOOKS="notebooks/08_….ipynb …" for
 #                         some) -> $OUT/workshop/workshop.json
 #   xside                 python -m benchmarks.x_side (round 12: the one-row GEMV's loop with its activation side prepared
-#                         once per call, alone and with the preparation, beside the rule and tinygemm) -> $OUT/x_side.json
+#                         once per call, alone and with the preparation, beside the rule and tinygemm; XSIDE_ARGS=--pad
+#                         for round 13's padded K) -> $OUT/x_side.json
 #   imports               python -m benchmarks.import_time (what a notebook's first cell waits for: import, first CUDA call)
 #                         -> $OUT/import_time.json
 #   ncu                   Nsight Compute on one W4A16 call per case (benchmarks.kernel_once; NCU_CASES="SHAPE:GROUP:ROWS;...",
@@ -75,7 +76,7 @@ run_part() {
               else python3 scripts/prebuild.py --check >/dev/null 2>&1 || run_part prebuild; skip=; fi
               timeout "$T" python3 scripts/workshop_run.py --participants "${PARTICIPANTS:-4}" --cap-gib "${CAP_GIB:-15}" \
                 --time-limit-s "$(( T - 15 ))" --out "$OUT/workshop" $skip ${NOTEBOOKS:-} 2>&1 | tee "$OUT/workshop.log" | tail -14 ;;
-    xside) timeout "$T" python3 -m benchmarks.x_side --out "$OUT/x_side.json" --budget-s "$(( T - 45 ))" 2>&1 \
+    xside) timeout "$T" python3 -m benchmarks.x_side --out "$OUT/x_side.json" --budget-s "$(( T - 45 ))" ${XSIDE_ARGS:-} 2>&1 \
              | tee "$OUT/x_side.log" | tail -40 ;;
     imports) timeout "$T" python3 -m benchmarks.import_time --out "$OUT/import_time.json" 2>&1 | tee "$OUT/import_time.log" | tail -16 ;;
     ncu) if ! command -v ncu >/dev/null; then echo "ncu (Nsight Compute) is not on this machine"; return 2; fi

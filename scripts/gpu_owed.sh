@@ -43,6 +43,10 @@
 #   18 call 17 for a short budget, with this session's changes on the GPU: the kernel tests, the variant store
 #      (every tensor of the blocks), budget_check (static=False) and llm-compressor's tests; then Llama-3.1-8B decode
 #      (ours at the rule and prepared beside tinygemm, batch 1 compiled, fused+head+attn); then notebook 01 alone
+#   19 round 13's question (benchmarks/x_side.py --pad): the candidate rule on K padded with zero columns to a whole
+#      number of its tile's steps (at most 5 % more bytes) against it unpadded, the rule and tinygemm, on the ten
+#      weights x groups whose K the tile's step does not divide (Llama-2-7B and Qwen2.5-72B downs among them); its
+#      tests on the GPU first
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -171,6 +175,9 @@ tests/test_llm_compressor.py" PART_TIMEOUT=200 gpu pytest
 --recipes fused+head+attn --family [{},{\"PREPARED\":true}]" PART_TIMEOUT=$(left 480 60) gpu decode
      mv "$OUT/decode.json" "$OUT/decode_Llama-3.1-8B_prepared.json"; mv "$OUT/decode.log" "$OUT/decode_Llama-3.1-8B_prepared.log"
      NOTEBOOKS="notebooks/01_memory_budget.ipynb" PART_TIMEOUT=$(left 585 30) gpu notebooks ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|18 (see the header)"; exit 2 ;;
+  19) TESTS="tests/test_x_side.py" PART_TIMEOUT=90 gpu pytest
+     mv "$OUT/pytest_part.txt" "$OUT/pytest_x_side.txt"
+     XSIDE_ARGS=--pad PART_TIMEOUT=$(left 585 60) gpu xside ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|19 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"
