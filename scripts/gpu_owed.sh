@@ -41,8 +41,9 @@
 #      with call 5 after it, the whole suite at that commit (the three kernels' split-K reduction became one device
 #      function, _serial_reduce, after the last GPU run)
 #   18 call 17 for a short budget, with this session's changes on the GPU: the kernel tests, the variant store
-#      (every tensor of the blocks), budget_check (static=False) and llm-compressor's tests; then Llama-3.1-8B decode
-#      (ours at the rule and prepared beside tinygemm, batch 1 compiled, fused+head+attn); then notebook 01 alone
+#      (every tensor of the blocks), budget_check (static=False) and llm-compressor's tests; then round 13's padded
+#      K (call 19's run, x_side --pad); then Llama-3.1-8B decode (ours at the rule and prepared beside tinygemm,
+#      batch 1 compiled, fused+head+attn); then notebook 01 alone if time is left
 #   19 round 13's question (benchmarks/x_side.py --pad): the candidate rule on K padded with zero columns to a whole
 #      number of its tile's steps (at most 5 % more bytes) against it unpadded, the rule and tinygemm, on the ten
 #      weights x groups whose K the tile's step does not divide (Llama-2-7B and Qwen2.5-72B downs among them); its
@@ -171,8 +172,10 @@ notebooks/09_clinic.ipynb notebooks/10_multi_gpu.ipynb" PART_TIMEOUT=580 gpu not
   18) TESTS="tests/test_x_side.py tests/test_w4_kernel.py tests/test_variants.py tests/test_budget_check.py \
 tests/test_llm_compressor.py" PART_TIMEOUT=200 gpu pytest
      mv "$OUT/pytest_part.txt" "$OUT/pytest_session.txt"
+     XSIDE_ARGS=--pad PART_TIMEOUT=180 gpu xside
+     mv "$OUT/x_side.json" "$OUT/x_side_pad.json"; mv "$OUT/x_side.log" "$OUT/x_side_pad.log"
      DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-3.1-8B --batches 1 --eager= --compile 1 \
---recipes fused+head+attn --family [{},{\"PREPARED\":true}]" PART_TIMEOUT=$(left 480 60) gpu decode
+--recipes fused+head+attn --family [{},{\"PREPARED\":true}]" PART_TIMEOUT=$(left 540 60) gpu decode
      mv "$OUT/decode.json" "$OUT/decode_Llama-3.1-8B_prepared.json"; mv "$OUT/decode.log" "$OUT/decode_Llama-3.1-8B_prepared.log"
      NOTEBOOKS="notebooks/01_memory_budget.ipynb" PART_TIMEOUT=$(left 585 30) gpu notebooks ;;
   19) TESTS="tests/test_x_side.py" PART_TIMEOUT=90 gpu pytest
