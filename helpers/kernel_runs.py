@@ -84,7 +84,9 @@ def _kernels(case, needed: set) -> object:
     one = case.drop_duplicates("kernel").set_index("kernel")
     missing = sorted(needed - set(one.index))
     if missing:
-        raise ValueError(f"the case has no rows {missing}; it has {sorted(one.index)}")
+        raise ValueError(f"case (one weight × group of results/CARD/x_side.json) has no rows {missing}, only "
+                         f"{sorted(one.index)}: pass a case of a run that timed them (run X2 or later for x_side_best, "
+                         "X3 or later for x_side_candidate)")
     return one
 
 

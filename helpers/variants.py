@@ -209,8 +209,9 @@ def bench_key(bench: Bench, method: str, impl: str, spec: QuantSpec, calib, **kw
     calibration tokens' source (text or random ids) as well as their count, and for our AWQ the dtype
     its α search scores in when not given (:func:`helpers.awq.default_search_dtype`: it depends on the CPU)."""
     _check_bench(bench)
-    if method == "awq" and impl == "ours" and kw.get("search_dtype") is None:
-        kw = {**kw, "search": str(awq.default_search_dtype(next(bench.model.parameters())))}
+    if method == "awq" and impl == "ours":     # given or chosen, one field: the same search, the same variant
+        kw = dict(kw)
+        kw["search"] = str(kw.pop("search_dtype", None) or awq.default_search_dtype(next(bench.model.parameters())))
     return variant_key(bench.name, method, impl, spec, 0 if calib is None else calib.numel(),
                        profile=profile(), real=bench.quality_meaningful, text=bench.real_text,
                        version=CACHE_VERSION, dtype=str(bench.dtype), **kw)

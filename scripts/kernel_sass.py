@@ -147,9 +147,12 @@ def many_sass(requests: list) -> list[str]:
                              f"and keywords a dict, got {r!r}")
     if os.environ.get("TRITON_INTERPRET") == "1":
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        out = subprocess.run([sys.executable, __file__, "--many"], input=json.dumps(requests), capture_output=True,
-                             text=True, check=True, env=env).stdout
-        return json.loads(out)
+        done = subprocess.run([sys.executable, __file__, "--many"], input=json.dumps(requests), capture_output=True,
+                              text=True, env=env)
+        if done.returncode:
+            raise RuntimeError(f"compiling {len(requests)} kernels in a child process failed (exit {done.returncode}); "
+                               f"its last output:\n{done.stderr[-2000:]}")
+        return json.loads(done.stdout)
     return [KERNELS[kernel](**kw) for kernel, kw in requests]
 
 

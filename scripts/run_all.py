@@ -127,6 +127,8 @@ def merge(parts: list[Path], out: Path, notes: dict | None = None, supersede: bo
     row is kept under the new row's ``earlier``."""
     if not parts:
         raise ValueError("merge needs at least one run folder")
+    if any(Path(p).resolve() == Path(out).resolve() for p in parts):
+        raise ValueError(f"--out {out} is one of the parts: merge into a new folder (it replaces the parts' plots)")
     runs = []
     for p in parts:
         f = Path(p) / "run_all.json"

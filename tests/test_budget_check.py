@@ -150,3 +150,22 @@ def test_phi3_sets_a_long_prompts_given_cache_aside_and_kv_is_read_from_the_one_
     m = generation.measure_generate(model, 30, 1, 4)          # crosses 32 while decoding: set aside there
     assert not m["cache_used"] and budget_check.sets_cache_aside(cfg, 30, 4)
     assert not budget_check.sets_cache_aside(models.architecture_config("Mistral-7B"), 8192)
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_a_point_runs_the_static_generate_only_when_asked(monkeypatch, static):
+    """predicted_vs_measured(static=False) (notebook 01's grid): one generate per point, the dynamic cache's,
+    and no static field in the row; static=True a second generate with the static cache (its fields)."""
+    calls = []
+    measured = {"kv_meas": 1, "peak_meas": 2, "prefill_meas": 3, "decode_meas": 4, "prefill_requested": 3,
+                "decode_requested": 4, "reserved": 5, "new_tokens": 32, "cache_used": True}
+
+    def fake_guard(fn, model, seq_len, batch, new_tokens, cache):
+        calls.append(cache)
+        return {"ok": True, "result": measured}
+    monkeypatch.setattr(budget_check.measure, "oom_guard", fake_guard)
+    base = budget_check.Baseline(context=None, workspace=0, non_torch=None, weights_meas=1, weights_pred=1,
+                                 weights_formula=1)
+    row = budget_check._point(None, Point("SmolLM2-135M", "sdpa", 512, 1), base, static)
+    assert calls == (["baseline", "static"] if static else ["baseline"])
+    assert ("static_peak_meas" in row) is static and row["peak_meas"] == 2

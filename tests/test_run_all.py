@@ -106,6 +106,8 @@ def test_merge_refuses_mixed_runs_and_repeats(tmp_path):
         run_all.merge([tmp_path / "missing"], tmp_path / "out")
     with pytest.raises(ValueError, match="at least one"):
         run_all.merge([], tmp_path / "out")
+    with pytest.raises(ValueError, match="is one of the parts"):
+        run_all.merge([a, t4], a)
 
 
 def test_merge_supersede_keeps_the_later_run_and_records_the_earlier(tmp_path):
