@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import timing, w4_format, w4_kernel
+from helpers import kernel_runs, timing, w4_format, w4_kernel
 from helpers.config import write_json
 from helpers.w4_kernel import acc16_x_limit, gemv_prepared, prepare_x, prepared_config
 
@@ -209,17 +209,17 @@ def main():
                 pad = padded_rows(x, sh.w[0], g, sms, copies=len(ps))
                 if pad is None:
                     continue
-                add("ours (the rule)", label, k, n, g, ours_ms(sh, g, x, rule)["cudagraph"], nbytes, config=rule)
+                add(kernel_runs.X_RULE, label, k, n, g, ours_ms(sh, g, x, rule)["cudagraph"], nbytes, config=rule)
                 cand = prepared_config(ps[0], sms)
-                add("prepared x: the candidate rule with its preparation", label, k, n, g,
+                add(kernel_runs.X_CAND_PAID, label, k, n, g,
                     timing.graph_ms([lambda p=p: gemv_prepared(prepare_x(x, g, prep), p, cand, locks) for p in ps]),
                     nbytes, config=cand)
                 pcfg, pps, pprep, xp = pad["config"], pad["packed"], pad["prep"], pad["x"]
                 extra = dict(config=pcfg, K_padded=pad["K_padded"], pad_share=pad["pad_share"], rel_err=pad["rel_err"],
                              exact=pad["rel_err"] <= 2e-3)   # GB/s of the weight's own bytes (the padding is overhead)
-                add("prepared x: padded K, the candidate rule, loop alone", label, k, n, g,
+                add(kernel_runs.X_PAD, label, k, n, g,
                     timing.graph_ms([lambda p=p: gemv_prepared(pprep, p, pcfg, locks) for p in pps]), nbytes, **extra)
-                add("prepared x: padded K, the candidate rule with its preparation", label, k, n, g,
+                add(kernel_runs.X_PAD_PAID, label, k, n, g,
                     timing.graph_ms([lambda p=p: gemv_prepared(prepare_x(xp, g, pprep), p, pcfg, locks) for p in pps]),
                     nbytes, **extra)
                 tinygemm_row(sh, label, g, x, "X", label in HELD_OUT or label in FRESH,
@@ -228,38 +228,38 @@ def main():
                 save()
                 continue
             ref = w4_format.reference_matmul(x.float(), ps[0]).float()
-            add("ours (the rule)", label, k, n, g, ours_ms(sh, g, x, rule)["cudagraph"], nbytes, config=rule)
+            add(kernel_runs.X_RULE, label, k, n, g, ours_ms(sh, g, x, rule)["cudagraph"], nbytes, config=rule)
             best = None
             for cfg in tile_configs(ps[0], sms):
                 ms = timing.graph_ms([lambda p=p, cfg=cfg: gemv_prepared(prep, p, cfg, locks) for p in ps])
-                add("prepared x: loop alone", label, k, n, g, ms, nbytes, echo=False, config=cfg)
+                add(kernel_runs.X_LOOP, label, k, n, g, ms, nbytes, echo=False, config=cfg)
                 if best is None or ms < best[1]:
                     best = (cfg, ms)
             cfg = best[0]
             got = gemv_prepared(prep, ps[0], cfg, out_dtype=torch.float32)
             err = ((got - ref).abs().max() / ref.abs().max()).item()
-            add("prepared x: loop alone, the best", label, k, n, g, best[1], nbytes, config=cfg, rel_err=err,
+            add(kernel_runs.X_BEST, label, k, n, g, best[1], nbytes, config=cfg, rel_err=err,
                 exact=err <= 2e-3)
             ctrl = dict(cfg, PREFETCH=False)
             got = in_kernel_x(x, ps[0], ctrl, locks).float()
             cerr = ((got - ref).abs().max() / ref.abs().max()).item()
-            add("in-kernel x (the rule's kernel) at the best tile", label, k, n, g,
+            add(kernel_runs.X_CONTROL, label, k, n, g,
                 timing.graph_ms([lambda p=p: in_kernel_x(x, p, ctrl, locks) for p in ps]), nbytes, config=ctrl,
                 rel_err=cerr, exact=cerr <= 2e-3)
             cand = prepared_config(ps[0], sms)
             got = gemv_prepared(prep, ps[0], cand, out_dtype=torch.float32)
             aerr = ((got - ref).abs().max() / ref.abs().max()).item()
-            add("prepared x: the candidate rule, loop alone", label, k, n, g,
+            add(kernel_runs.X_CAND, label, k, n, g,
                 timing.graph_ms([lambda p=p: gemv_prepared(prep, p, cand, locks) for p in ps]), nbytes, config=cand,
                 rel_err=aerr, exact=aerr <= 2e-3)
-            add("prepared x: the candidate rule with its preparation", label, k, n, g,
+            add(kernel_runs.X_CAND_PAID, label, k, n, g,
                 timing.graph_ms([lambda p=p: gemv_prepared(prepare_x(x, g, prep), p, cand, locks) for p in ps]),
                 nbytes, config=cand)
-            add("prepared x: preparation + the best", label, k, n, g,
+            add(kernel_runs.X_BEST_PAID, label, k, n, g,
                 timing.graph_ms([lambda p=p: gemv_prepared(prepare_x(x, g, prep), p, cfg, locks) for p in ps]),
                 nbytes, config=cfg)
             prep_ms = timing.graph_ms([lambda: prepare_x(x, g, prep)] * 8)
-            rows.append({"kernel": "prepared x: preparation alone", "shape": label, "K": k, "group": g,
+            rows.append({"kernel": kernel_runs.X_PREP, "shape": label, "K": k, "group": g,
                          "ms": prep_ms, "timing": "cudagraph"})
             print(f"{'  preparation alone':40s} {prep_ms * 1e3:8.1f} µs; the best loop {cfg}", flush=True)
             add("ours (the rule), again last", label, k, n, g, ours_ms(sh, g, x, rule)["cudagraph"], nbytes, config=rule)

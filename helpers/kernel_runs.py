@@ -74,9 +74,14 @@ def meets_targets(of_copy, vs_tinygemm):
     return (of_copy >= OF_COPY) & (vs_tinygemm >= VS_TINYGEMM)
 
 
+# the kernel names of benchmarks/x_side.py's rows (it writes them from here; the views below read them)
 X_RULE, X_TINY = "ours (the rule)", "tinygemm (torchao int4)"
+X_LOOP, X_PREP = "prepared x: loop alone", "prepared x: preparation alone"
 X_BEST, X_BEST_PAID = "prepared x: loop alone, the best", "prepared x: preparation + the best"
+X_CONTROL = "in-kernel x (the rule's kernel) at the best tile"
 X_CAND, X_CAND_PAID = "prepared x: the candidate rule, loop alone", "prepared x: the candidate rule with its preparation"
+X_PAD, X_PAD_PAID = ("prepared x: padded K, the candidate rule, loop alone",
+                     "prepared x: padded K, the candidate rule with its preparation")
 
 
 def _kernels(case, needed: set) -> object:
@@ -116,3 +121,19 @@ def x_side_candidate(case) -> dict:
             "group": int(alone.group), "× the best loop": alone.ms / one.loc[X_BEST].ms,
             "of copy, with preparation": paid.GBps / paid.copy_GBps, "÷ tinygemm": one.loc[X_TINY].ms / paid.ms,
             "split": alone.config["SPLIT_K"], "exact": bool(alone.exact)}
+
+
+def x_side_control(rows) -> dict | None:
+    """The control of the first x_side run that timed it (run X3): per weight × group, the rule's own kernel
+    at the best prepared tile ÷ the best prepared loop (``control_vs_loop``: what the activation side in the
+    loop costs at that tile) and the rule ÷ that control (``rule_vs_control``: what the tile alone buys), with
+    the ``run``'s name; None where no run has the control's rows."""
+    ctrl = rows[rows.kernel == X_CONTROL]
+    if ctrl.empty:
+        return None
+    run = ctrl.run.iloc[0]
+    ctrl, same = ctrl[ctrl.run == run], rows[rows.run == run]
+    loop = ctrl.merge(same[same.kernel == X_BEST], on=["shape", "group"], suffixes=("", "_p"))
+    rule = same[same.kernel == X_RULE].drop_duplicates(["shape", "group"]).merge(ctrl, on=["shape", "group"],
+                                                                                suffixes=("", "_c"))
+    return {"run": run, "control_vs_loop": loop.ms / loop.ms_p, "rule_vs_control": rule.ms / rule.ms_c}

@@ -1509,13 +1509,13 @@ if (H100 / "x_side.json").exists():
     xmeta, xs_ = kernel_runs.load("h100", "x_side.json")
     x1 = xs_[xs_.run == "2026-12-06 X1"]
     per1 = x1.pivot_table(index=["shape", "group"], columns="kernel", values="ms")
-    share = per1["ours (the rule)"] / per1["prepared x: loop alone"]
+    share = per1[kernel_runs.X_RULE] / per1[kernel_runs.X_LOOP]
     print(f"run X1, the rule's tile and split: the loop alone is {share.min():.2f}–{share.max():.2f}× faster than the "
           f"rule (median {share.median():.2f}×) on {len(share)} weights × groups; slowest win on "
           f"{share.idxmin()[0]} g{share.idxmin()[1]}, fastest on {share.idxmax()[0]} g{share.idxmax()[1]}")
     x2 = xs_[xs_.run == "2026-12-06 X2"]
     t12 = pd.DataFrame([kernel_runs.x_side_best(c) for _, c in x2.groupby(["shape", "group"], sort=False)])
-    prep_us = x2[x2.kernel == "prepared x: preparation alone"].ms * 1e3
+    prep_us = x2[x2.kernel == kernel_runs.X_PREP].ms * 1e3
     print(f"run X2 on {xmeta['device']}: the preparation alone (graph replay) {prep_us.min():.1f}–{prep_us.max():.1f} µs; "
           f"the best loop exact on {int(t12.exact.sum())} of {len(t12)}")
     for name, col, tcol in (("the rule", "rule", "rule ÷ tinygemm"), ("the loop alone, best", "loop alone, best",
@@ -1535,14 +1535,10 @@ if (H100 / "x_side.json").exists():
     ax.set(xlabel="weight × group (sorted by the rule)", ylabel="% of the copy bandwidth", ylim=(30, 105))
     ax.legend(fontsize=7)
     plt.show()
-    ctrl = xs_[xs_.kernel == "in-kernel x (the rule's kernel) at the best tile"]
-    if len(ctrl):   # the same run's best prepared loop, at the same tile
-        run3 = ctrl.run.iloc[0]
+    ctrl = kernel_runs.x_side_control(xs_)
+    if ctrl is not None:   # the same run's best prepared loop, at the same tile
+        run3, r_, t_ = ctrl["run"], ctrl["control_vs_loop"], ctrl["rule_vs_control"]
         x3 = xs_[xs_.run == run3]
-        both = ctrl.merge(x3[x3.kernel == "prepared x: loop alone, the best"], on=["shape", "group"], suffixes=("", "_p"))
-        r_ = both.ms / both.ms_p
-        rule3 = x3[x3.kernel == "ours (the rule)"].merge(ctrl, on=["shape", "group"], suffixes=("", "_c"))
-        t_ = rule3.ms / rule3.ms_c
         print(f"the control (run {run3}): the rule's own kernel at the best prepared tile takes {r_.min():.2f}–"
               f"{r_.max():.2f}× the prepared loop's time (median {r_.median():.2f}×), and the rule takes "
               f"{t_.min():.2f}–{t_.max():.2f}× the control's (median {t_.median():.2f}×)")

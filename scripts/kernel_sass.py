@@ -67,12 +67,16 @@ def _sass_of(kernel_fn, signature: dict, constexprs: dict, divisible, arch: int,
         return subprocess.run([str(nvdisasm), "-c", cubin], capture_output=True, text=True, check=True).stdout
 
 
-def _in_child(args: list[str]) -> str:
-    """This script's ``--print-sass`` output for ``args``, from a child process without
-    ``TRITON_INTERPRET`` (Triton's interpreter, chosen at import, cannot also compile)."""
+def _in_child(args: list[str], stdin: str | None = None) -> str:
+    """This script's output for ``args`` (``--print-sass …`` or ``--many``), from a child process without
+    ``TRITON_INTERPRET`` (Triton's interpreter, chosen at import, cannot also compile); a failure is raised
+    with the child's last output."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, __file__, "--print-sass", *args], capture_output=True, text=True,
-                          check=True, env=env).stdout
+    done = subprocess.run([sys.executable, __file__, *args], input=stdin, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise RuntimeError(f"compiling in a child process ({' '.join(args)}) failed (exit {done.returncode}); "
+                           f"its last output:\n{done.stderr[-2000:]}")
+    return done.stdout
 
 
 def gemv_sass(group: int = 128, groups: int = 2, block_n: int = 128, warps: int = 4, arch: int = 90,
@@ -86,7 +90,7 @@ def gemv_sass(group: int = 128, groups: int = 2, block_n: int = 128, warps: int 
         raise ValueError(f"unknown GEMV switches {sorted(unknown)}; known: {sorted(SWITCHES)}")
     switches = {**SWITCHES, **switches}
     if os.environ.get("TRITON_INTERPRET") == "1":
-        return _in_child(["--group", str(group), "--groups", str(groups), "--block-n", str(block_n),
+        return _in_child(["--print-sass", "--group", str(group), "--groups", str(groups), "--block-n", str(block_n),
                           "--warps", str(warps), "--arch", str(arch)] + (["--maxnreg", str(maxnreg)] if maxnreg else [])
                          + [f"--{'on' if on else 'off'}={name}" for name, on in switches.items()])
     from helpers import w4_kernel
@@ -101,7 +105,7 @@ def tc_sass(group: int = 128, groups: int = 2, block_n: int = 64, warps: int = 4
     """The SASS of :func:`helpers.w4_kernel._w4a16_tc_kernel` for ``sm_{arch}``: bf16 activations, the
     ``lop3`` dequantizer, ``block_m`` rows per program (16: any M up to 16), one split of K (no reduction)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
-        return _in_child(["--kernel", "tc", "--group", str(group), "--groups", str(groups), "--block-n", str(block_n),
+        return _in_child(["--print-sass", "--kernel", "tc", "--group", str(group), "--groups", str(groups), "--block-n", str(block_n),
                           "--warps", str(warps), "--stages", str(stages), "--arch", str(arch),
                           "--block-m", str(block_m)] + ([] if swap else ["--no-swap"]))
     import triton.language as tl
@@ -124,7 +128,7 @@ def prepared_sass(group: int = 128, groups: int = 4, block_n: int = 32, warps: i
     """The SASS of :func:`helpers.w4_kernel._gemv_prepared_kernel` (``KERNEL="prepared"``: the one-row loop with
     the activation side prepared, round 12) for ``sm_{arch}``."""
     if os.environ.get("TRITON_INTERPRET") == "1":
-        return _in_child(["--kernel", "prepared", "--group", str(group), "--groups", str(groups), "--block-n",
+        return _in_child(["--print-sass", "--kernel", "prepared", "--group", str(group), "--groups", str(groups), "--block-n",
                           str(block_n), "--warps", str(warps), "--arch", str(arch)])
     from helpers import w4_kernel
     constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_N=block_n, PREFETCH=False, PLAIN=False)
@@ -146,13 +150,7 @@ def many_sass(requests: list) -> list[str]:
             raise ValueError(f"each request must be (kernel, keywords) with kernel one of {sorted(KERNELS)} "
                              f"and keywords a dict, got {r!r}")
     if os.environ.get("TRITON_INTERPRET") == "1":
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        done = subprocess.run([sys.executable, __file__, "--many"], input=json.dumps(requests), capture_output=True,
-                              text=True, env=env)
-        if done.returncode:
-            raise RuntimeError(f"compiling {len(requests)} kernels in a child process failed (exit {done.returncode}); "
-                               f"its last output:\n{done.stderr[-2000:]}")
-        return json.loads(done.stdout)
+        return json.loads(_in_child(["--many"], stdin=json.dumps(requests)))
     return [KERNELS[kernel](**kw) for kernel, kw in requests]
 
 

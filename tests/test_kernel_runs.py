@@ -66,3 +66,14 @@ def test_x_side_views_count_run_x2_and_x3_as_recorded():
 def test_meets_targets_needs_both():
     import pandas as pd
     assert kernel_runs.meets_targets(pd.Series([0.7, 0.9, 0.69]), pd.Series([1.3, 1.2, 2.0])).tolist() == [True, False, False]
+
+
+def test_x_side_control_is_run_x3s():
+    """Run X3's control (the rule's kernel at the best prepared tile): 1.02–1.90× the prepared loop's time,
+    median 1.33× (README, round 12); a table without the control's rows gives None."""
+    _, xs = kernel_runs.load("h100", "x_side.json")
+    c = kernel_runs.x_side_control(xs)
+    r = c["control_vs_loop"]
+    assert c["run"] == "2026-12-06 X3" and len(r) == 44 == len(c["rule_vs_control"])
+    assert (round(r.min(), 2), round(r.max(), 2), round(r.median(), 2)) == (1.02, 1.90, 1.33)
+    assert kernel_runs.x_side_control(xs[xs.run == "2026-12-06 X1"]) is None
