@@ -91,7 +91,7 @@ def _kernels(case, needed: set) -> object:
     if missing:
         raise ValueError(f"case (one weight × group of results/CARD/x_side.json) has no rows {missing}, only "
                          f"{sorted(one.index)}: pass a case of a run that timed them (run X2 or later for x_side_best, "
-                         "X3 or later for x_side_candidate)")
+                         "X3 or later for x_side_candidate, X4 for x_side_padded)")
     return one
 
 
@@ -121,6 +121,20 @@ def x_side_candidate(case) -> dict:
             "group": int(alone.group), "× the best loop": alone.ms / one.loc[X_BEST].ms,
             "of copy, with preparation": paid.GBps / paid.copy_GBps, "÷ tinygemm": one.loc[X_TINY].ms / paid.ms,
             "split": alone.config["SPLIT_K"], "exact": bool(alone.exact)}
+
+
+def x_side_padded(case) -> dict:
+    """One weight × group of an x_side run with padded ``K`` (``benchmarks/x_side.py --pad``, round 13, run X4):
+    ``K`` and ``K`` padded with zero columns to a whole number of the candidate tile's steps, the extra bytes'
+    share, the rule, the candidate rule with its preparation unpadded and padded — each as a share of the copy
+    bandwidth, GB/s counted on the weight's own bytes — tinygemm's time ÷ the padded path's, and its exactness."""
+    one = _kernels(case, {X_RULE, X_TINY, X_CAND_PAID, X_PAD_PAID})
+    rule, cand, pad, tiny = one.loc[X_RULE], one.loc[X_CAND_PAID], one.loc[X_PAD_PAID], one.loc[X_TINY]
+    return {"shape": pad["shape"], "group": int(pad.group), "K": int(pad.K), "K padded": int(pad.K_padded),
+            "extra bytes": pad.pad_share, "rule": rule.GBps / rule.copy_GBps,
+            "candidate, with preparation": cand.GBps / cand.copy_GBps,
+            "padded, with preparation": pad.GBps / pad.copy_GBps, "padded ÷ tinygemm": tiny.ms / pad.ms,
+            "exact": bool(pad.exact)}
 
 
 def x_side_control(rows) -> dict | None:

@@ -77,3 +77,19 @@ def test_x_side_control_is_run_x3s():
     assert c["run"] == "2026-12-06 X3" and len(r) == 44 == len(c["rule_vs_control"])
     assert (round(r.min(), 2), round(r.max(), 2), round(r.median(), 2)) == (1.02, 1.90, 1.33)
     assert kernel_runs.x_side_control(xs[xs.run == "2026-12-06 X1"]) is None
+
+
+def test_x_side_padded_reads_run_x4():
+    """Round 13 (run X4): on the ten weights × groups whose K the candidate tile's step does not divide, K padded
+    by at most 5 % with zero columns; Qwen2.5-72B's down at g128 goes from 51 % of copy (candidate, with its
+    preparation) to 89 % padded, exact; a run without padded rows is refused."""
+    import pandas as pd
+    _, xs = kernel_runs.load("h100", "x_side.json", runs="2026-12-06 X4")
+    t = pd.DataFrame([kernel_runs.x_side_padded(c) for _, c in xs.groupby(["shape", "group"], sort=False)])
+    assert len(t) == 10 and t.exact.all() and (t["extra bytes"] <= 0.05).all() and (t["K padded"] > t.K).all()
+    q = t[(t["shape"] == "Qwen2.5-72B down 29568x8192") & (t.group == 128)].iloc[0]
+    assert (q.K, q["K padded"]) == (29568, 30720)
+    assert (round(q["candidate, with preparation"], 2), round(q["padded, with preparation"], 2)) == (0.51, 0.89)
+    _, x3 = kernel_runs.load("h100", "x_side.json", runs="2026-12-06 X3")
+    with pytest.raises(ValueError, match="has no rows"):
+        kernel_runs.x_side_padded(x3.groupby(["shape", "group"]).get_group(("Qwen2.5-72B down 29568x8192", 128)))
