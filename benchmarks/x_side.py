@@ -26,7 +26,7 @@ the prepared path only when asked (``family={"PREPARED": True}``); ``auto_config
 Round 13 (``--pad``): where the candidate tile's step does not divide ``K`` its ``GROUPS`` is halved
 (Llama-2-7B's down projection runs 256 codes a step, Qwen2.5-72B's 128), and run X3 found those weights at
 44–52 % of the copy bandwidth. :func:`padded_rows` pads ``K`` with zero columns to a whole number of a wider
-step instead (:func:`padded_groups`, at most :data:`MAX_PAD` more bytes) and times the candidate rule there,
+step instead (:func:`helpers.w4_kernel.padded_groups`, at most :data:`MAX_PAD` more bytes) and times the candidate rule there,
 its GB/s counted on the weight's own bytes.
 """
 from __future__ import annotations
@@ -104,32 +104,7 @@ def tile_configs(p: w4_format.W4Weight, sms: int) -> list[dict]:
     return out
 
 
-MAX_PAD = 0.05   # the most extra bytes padding may add (a share of the weight's): the step it buys must pay for them
-
-
-def padded_groups(k: int, group: int, codes: int = w4_kernel.PREPARED_TILE[1], max_pad: float = MAX_PAD) -> tuple[int, int]:
-    """``(groups per step, padded K)`` for the candidate tile when ``K`` is padded with zero columns instead of
-    the step shrunk (:func:`helpers.w4_kernel._fitting_groups` halves ``GROUPS`` until it divides ``K / group``:
-    Llama-2-7B's down projection, 86 groups of 128, gets 2 per step, Qwen2.5-72B's, 231, gets 1). Of the tile's
-    ``codes // group`` groups per step, halved, the most whose padding
-
-        K' = ⌈K / (group · groups)⌉ · group · groups
-
-    adds at most ``max_pad`` of the weight's bytes (``K' / K − 1``); ``K' = K`` where no step that wide fits.
-    Zero activations in the padded columns make their codes contribute nothing, whatever they dequantize to."""
-    for name, v in (("k", k), ("group", group), ("codes", codes)):
-        if not isinstance(v, int) or v <= 0:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    if k % group or codes % group:
-        raise ValueError(f"k ({k}) and codes ({codes}) must be multiples of group ({group})")
-    if not 0 <= max_pad < 1:
-        raise ValueError(f"max_pad must be a share in [0, 1), got {max_pad!r}")
-    groups = max(1, codes // group)
-    while True:
-        kp = -(-k // (group * groups)) * group * groups
-        if kp / k - 1 <= max_pad or groups == 1:
-            return groups, kp
-        groups //= 2
+MAX_PAD = w4_kernel.PREPARED_MAX_PAD   # the most extra bytes padding may add (a share of the weight's)
 
 
 def pad_weight(w: torch.Tensor, k_padded: int) -> torch.Tensor:
@@ -141,12 +116,12 @@ def pad_weight(w: torch.Tensor, k_padded: int) -> torch.Tensor:
 
 def padded_rows(x: torch.Tensor, w: torch.Tensor, g: int, sms: int, copies: int = 1) -> dict | None:
     """Round 13's question for one weight ``w`` [N, K] and group ``g``: the candidate rule on ``K`` padded to a
-    whole number of the candidate tile's steps (:func:`padded_groups`). ``None`` where ``K`` needs no padding;
+    whole number of the candidate tile's steps (:func:`~helpers.w4_kernel.padded_groups`). ``None`` where ``K`` needs no padding;
     else the padded weight's ``copies`` (for timing past L2), the padded row of ``x`` and its preparation, the
     config (:func:`~helpers.w4_kernel.prepared_config` on the padded weight), ``K'`` and the extra bytes' share,
     and the relative error against :func:`helpers.w4_format.reference_matmul` on the *unpadded* weight."""
     n, k = w.shape
-    groups, kp = padded_groups(k, g)
+    groups, kp = w4_kernel.padded_groups(k, g, max_pad=MAX_PAD)
     if kp == k:          # the tile (or its half) already divides K: the candidate rule runs it unpadded
         return None
     wp = pad_weight(w, kp)

@@ -39,7 +39,10 @@ step of each, ``benchmarks/kernels.py``):
   writes, per group, a power-of-two shrink and ``Σx``, and ``x``'s fp16 pairs in four planes; then
   :func:`gemv_prepared`'s loop only loads them beside the words (:func:`_word_pairs_half2` on each word), on
   narrow tiles (:func:`prepared_config`: 8 rows per program, up to 2048 codes per step). Two launches; a
-  candidate, chosen by ``auto_config(p, 1, {"PREPARED": True})``, not the default.
+  candidate, chosen by ``auto_config(p, 1, {"PREPARED": True})``, not the default. Where the tile's step does
+  not divide ``K``, :func:`padded_groups` gives the ``K'`` a layer pads its weight to at pack time (round 13;
+  ``W4Linear(..., family={"PREPARED": True, "PAD": True})``): one row of ``x`` with ``K`` columns then meets
+  a weight of ``K'``, and :func:`prepare_x` writes zeros past ``K``.
 
 The readable reference is :func:`helpers.w4_format.reference_matmul` (dequantize, then matmul); both kernels are
 tested against it on small shapes in Triton's interpreter on CPU (``TRITON_INTERPRET=1``, read when
@@ -350,27 +353,29 @@ def _unpack_pair(p):
     return lo, hi
 
 
-def _prepare_x_kernel(x_ptr, planes_ptr, xs_ptr, inv_ptr, K, plane_stride, GROUP: tl.constexpr,
+def _prepare_x_kernel(x_ptr, planes_ptr, xs_ptr, inv_ptr, K, K_OUT, plane_stride, GROUP: tl.constexpr,
                       LIMIT: tl.constexpr, CW: tl.constexpr):
     """``CW`` word columns (``8·CW`` activations) a program. Per group ``j``: ``shrink_j = 2^e`` putting the
     group's largest ``|x|`` in ``(LIMIT/2, LIMIT]`` (:func:`acc16_x_limit`: no fp16 sum of
     the group can overflow), written as ``1/shrink_j``, and ``Σx`` over the group (fp32, unshrunk); per word
     column ``c`` the fp16 pairs ``(x₀, x₄)``, ``(x₁/16, x₅/16)``, ``(x₂, x₆)``, ``(x₃/16, x₇/16)`` of
-    ``x[8c + j]·shrink`` (planes 0–3: the second operands of :func:`_word_pairs_half2`)."""
+    ``x[8c + j]·shrink`` (planes 0–3: the second operands of :func:`_word_pairs_half2`). ``x`` has ``K``
+    columns, the planes ``K_OUT ≥ K``: the columns past ``K`` are written as zeros (a weight padded at pack time)."""
     WPG: tl.constexpr = GROUP // 8
     G: tl.constexpr = CW // WPG
-    K8 = K // 8
+    K8 = K_OUT // 8
     c = tl.program_id(0) * CW + tl.arange(0, CW)
     m = c < K8
+    mx = c < K // 8                     # x's own columns; zeros past them
     base = x_ptr + c * 8
-    x0 = tl.load(base, mask=m, other=0.0).to(tl.float32)
-    x1 = tl.load(base + 1, mask=m, other=0.0).to(tl.float32)
-    x2 = tl.load(base + 2, mask=m, other=0.0).to(tl.float32)
-    x3 = tl.load(base + 3, mask=m, other=0.0).to(tl.float32)
-    x4 = tl.load(base + 4, mask=m, other=0.0).to(tl.float32)
-    x5 = tl.load(base + 5, mask=m, other=0.0).to(tl.float32)
-    x6 = tl.load(base + 6, mask=m, other=0.0).to(tl.float32)
-    x7 = tl.load(base + 7, mask=m, other=0.0).to(tl.float32)
+    x0 = tl.load(base, mask=mx, other=0.0).to(tl.float32)
+    x1 = tl.load(base + 1, mask=mx, other=0.0).to(tl.float32)
+    x2 = tl.load(base + 2, mask=mx, other=0.0).to(tl.float32)
+    x3 = tl.load(base + 3, mask=mx, other=0.0).to(tl.float32)
+    x4 = tl.load(base + 4, mask=mx, other=0.0).to(tl.float32)
+    x5 = tl.load(base + 5, mask=mx, other=0.0).to(tl.float32)
+    x6 = tl.load(base + 6, mask=mx, other=0.0).to(tl.float32)
+    x7 = tl.load(base + 7, mask=mx, other=0.0).to(tl.float32)
     big = tl.maximum(tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3))),
                      tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7))))
     most = tl.max(tl.reshape(big, (G, WPG)), axis=1)                                          # [G]
@@ -839,18 +844,22 @@ class PreparedX:
         self.inv = torch.empty(k // group, dtype=torch.float32, device=device)
 
 
-def prepare_x(x: torch.Tensor, group: int, out: PreparedX | None = None) -> PreparedX:
+def prepare_x(x: torch.Tensor, group: int, out: PreparedX | None = None, k: int | None = None) -> PreparedX:
     """Run :func:`_prepare_x_kernel` on one row ``x[1, K]``, one program per :data:`CHUNK_WORDS` word columns
-    (into ``out`` when given: no allocation)."""
+    (into ``out`` when given: no allocation). ``k``: the width of the planes, default ``K``; a wider ``k`` (a
+    weight padded at pack time, :func:`padded_groups`) gets zeros past ``x``'s columns."""
     if x.dim() != 2 or x.shape[0] != 1:
         raise ValueError(f"x must be one row [1, K], got shape {tuple(x.shape)}")
-    k = x.shape[1]
+    kx = x.shape[1]
+    k = kx if k is None else k
+    if kx % 8 or k < kx:
+        raise ValueError(f"x has K = {kx} columns: a multiple of 8, at most k = {k} (the planes' width)")
     out = out or PreparedX(k, group, x.device)
     if (out.k, out.group) != (k, group):
-        raise ValueError(f"out was made for K = {out.k}, group {out.group}; x has K = {k}, group {group}")
+        raise ValueError(f"out was made for K = {out.k}, group {out.group}; asked for K = {k}, group {group}")
     cw = max(CHUNK_WORDS, group // 8)
-    _kernel("prepare")[(triton.cdiv(k // 8, cw),)](x.contiguous(), out.planes, out.xs, out.inv, k, out.plane_stride,
-                                                   GROUP=group, LIMIT=acc16_x_limit(group), CW=cw,
+    _kernel("prepare")[(triton.cdiv(k // 8, cw),)](x.contiguous(), out.planes, out.xs, out.inv, kx, k,
+                                                   out.plane_stride, GROUP=group, LIMIT=acc16_x_limit(group), CW=cw,
                                                    **({} if _interpreted() else {"num_warps": 2}))
     return out
 
@@ -882,6 +891,35 @@ PREPARED_FLIGHT = 16384        # codes of each row in flight per SM (warps × co
 PREPARED_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "num_warps", "PREFETCH"}
 
 
+PREPARED_MAX_PAD = 0.05       # the most extra bytes padded_groups adds to a weight (round 13, run X4)
+
+
+def padded_groups(k: int, group: int, codes: int = PREPARED_TILE[1], max_pad: float = PREPARED_MAX_PAD) -> tuple[int, int]:
+    """``(groups per step, padded K)`` for the prepared tile when ``K`` is padded with zero columns instead of
+    the step shrunk (:func:`_fitting_groups` halves ``GROUPS`` until it divides ``K / group``: Llama-2-7B's down
+    projection, 86 groups of 128, gets 2 per step, Qwen2.5-72B's, 231, gets 1). Of the tile's ``codes // group``
+    groups per step, halved, the most whose padding
+
+        K' = ⌈K / (group · groups)⌉ · group · groups
+
+    adds at most ``max_pad`` of the weight's bytes (``K' / K − 1``); ``K' = K`` where no step that wide fits.
+    Zero activations in the padded columns (:func:`prepare_x` with ``k = K'``) make their codes contribute
+    nothing. Measured in round 13 (README; ``results/h100/x_side.json`` run "2026-12-06 X4")."""
+    for name, value in (("k", k), ("group", group), ("codes", codes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if k % group or codes % group:
+        raise ValueError(f"k ({k}) and codes ({codes}) must be multiples of group ({group})")
+    if not 0 <= max_pad < 1:
+        raise ValueError(f"max_pad must be a share in [0, 1), got {max_pad!r}")
+    groups = max(1, codes // group)
+    while True:
+        kp = -(-k // (group * groups)) * group * groups
+        if kp / k - 1 <= max_pad or groups == 1:
+            return groups, kp
+        groups //= 2
+
+
 def prepared_config(p: W4Weight, sms: int | None = None) -> dict:
     """The shape rule of the one-row GEMV with its activation side prepared (``KERNEL="prepared"``): the tile
     :data:`PREPARED_TILE` (``GROUPS`` halved until it divides the row), ``K`` split only where the programs of
@@ -908,7 +946,7 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     ``UNEVEN=False`` — the nearest divisor, :func:`narrow_split` — ``ACC16=False``
     — fp16-pair sums per word — or ``HALF2=False``: the fp32 GEMV of :func:`gemv_config`, 128 rows per
     program; ``PDL`` passes through to either kernel; ``PREPARED=True`` — the activation side prepared once per
-    call, :func:`prepared_config`, round 12's candidate); more rows run the tensor-core kernel with
+    call, :func:`prepared_config`, round 12's candidate; ``PAD`` is the layer's, read at pack time); more rows run the tensor-core kernel with
     :data:`TC_GROUPS` groups per step (fewer where they do not divide ``K``), ``K`` split by
     :func:`tc_split`. ``family`` overrides :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is
     lowered until it divides ``K``)."""
@@ -924,7 +962,7 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
         return narrow_gemv_config(p, sms=sms, uneven=bool(family.get("UNEVEN", True)),
                                   ACC16=bool(family.get("ACC16", True)), **pdl)
     family = {key: v for key, v in (family or {}).items()
-              if key not in ("SPLIT_K", "KERNEL", "HALF2", "ACC16", "UNEVEN", "PREPARED")}
+              if key not in ("SPLIT_K", "KERNEL", "HALF2", "ACC16", "UNEVEN", "PREPARED", "PAD")}
     groups = _fitting_groups(p, family.pop("GROUPS", TC_GROUPS))
     cfg = dict(TC_DEFAULTS, **family, GROUPS=groups)
     if _interpreted():
@@ -956,7 +994,7 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
         raise RuntimeError("w4a16_matmul needs Triton: pip install triton (Linux), or use reference_matmul")
     if not isinstance(p, W4Weight):
         raise TypeError(f"p must be a W4Weight (from pack_w4), got {type(p).__name__}")
-    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != p.shape[1]:
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] > p.shape[1]:
         raise ValueError(f"x must be a 2-D tensor [M, K={p.shape[1]}], got {getattr(x, 'shape', type(x).__name__)}")
     if not x.is_floating_point() or x.dtype == torch.float64:
         raise ValueError(f"x must be float16, bfloat16 or float32 activations, got {x.dtype}")
@@ -966,6 +1004,10 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
     if config is None:   # fp32 activations take the CUDA-core GEMV (tensor cores multiply 16-bit tiles)
         config = DEFAULT_CONFIG if x.dtype == torch.float32 and m == 1 else auto_config(p, m)
     cfg = _check_config(dict(config), p, m)
+    if x.shape[1] < k and not (cfg["KERNEL"] == "prepared" and m == 1 and x.shape[1] % 8 == 0):
+        raise ValueError(f"x must be a 2-D tensor [M, K={k}], got {tuple(x.shape)}: only one row on KERNEL='prepared' "
+                         "reads x narrower than its weight (a weight padded at pack time; the missing columns read as "
+                         "zeros) — pad x with zero columns for the other kernels")
     if cfg["KERNEL"] == "tc" and x.dtype == torch.float32:
         raise ValueError("KERNEL='tc' multiplies 16-bit activations on tensor cores: pass x in bfloat16 or float16 "
                          "(or one row of float32 with KERNEL='gemv')")
@@ -987,7 +1029,7 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
                              " leave PDL out")
         extra["launch_pdl"] = True
     if cfg["KERNEL"] == "prepared":   # two launches: the activation side once, then the loop that reads it
-        return gemv_prepared(prepare_x(x, p.group_size), p, cfg, locks=locks, out_dtype=out_dtype)
+        return gemv_prepared(prepare_x(x, p.group_size, k=k), p, cfg, locks=locks, out_dtype=out_dtype)
     if cfg["KERNEL"] == "gemv":
         split = cfg["SPLIT_K"]
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)

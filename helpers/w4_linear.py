@@ -7,7 +7,7 @@ import json
 import torch
 
 from .w4_format import W4Weight, dequantize_w4, pack_w4
-from .w4_kernel import DEFAULT_CONFIG, auto_config, block_rows, w4a16_matmul
+from .w4_kernel import DEFAULT_CONFIG, PREPARED_TILE, auto_config, block_rows, padded_groups, w4a16_matmul
 
 
 def w4a16_op():
@@ -38,12 +38,23 @@ class W4Linear(torch.nn.Module):
     Above ``dense_above`` rows (prefill, large batches) the int4 kernels lose to a 16-bit GEMM (the
     crossover measured in notebook 08), so the layer dequantizes its weight for that call and uses
     cuBLAS — what engines do too (vLLM's AWQ path dequantizes from 256 tokens); the cost is one
-    transient dense copy of this layer's weight."""
+    transient dense copy of this layer's weight.
+
+    ``family={"PREPARED": True, "PAD": True}`` (round 13): where the prepared tile's step does not divide
+    ``in_features``, the weight is packed with zero columns up to :func:`~helpers.w4_kernel.padded_groups`'s
+    ``K'`` (at most 5 % more bytes); one row reads them as zeros (``prepare_x`` writes zeros past ``K``), more
+    rows get ``x`` padded with zero columns first."""
 
     def __init__(self, linear: torch.nn.Linear, group_size: int = 128, configs: dict | None = None,
                  dense_above: int = 16, family: dict | None = None):
         super().__init__()
-        p = pack_w4(linear.weight.data, group_size)
+        weight = linear.weight.data
+        self.in_features = weight.shape[1]
+        if (family or {}).get("PREPARED") and (family or {}).get("PAD") and PREPARED_TILE[1] % group_size == 0 \
+                and self.in_features % group_size == 0:
+            k_padded = padded_groups(self.in_features, group_size)[1]
+            weight = torch.nn.functional.pad(weight, (0, k_padded - self.in_features))
+        p = pack_w4(weight, group_size)
         self.register_buffer("words", p.words)
         self.register_buffer("scale", p.scale)
         self.register_buffer("zero", p.zero)
@@ -89,6 +100,11 @@ class W4Linear(torch.nn.Module):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         m = x2.shape[0]
+        if shape[-1] != self.in_features:
+            raise ValueError(f"x has {shape[-1]} features, this layer takes {self.in_features}")
+        if self.shape[1] > self.in_features and not (m == 1 and x2.dtype != torch.float32
+                                                     and self.configs[1]["KERNEL"] == "prepared"):
+            x2 = torch.nn.functional.pad(x2, (0, self.shape[1] - self.in_features))   # a weight padded at pack time
         if m > self.dense_above or (x2.dtype == torch.float32 and m > 1):   # tensor cores take 16-bit rows
             y = x2 @ dequantize_w4(self.p, x2.dtype).T
         else:

@@ -1640,5 +1640,7 @@ else:
 # bandwidth to near 90 % (the table), Llama-2-7B's from under half to about half, and every padded weight is
 # faster than tinygemm. It is not enough everywhere: Llama-2-7B's down stays well under the 70 % target
 # and the 14B-class projection just under it. Counted on one run, on one card, on the ten weights that
-# qualify. In the course's layers this belongs at pack time — `W4Weight` padded once at load, `prepare_x`
-# writing zeros past `K` — and that, with decode through it, is the next round.
+# qualify. In the course's layers it belongs at pack time, and after this run it went there:
+# `W4Linear(..., family={"PREPARED": True, "PAD": True})` packs its weight padded to `padded_groups`'s `K'`
+# once, and `prepare_x` writes zeros past `x`'s own `K` (tested in Triton's interpreter; on a GPU and in
+# decode not yet — `scripts/gpu_owed.sh 20`).

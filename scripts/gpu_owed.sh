@@ -48,6 +48,11 @@
 #      number of its tile's steps (at most 5 % more bytes) against it unpadded, the rule and tinygemm, on the ten
 #      weights x groups whose K the tile's step does not divide (Llama-2-7B and Qwen2.5-72B downs among them); its
 #      tests on the GPU first
+#   20 round 13 in the layers (eleventh session): the prepared path's tests and the decode benchmark's on the GPU
+#      (W4Linear padding its weight at pack time, family {"PREPARED": true, "PAD": true}); Llama-2-7B decode
+#      (its down projection is padded, 11008 -> 11264) with ours at the rule, prepared, and prepared + padded
+#      beside tinygemm, then bf16 in the next process; then notebook 08 in the full profile (the reference run
+#      of 2026-12-06 ran the other ten)
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -181,6 +186,16 @@ tests/test_llm_compressor.py" PART_TIMEOUT=200 gpu pytest
   19) TESTS="tests/test_x_side.py" PART_TIMEOUT=90 gpu pytest
      mv "$OUT/pytest_part.txt" "$OUT/pytest_x_side.txt"
      XSIDE_ARGS=--pad PART_TIMEOUT=$(left 585 60) gpu xside ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|19 (see the header)"; exit 2 ;;
+  20) TESTS="tests/test_x_side.py tests/test_decode_bench.py" PART_TIMEOUT=150 gpu pytest
+     mv "$OUT/pytest_part.txt" "$OUT/pytest_padded.txt"
+     DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 \
+--recipes fused+head+attn --family [{},{\"PREPARED\":true},{\"PREPARED\":true,\"PAD\":true}]" \
+       PART_TIMEOUT=$(left 400 60) gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_Llama-2-7B_padded.json"; mv "$OUT/decode.log" "$OUT/decode_Llama-2-7B_padded.log"
+     DECODE_FORMATS="bf16" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 --recipes fused+attn" \
+       PART_TIMEOUT=$(left 500 40) gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_Llama-2-7B_bf16.json"; mv "$OUT/decode.log" "$OUT/decode_Llama-2-7B_bf16.log"
+     NOTEBOOKS="notebooks/08_quantized_inference.ipynb" PART_TIMEOUT=$(left 585 30) gpu notebooks ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|20 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"

@@ -167,14 +167,14 @@ def test_padded_groups_pads_where_the_step_pays_and_never_past_max_pad():
     """Round 13: Llama-2-7B's down projection (86 groups of 128) pads to 88 for 8 groups a step (+2.3 %), not
     to 96 for 16 (+11.6 %); Qwen2.5-72B's (231 groups) to 240 for 16 (+3.9 %); 3584 columns (28 groups) would
     need 14 % for a wider step and stay as they are; a K the tile divides is not padded."""
-    assert x_side.padded_groups(11008, 128) == (8, 11264)
-    assert x_side.padded_groups(29568, 128) == (16, 30720) and x_side.padded_groups(29568, 64) == (32, 30720)
-    assert x_side.padded_groups(3584, 128) == (4, 3584)
-    assert x_side.padded_groups(4096, 128) == (16, 4096)
-    assert x_side.padded_groups(11008, 128, max_pad=0.2) == (16, 12288)
+    assert w4_kernel.padded_groups(11008, 128) == (8, 11264)
+    assert w4_kernel.padded_groups(29568, 128) == (16, 30720) and w4_kernel.padded_groups(29568, 64) == (32, 30720)
+    assert w4_kernel.padded_groups(3584, 128) == (4, 3584)
+    assert w4_kernel.padded_groups(4096, 128) == (16, 4096)
+    assert w4_kernel.padded_groups(11008, 128, max_pad=0.2) == (16, 12288)
     for bad, match in (((11008, 100), "multiples of group"), ((0, 128), "k must be"), ((4096, 128, 2048, 1.0), "max_pad")):
         with pytest.raises(ValueError, match=match):
-            x_side.padded_groups(*bad)
+            w4_kernel.padded_groups(*bad)
     with pytest.raises(ValueError, match="below the weight's K"):
         x_side.pad_weight(torch.zeros(2, 128), 64)
 
@@ -189,3 +189,38 @@ def test_the_padded_weight_gives_the_unpadded_product():
     assert pad["K_padded"] == 4096 and pad["config"]["GROUPS"] == 32 and pad["rel_err"] <= 2e-3
     assert abs(pad["pad_share"] - 64 / 4032) < 1e-9 and pad["x"][0, 4032:].abs().sum() == 0
     assert x_side.padded_rows(x[:, :2048], w[:, :2048], 64, sms=2) is None      # one whole step: nothing to pad
+
+
+def test_a_layer_padded_at_pack_time_gives_the_unpadded_product():
+    """Round 13 in the layers: ``W4Linear(..., family={"PREPARED": True, "PAD": True})`` packs 4032 columns (63
+    groups of 64) as 4096 (one step of 32 groups) — the real groups unchanged, the padded ones dequantize to 0;
+    one row goes through the prepared loop with zeros past K (``prepare_x(..., k=4096)``), three rows through
+    the tensor-core kernel on x padded with zero columns; both agree with the unpadded layer. x narrower than
+    its weight is refused on any kernel but the prepared one, and a layer refuses x of the wrong width."""
+    from helpers.w4_linear import W4Linear
+    torch.manual_seed(11)
+    lin = torch.nn.Linear(4032, 16, bias=False).to(DEV, torch.bfloat16)
+    padded = W4Linear(lin, 64, family={"PREPARED": True, "PAD": True})
+    plain = W4Linear(lin, 64, family={"PREPARED": True})
+    assert padded.shape == (16, 4096) and padded.in_features == 4032 and plain.shape == (16, 4032)
+    assert padded.configs[1]["KERNEL"] == "prepared" and padded.configs[1]["GROUPS"] == 32
+    assert plain.configs[1]["GROUPS"] < 32                                       # the step shrunk instead
+    assert torch.equal(padded.words[:, :4032 // 8], plain.words) and torch.equal(padded.scale[:, :63], plain.scale)
+    assert w4_format.dequantize_w4(padded.p, torch.float32)[:, 4032:].abs().max() == 0
+    ref_p = w4_format.pack_w4(lin.weight.data, 64)
+    for rows in (1, 3):
+        x = torch.randn(rows, 4032, dtype=torch.bfloat16, device=DEV)
+        ref = w4_format.reference_matmul(x.float(), ref_p).float()
+        got = padded(x).float()
+        assert got.shape == (rows, 16) and ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-2
+    x = torch.randn(1, 4032, dtype=torch.bfloat16, device=DEV)
+    prep = w4_kernel.prepare_x(x, 64, k=4096)
+    assert prep.k == 4096 and prep.xs[63:].abs().sum() == 0 and prep.inv[63:].eq(1).all()
+    assert all(prep.planes[j * prep.plane_stride + 4032 // 8: j * prep.plane_stride + 4096 // 8].eq(0).all()
+               for j in range(4))
+    with pytest.raises(ValueError, match="at most k"):
+        w4_kernel.prepare_x(x, 64, k=2048)
+    with pytest.raises(ValueError, match="only one row on KERNEL='prepared'"):
+        w4_kernel.w4a16_matmul(torch.randn(2, 4032, dtype=torch.bfloat16, device=DEV), padded.p, padded.configs[16])
+    with pytest.raises(ValueError, match="this layer takes 4032"):
+        padded(torch.randn(1, 4096, dtype=torch.bfloat16, device=DEV))
