@@ -55,7 +55,7 @@ def quality_settings(gpu: bool) -> dict:
     full_gpu = {"calib_samples": 128, "seq_len": 512, "eval_tokens": 128 * 512, "n_grid": 20}
     full_cpu = {"calib_samples": 16, "seq_len": 512, "eval_tokens": 32 * 512, "n_grid": 20}
     return pick(full=full_gpu if gpu else full_cpu,
-                ci={"calib_samples": 4, "seq_len": 128, "eval_tokens": 8 * 128, "n_grid": 4, "layers": 6},
+                ci={"calib_samples": 4, "seq_len": 128, "eval_tokens": 4 * 128, "n_grid": 4, "layers": 6},
                 workshop={"calib_samples": 32 if gpu else 8, "seq_len": 512, "eval_tokens": 32 * 512, "n_grid": 10})
 
 

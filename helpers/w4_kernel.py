@@ -40,7 +40,7 @@ step of each, ``benchmarks/kernels.py``):
   :func:`gemv_prepared`'s loop only loads them beside the words (:func:`_word_pairs_half2` on each word), on
   narrow tiles (:func:`prepared_config`: 8 rows per program, up to 2048 codes per step). Two launches; a
   candidate, chosen by ``auto_config(p, 1, {"PREPARED": True})``, not the default. Where the tile's step does
-  not divide ``K``, :func:`padded_groups` gives the ``K'`` a layer pads its weight to at pack time (round 13;
+  not divide ``K`` and holds few codes, :func:`pack_width` gives the ``K'`` a layer pads its weight to at pack time (round 13;
   ``W4Linear(..., family={"PREPARED": True, "PAD": True})``): one row of ``x`` with ``K`` columns then meets
   a weight of ``K'``, and :func:`prepare_x` writes zeros past ``K``.
 
@@ -852,6 +852,8 @@ def prepare_x(x: torch.Tensor, group: int, out: PreparedX | None = None, k: int 
         raise ValueError(f"x must be one row [1, K], got shape {tuple(x.shape)}")
     kx = x.shape[1]
     k = kx if k is None else k
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise ValueError(f"k must be an int (the planes' width), got {k!r}")
     if kx % 8 or k < kx:
         raise ValueError(f"x has K = {kx} columns: a multiple of 8, at most k = {k} (the planes' width)")
     out = out or PreparedX(k, group, x.device)
@@ -918,6 +920,27 @@ def padded_groups(k: int, group: int, codes: int = PREPARED_TILE[1], max_pad: fl
         if kp / k - 1 <= max_pad or groups == 1:
             return groups, kp
         groups //= 2
+
+
+PAD_BELOW_CODES = 1024     # a layer pads K only where the step that divides K holds fewer codes than this
+
+
+def pack_width(k: int, group: int) -> int:
+    """The ``K`` a layer packs its weight to for the prepared path (``W4Linear``'s family ``PAD``):
+    :func:`padded_groups`' ``K'`` where the widest prepared step that divides ``K`` holds fewer than
+    :data:`PAD_BELOW_CODES` codes, else ``K``. Run X4 (round 13): padding paid 1.05–1.74× where that step held
+    128–512 codes (Llama-2-7B's, Qwen2.5-72B's, Phi-3-medium's downs, the 14B-class projection) and
+    0.97–1.01× on Qwen2.5-32B's down, whose step held 1024."""
+    groups, kp = padded_groups(k, group)
+    fitting = max(1, PREPARED_TILE[1] // group)
+    while fitting > 1 and (k // group) % fitting:
+        fitting //= 2
+    return kp if fitting * group < PAD_BELOW_CODES else k
+
+
+def _padding_of(kx: int, k: int, group: int) -> bool:
+    """Whether a weight of ``k`` columns is one of ``kx`` padded by :func:`pack_width`."""
+    return kx < k and kx % group == 0 and PREPARED_TILE[1] % group == 0 and pack_width(kx, group) == k
 
 
 def prepared_config(p: W4Weight, sms: int | None = None) -> dict:
@@ -1004,10 +1027,11 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
     if config is None:   # fp32 activations take the CUDA-core GEMV (tensor cores multiply 16-bit tiles)
         config = DEFAULT_CONFIG if x.dtype == torch.float32 and m == 1 else auto_config(p, m)
     cfg = _check_config(dict(config), p, m)
-    if x.shape[1] < k and not (cfg["KERNEL"] == "prepared" and m == 1 and x.shape[1] % 8 == 0):
+    if x.shape[1] < k and not (cfg["KERNEL"] == "prepared" and m == 1 and _padding_of(x.shape[1], k, p.group_size)):
         raise ValueError(f"x must be a 2-D tensor [M, K={k}], got {tuple(x.shape)}: only one row on KERNEL='prepared' "
-                         "reads x narrower than its weight (a weight padded at pack time; the missing columns read as "
-                         "zeros) — pad x with zero columns for the other kernels")
+                         f"reads x narrower than its weight, and only a weight padded at pack time from x's width "
+                         f"(pack_width({x.shape[1]}, {p.group_size}) = K; the missing columns read as zeros) — "
+                         "otherwise pass x with the weight's K columns")
     if cfg["KERNEL"] == "tc" and x.dtype == torch.float32:
         raise ValueError("KERNEL='tc' multiplies 16-bit activations on tensor cores: pass x in bfloat16 or float16 "
                          "(or one row of float32 with KERNEL='gemv')")

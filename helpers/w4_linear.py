@@ -7,7 +7,7 @@ import json
 import torch
 
 from .w4_format import W4Weight, dequantize_w4, pack_w4
-from .w4_kernel import DEFAULT_CONFIG, PREPARED_TILE, auto_config, block_rows, padded_groups, w4a16_matmul
+from .w4_kernel import DEFAULT_CONFIG, PREPARED_TILE, auto_config, block_rows, pack_width, w4a16_matmul
 
 
 def w4a16_op():
@@ -40,19 +40,20 @@ class W4Linear(torch.nn.Module):
     cuBLAS — what engines do too (vLLM's AWQ path dequantizes from 256 tokens); the cost is one
     transient dense copy of this layer's weight.
 
-    ``family={"PREPARED": True, "PAD": True}`` (round 13): where the prepared tile's step does not divide
-    ``in_features``, the weight is packed with zero columns up to :func:`~helpers.w4_kernel.padded_groups`'s
-    ``K'`` (at most 5 % more bytes); one row reads them as zeros (``prepare_x`` writes zeros past ``K``), more
-    rows get ``x`` padded with zero columns first."""
+    ``family={"PREPARED": True, "PAD": True}`` (round 13): where the prepared step that divides ``in_features``
+    holds few codes, the weight is packed with zero columns up to :func:`~helpers.w4_kernel.pack_width`'s ``K'``
+    (at most 5 % more bytes); one row on the prepared kernel reads them as zeros (``prepare_x`` writes zeros
+    past ``K``), every other call gets ``x`` padded with zero columns first."""
 
     def __init__(self, linear: torch.nn.Linear, group_size: int = 128, configs: dict | None = None,
                  dense_above: int = 16, family: dict | None = None):
         super().__init__()
         weight = linear.weight.data
         self.in_features = weight.shape[1]
-        if (family or {}).get("PREPARED") and (family or {}).get("PAD") and PREPARED_TILE[1] % group_size == 0 \
-                and self.in_features % group_size == 0:
-            k_padded = padded_groups(self.in_features, group_size)[1]
+        if (family or {}).get("PAD") and not (family or {}).get("PREPARED"):
+            raise ValueError("family PAD pads the weight for the prepared path: pass {'PREPARED': True, 'PAD': True}")
+        if (family or {}).get("PAD") and PREPARED_TILE[1] % group_size == 0 and self.in_features % group_size == 0:
+            k_padded = pack_width(self.in_features, group_size)
             weight = torch.nn.functional.pad(weight, (0, k_padded - self.in_features))
         p = pack_w4(weight, group_size)
         self.register_buffer("words", p.words)
@@ -102,14 +103,14 @@ class W4Linear(torch.nn.Module):
         m = x2.shape[0]
         if shape[-1] != self.in_features:
             raise ValueError(f"x has {shape[-1]} features, this layer takes {self.in_features}")
-        if self.shape[1] > self.in_features and not (m == 1 and x2.dtype != torch.float32
-                                                     and self.configs[1]["KERNEL"] == "prepared"):
+        dense = m > self.dense_above or (x2.dtype == torch.float32 and m > 1)   # tensor cores take 16-bit rows
+        # one fp32 row: the CUDA-core GEMV; one 16-bit row: the GEMV; more: a tensor-core row tile
+        tile = None if dense else "fp32" if x2.dtype == torch.float32 else 1 if m == 1 else block_rows(m)
+        if self.shape[1] > self.in_features and not (tile == 1 and self.configs[1]["KERNEL"] == "prepared"):
             x2 = torch.nn.functional.pad(x2, (0, self.shape[1] - self.in_features))   # a weight padded at pack time
-        if m > self.dense_above or (x2.dtype == torch.float32 and m > 1):   # tensor cores take 16-bit rows
+        if dense:
             y = x2 @ dequantize_w4(self.p, x2.dtype).T
         else:
-            # one fp32 row: the CUDA-core GEMV; one 16-bit row: the GEMV; more: a tensor-core row tile
-            tile = "fp32" if x2.dtype == torch.float32 else 1 if m == 1 else block_rows(m)
             if torch.compiler.is_compiling():   # torch.compile sees one opaque op, not the launcher's Python
                 y = self._op(x2, self.words, self.scale, self.zero, self.locks, self.group_size,
                              self._op_configs[tile])

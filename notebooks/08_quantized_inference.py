@@ -579,7 +579,7 @@ if (H100 / "decode.json").exists() and (H100 / "kernels.json").exists():
     bf_l2 = dnow[dnow.model.str.startswith("Llama-2-7B") & (dnow.format == "bf16") & (dnow.recipe == "fused+attn")]
     print(f"  Llama-2-7B bf16 (fused+attn) across the runs that timed it ({', '.join(sorted(bf_l2.run))}): "
           f"{bf_l2.decode_tok_s.min():.1f}–{bf_l2.decode_tok_s.max():.1f} tok/s")
-    # the 8B's rows were timed with the nearest divisor; does round 11's rule split any of its weights otherwise?
+    # run 2026-12-05l (the line above) timed the 8B with the nearest divisor; does round 11's rule split its weights otherwise?
     c8 = models.architecture_config("Llama-3.1-8B")
     h8, i8 = c8.hidden_size, c8.intermediate_size
     kv8 = c8.num_key_value_heads * h8 // c8.num_attention_heads
@@ -612,8 +612,9 @@ else:
 # after the other, and bf16 alone has read as differently across runs as the line under the table shows,
 # enough to put Llama-2-7B's ratio on either side of 2). The 8B's rule and bf16 a day apart agree within a
 # few tok/s (the line under the table). At batches 8 and 16 ours decodes faster than bf16 and tinygemm
-# (the next line; graphs without `torch.compile`). The check under it says that round 11 splits none of
-# the 8B's weights otherwise than the rule it was measured with. At one row the kernel meets both targets
+# (the next line; graphs without `torch.compile`). The check under it says that the day-earlier run, timed
+# with the nearest divisor before round 11, split the 8B's weights as round 11's rule does: the two days
+# compare. At one row the kernel meets both targets
 # on the cases the line counts, among the largest weights; the others are listed under it. On the
 # 30-odd-MB projections of the 7B, 8B and 14B models it still reads at about 60 % of the copy bandwidth,
 # and on the two weights of 16 MB or more whose steps hold fewer codes — Llama-2-7B's down projection and
@@ -1615,7 +1616,7 @@ else:
 # `w4_kernel.prepared_config` halves the step until it divides `K` (down to 256 or 128 codes), and the
 # loop spends its time on a few codes per step. Round 13 does the opposite: it keeps the wide step and
 # pads `K` with zero columns (zero codes and zero activations add nothing to the dot product) to a whole
-# number of steps, where that costs at most 5 % more bytes (`benchmarks.x_side.padded_groups`). Run X4
+# number of steps, where that costs at most 5 % more bytes (`helpers.w4_kernel.padded_groups`). Run X4
 # timed it on the ten weights × groups that qualify — padded and unpadded, each with its preparation,
 # beside the rule and tinygemm; GB/s is counted on the weight's own bytes, so the padding's bytes count
 # against it:
@@ -1640,7 +1641,8 @@ else:
 # bandwidth to near 90 % (the table), Llama-2-7B's from under half to about half, and every padded weight is
 # faster than tinygemm. It is not enough everywhere: Llama-2-7B's down stays well under the 70 % target
 # and the 14B-class projection just under it. Counted on one run, on one card, on the ten weights that
-# qualify. In the course's layers it belongs at pack time, and after this run it went there:
-# `W4Linear(..., family={"PREPARED": True, "PAD": True})` packs its weight padded to `padded_groups`'s `K'`
-# once, and `prepare_x` writes zeros past `x`'s own `K` (tested in Triton's interpreter; on a GPU and in
-# decode not yet — `scripts/gpu_owed.sh 20`).
+# qualify. Where the unpadded step already held 1024 codes (Qwen2.5-32B's down) padding bought nothing; where it
+# held 512 or fewer it paid. That is the rule the layers took after this run, at pack time:
+# `W4Linear(..., family={"PREPARED": True, "PAD": True})` packs its weight padded to `w4_kernel.pack_width`'s
+# `K'` once (only where the step that divides `K` holds fewer than 1024 codes), and `prepare_x` writes zeros
+# past `x`'s own `K` (tested in Triton's interpreter; on a GPU and in decode not yet — `scripts/gpu_owed.sh 20`).

@@ -3,7 +3,7 @@
 ``pytest notebooks`` proves the notebooks run; it cannot see whether a widget renders (a front-end without the
 widget manager shows "Error displaying widget" or the text fallback) or whether moving a slider
 updates anything. This test starts JupyterLab on a copy of notebooks 01 and 07 cut to what their widgets need (the set-up
-and import cells, the cells named in ``WIDGET_NEEDS`` and the widget's own: the whole notebooks run under
+and import cells, the cells named in ``tests/widget_notebooks.WIDGET_NEEDS`` and the widget's own: the whole notebooks run under
 ``pytest notebooks``), runs all its cells in the browser, checks that every widget rendered, moves the seq_len and batch sliders (typing into
 their readouts, as a learner can) and a dropdown, and checks that the widget's output changed.
 Screenshots go to ``build/browser/``.
@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from widget_notebooks import WIDGET_NEEDS, widget_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("COURSE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -41,39 +42,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-# per notebook, the code cells its widget needs besides the set-up and import cells (the first two code
-# cells), each named by a line it holds, and the widget's cell last
-WIDGET_NEEDS = {
-    "01_memory_budget.ipynb": ("widgets.budget_widget()",),
-    "07_kv_cache_ab.ipynb": ("model, tok, real_weights = models.load_for_memory(", "widgets.kv_widget("),
-}
-
-
-def widget_copy(src: Path, dest: Path, needs: tuple[str, ...]) -> int:
-    """``src`` written to ``dest`` with only its first two code cells and the code cells holding one of
-    ``needs`` (in order); refuses a notebook where a line of ``needs`` matches no cell. Returns the cells kept."""
-    import nbformat
-    nb = nbformat.read(src, as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    missing = [n for n in needs if not any(n in c.source for c in code)]
-    if missing:
-        raise ValueError(f"{src.name}: no code cell holds {missing}: update WIDGET_NEEDS in tests/test_browser.py")
-    nb.cells = [c for k, c in enumerate(code) if k < 2 or any(n in c.source for n in needs)]
-    nbformat.write(nb, dest)
-    return len(nb.cells)
-
-
-def test_widget_copy_keeps_set_up_and_the_named_cells(tmp_path):
-    kept = widget_copy(ROOT / "notebooks" / "07_kv_cache_ab.ipynb", tmp_path / "07.ipynb",
-                       WIDGET_NEEDS["07_kv_cache_ab.ipynb"])
-    import nbformat
-    cut = nbformat.read(tmp_path / "07.ipynb", as_version=4).cells
-    # set-up, imports, the model's load, the cell that reloads it under a cap on a GPU, the widget
-    assert kept == 5 == len(cut) and "widgets.kv_widget(" in cut[-1].source and "load_for_memory(" in cut[2].source
-    with pytest.raises(ValueError, match="no code cell holds"):
-        widget_copy(ROOT / "notebooks" / "07_kv_cache_ab.ipynb", tmp_path / "x.ipynb", ("no such line",))
 
 
 @pytest.fixture(scope="module")

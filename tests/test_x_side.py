@@ -199,7 +199,7 @@ def test_a_layer_padded_at_pack_time_gives_the_unpadded_product():
     its weight is refused on any kernel but the prepared one, and a layer refuses x of the wrong width."""
     from helpers.w4_linear import W4Linear
     torch.manual_seed(11)
-    lin = torch.nn.Linear(4032, 16, bias=False).to(DEV, torch.bfloat16)
+    lin = torch.nn.Linear(4032, 16, bias=True).to(DEV, torch.bfloat16)
     padded = W4Linear(lin, 64, family={"PREPARED": True, "PAD": True})
     plain = W4Linear(lin, 64, family={"PREPARED": True})
     assert padded.shape == (16, 4096) and padded.in_features == 4032 and plain.shape == (16, 4032)
@@ -208,11 +208,16 @@ def test_a_layer_padded_at_pack_time_gives_the_unpadded_product():
     assert torch.equal(padded.words[:, :4032 // 8], plain.words) and torch.equal(padded.scale[:, :63], plain.scale)
     assert w4_format.dequantize_w4(padded.p, torch.float32)[:, 4032:].abs().max() == 0
     ref_p = w4_format.pack_w4(lin.weight.data, 64)
-    for rows in (1, 3):
+    for rows in (1, 3, 17):                       # the prepared loop, a tensor-core tile, the dense path
         x = torch.randn(rows, 4032, dtype=torch.bfloat16, device=DEV)
-        ref = w4_format.reference_matmul(x.float(), ref_p).float()
+        ref = w4_format.reference_matmul(x.float(), ref_p).float() + lin.bias.float()
         got = padded(x).float()
         assert got.shape == (rows, 16) and ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-2
+    x32 = torch.randn(1, 4032, device=DEV)                   # one fp32 row: the CUDA-core GEMV on padded x
+    ref32 = w4_format.reference_matmul(x32, ref_p).float() + lin.bias.float()
+    assert ((padded(x32).float() - ref32).abs().max() / ref32.abs().max()).item() <= 1e-2
+    always_dense = W4Linear(lin, 64, family={"PREPARED": True, "PAD": True}, dense_above=0)
+    assert always_dense(x32.to(torch.bfloat16)).shape == (1, 16)   # one row, dense: x padded first
     x = torch.randn(1, 4032, dtype=torch.bfloat16, device=DEV)
     prep = w4_kernel.prepare_x(x, 64, k=4096)
     assert prep.k == 4096 and prep.xs[63:].abs().sum() == 0 and prep.inv[63:].eq(1).all()
@@ -222,5 +227,21 @@ def test_a_layer_padded_at_pack_time_gives_the_unpadded_product():
         w4_kernel.prepare_x(x, 64, k=2048)
     with pytest.raises(ValueError, match="only one row on KERNEL='prepared'"):
         w4_kernel.w4a16_matmul(torch.randn(2, 4032, dtype=torch.bfloat16, device=DEV), padded.p, padded.configs[16])
+    with pytest.raises(ValueError, match="padded at pack time from x's width"):   # 3072 packs as 3072, not 4096
+        w4_kernel.w4a16_matmul(torch.randn(1, 3072, dtype=torch.bfloat16, device=DEV), padded.p, padded.configs[1])
+    with pytest.raises(ValueError, match="k must be an int"):
+        w4_kernel.prepare_x(x, 64, k=4096.0)
+    with pytest.raises(ValueError, match="pass {'PREPARED': True, 'PAD': True}"):
+        W4Linear(lin, 64, family={"PAD": True})
     with pytest.raises(ValueError, match="this layer takes 4032"):
         padded(torch.randn(1, 4096, dtype=torch.bfloat16, device=DEV))
+
+
+def test_pack_width_pads_only_where_the_step_held_few_codes():
+    """Round 13's rule for the layers (run X4): Llama-2-7B's down (256 codes a step unpadded) → 11264,
+    Qwen2.5-72B's (128) → 30720, Phi-3-medium's and the 14B-class (512) → 18432 and 14336; Qwen2.5-32B's down
+    (1024 codes a step already; X4: 0.97–1.01×) and a K the tile divides stay as they are."""
+    assert w4_kernel.pack_width(11008, 128) == 11264 and w4_kernel.pack_width(29568, 128) == 30720
+    assert w4_kernel.pack_width(17920, 128) == 18432 and w4_kernel.pack_width(13824, 64) == 14336
+    assert w4_kernel.pack_width(27648, 128) == 27648 == w4_kernel.pack_width(27648, 64)
+    assert w4_kernel.pack_width(4096, 128) == 4096 and w4_kernel.pack_width(4032, 64) == 4096
