@@ -1,4 +1,4 @@
-"""The notebooks as tests: ``pytest notebooks`` (or ``pytest tests notebooks``) collects every notebook
+"""The notebooks as tests: ``pytest notebooks`` (or ``pytest notebooks tests``, as CI does) collects every notebook
 here and runs it top to bottom in a fresh kernel, the way a learner would; it fails on the first cell
 that raises or runs past ``--notebook-timeout`` seconds (default 900), naming the cell with its source
 and traceback. A notebook whose cells all run is then checked for what a learner would see of it
