@@ -149,8 +149,9 @@ def _file_sha256(path: Path) -> str:
 
 
 def block_tensors(model) -> dict[str, torch.Tensor]:
-    """Every tensor a quantizer may change, by its ``state_dict`` name: the parameters and persistent
-    buffers of the decoder blocks (``model.layers.{i}.…``). The linears alone are not enough: AWQ
+    """Every tensor a quantizer may change: the parameters and persistent buffers of the decoder blocks
+    (:func:`helpers.models.decoder_layers`), named ``model.layers.{i}.`` + the name in its block — the store's
+    own naming, the same for every architecture. The linears alone are not enough: AWQ
     divides the norm before each scaled group by its scales (``awq.apply_scale``), so a variant
     restored without its norms computes ``norm(x)·(W·s)`` instead of ``(norm(x)/s)·(W·s)``."""
     return {f"model.layers.{i}.{n}": t for i, layer in enumerate(decoder_layers(model))

@@ -741,12 +741,17 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _fitting(row_groups: int, groups: int) -> int:
+    """``groups`` groups per step, halved until they divide a row's ``row_groups``."""
+    while groups > 1 and row_groups % groups:
+        groups //= 2
+    return groups
+
+
 def _fitting_groups(p: W4Weight, groups: int) -> int:
     """``groups`` groups per step, halved until they divide each row's groups (``K / group_size``):
     SmolLM2's 576 columns are 9 groups of 64, one per step."""
-    while groups > 1 and (p.shape[1] // p.group_size) % groups:
-        groups //= 2
-    return groups
+    return _fitting(p.shape[1] // p.group_size, groups)
 
 
 def _sms(p: W4Weight) -> int:
@@ -931,11 +936,8 @@ def pack_width(k: int, group: int) -> int:
     :data:`PAD_BELOW_CODES` codes, else ``K``. Run X4 (round 13): padding paid 1.05–1.74× where that step held
     128–512 codes (Llama-2-7B's, Qwen2.5-72B's, Phi-3-medium's downs, the 14B-class projection) and
     0.97–1.01× on Qwen2.5-32B's down, whose step held 1024."""
-    groups, kp = padded_groups(k, group)
-    fitting = max(1, PREPARED_TILE[1] // group)
-    while fitting > 1 and (k // group) % fitting:
-        fitting //= 2
-    return kp if fitting * group < PAD_BELOW_CODES else k
+    kp = padded_groups(k, group)[1]
+    return kp if _fitting(k // group, max(1, PREPARED_TILE[1] // group)) * group < PAD_BELOW_CODES else k
 
 
 def _padding_of(kx: int, k: int, group: int) -> bool:

@@ -545,16 +545,9 @@ H100 = results_path("h100")
 
 if (H100 / "decode.json").exists() and (H100 / "kernels.json").exists():
     _, dnow = kernel_runs.load("h100", "decode.json")
-    dnow = dnow[dnow.decode_tok_s.notna() & dnow.compiled.eq(True) & (dnow.batch == 1)]
 
-    def now_tok(run, fmt, recipe, flag=None):
-        """decode tok/s of the one row of ``run`` with this format and recipe whose family switches on
-        exactly ``flag`` (None: no switch on)"""
-        sel = dnow[(dnow.run == run) & (dnow.format == fmt) & (dnow.recipe == recipe)]
-        on = [{k for k, v in f.items() if v} if isinstance(f, dict) else set() for f in sel.family]
-        sel = sel[[o == ({flag} if flag else set()) for o in on]]
-        assert len(sel) == 1, f"{run} {fmt} {recipe} {flag}: {len(sel)} rows"
-        return sel.decode_tok_s.iloc[0]
+    def now_tok(run, fmt, recipe, flag=None):   # batch 1, compiled; flag: the kernel family's one switch
+        return kernel_runs.decode_tok_s(dnow, run, fmt, recipe, flag=flag)
     now = pd.DataFrame([
         {"model": "Llama-3.1-8B", "our path": "the rule", "bf16": now_tok("2026-12-06f", "bf16", "fused+attn"),
          "ours": now_tok("2026-12-06e", "W4A16 ours", "fused+head+attn"),
@@ -576,7 +569,8 @@ if (H100 / "decode.json").exists() and (H100 / "kernels.json").exists():
     print("  batches 8 and 16 (runs 2026-12-06g, h; graphs, not compiled): " + "; ".join(
         f"batch {b}: bf16 {r['bf16']:.0f}, ours {r['W4A16 ours']:.0f} ({r['W4A16 ours'] / r['bf16']:.2f}×), "
         f"tinygemm {r['W4A16 tinygemm']:.0f} ({r['W4A16 tinygemm'] / r['bf16']:.2f}×) tok/s" for b, r in dbig.iterrows()))
-    bf_l2 = dnow[dnow.model.str.startswith("Llama-2-7B") & (dnow.format == "bf16") & (dnow.recipe == "fused+attn")]
+    b1 = dnow[dnow.decode_tok_s.notna() & dnow.compiled.eq(True) & (dnow.batch == 1)]
+    bf_l2 = b1[b1.model.str.startswith("Llama-2-7B") & (b1.format == "bf16") & (b1.recipe == "fused+attn")]
     print(f"  Llama-2-7B bf16 (fused+attn) across the runs that timed it ({', '.join(sorted(bf_l2.run))}): "
           f"{bf_l2.decode_tok_s.min():.1f}–{bf_l2.decode_tok_s.max():.1f} tok/s")
     # run 2026-12-05l (the line above) timed the 8B with the nearest divisor; does round 11's rule split its weights otherwise?
@@ -1213,9 +1207,7 @@ if (H100 / "decode.json").exists():
 if (H100 / "decode.json").exists() and "2026-12-05 N2" in k100["meta"]["runs"]:
 
     def tok(run, fmt, recipe, batch=1, compiled=True):
-        sel = d100[(d100.run == run) & (d100.format == fmt) & (d100.recipe == recipe) & (d100.batch == batch)
-                   & (d100.compiled == compiled)]
-        return sel.decode_tok_s.iloc[0]
+        return kernel_runs.decode_tok_s(d100, run, fmt, recipe, batch, compiled)
     ours2, tiny2, bf2 = (tok("2026-12-05j", "W4A16 ours", "fused+head+attn"),
                          tok("2026-12-05j", "W4A16 tinygemm", "fused+head+attn"), tok("2026-12-05k", "bf16", "fused+attn"))
     before2 = tok("2026-12-05h", "W4A16 ours", "fused+head+attn")

@@ -93,3 +93,17 @@ def test_x_side_padded_reads_run_x4():
     _, x3 = kernel_runs.load("h100", "x_side.json", runs="2026-12-06 X3")
     with pytest.raises(ValueError, match="has no rows"):
         kernel_runs.x_side_padded(x3.groupby(["shape", "group"]).get_group(("Qwen2.5-72B down 29568x8192", 128)))
+
+
+def test_decode_tok_s_reads_one_row_by_run_format_and_family():
+    """Run 2026-12-06e (Llama-3.1-8B, batch 1): ours at the rule 349.9 tok/s and prepared 370.6 (family
+    PREPARED), the numbers notebook 08 and the README quote; a selection of no row, or of rows the family
+    does not tell apart, is refused."""
+    _, rows = kernel_runs.load("h100", "decode.json")
+    assert round(kernel_runs.decode_tok_s(rows, "2026-12-06e", "W4A16 ours", "fused+head+attn"), 1) == 349.9
+    assert round(kernel_runs.decode_tok_s(rows, "2026-12-06e", "W4A16 ours", "fused+head+attn", flag="PREPARED"), 1) == 370.6
+    assert round(kernel_runs.decode_tok_s(rows, "2026-12-06g", "bf16", "fused+attn", batch=8, compiled=False)) == 879
+    with pytest.raises(ValueError, match="0 rows"):
+        kernel_runs.decode_tok_s(rows, "2026-12-06e", "bf16", "fused+attn")
+    with pytest.raises(ValueError, match="2 rows"):     # two families in one run: the flag must pick one
+        kernel_runs.decode_tok_s(rows.assign(family=None), "2026-12-06e", "W4A16 ours", "fused+head+attn")
