@@ -53,6 +53,13 @@
 #      (its down projection is padded, 11008 -> 11264) with ours at the rule, prepared, and prepared + padded
 #      beside tinygemm, then bf16 in the next process; then notebook 08 in the full profile (the reference run
 #      of 2026-12-06 ran the other ten)
+#   21-23 the twelfth session's three calls (on one warm machine, in this order), each notebook alone on the card:
+#      21 round 13's layer tests on the GPU (call 20's), notebooks 00-04 (full profile), then Llama-2-7B decode at the
+#         rule / prepared / prepared + padded beside tinygemm (batch 1 compiled, fused+head+attn), then bf16
+#      22 notebooks 05-08, then Llama-3.1-8B bf16 decode (fused+attn; batch 1 compiled, 8 and 16 with graphs)
+#      23 notebooks 09-10, then Llama-3.1-8B ours at the rule and prepared beside tinygemm (fused+head+attn; batch 1
+#         compiled, 8 and 16 with graphs) -- with 22, the card's decode file for #31's targets; the three notebook
+#         parts join into one reference run with scripts/run_all.py --merge
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -196,6 +203,29 @@ tests/test_llm_compressor.py" PART_TIMEOUT=200 gpu pytest
        PART_TIMEOUT=$(left 500 40) gpu decode
      mv "$OUT/decode.json" "$OUT/decode_Llama-2-7B_bf16.json"; mv "$OUT/decode.log" "$OUT/decode_Llama-2-7B_bf16.log"
      NOTEBOOKS="notebooks/08_quantized_inference.ipynb" PART_TIMEOUT=$(left 585 30) gpu notebooks ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|20 (see the header)"; exit 2 ;;
+  21) TESTS="tests/test_x_side.py tests/test_decode_bench.py" PART_TIMEOUT=150 gpu pytest
+     mv "$OUT/pytest_part.txt" "$OUT/pytest_padded.txt"
+     NOTEBOOKS="notebooks/00_setup.ipynb notebooks/01_memory_budget.ipynb notebooks/02_allocator_fragmentation.ipynb \
+notebooks/03_quantization_basics.ipynb notebooks/04_gptq.ipynb" PART_TIMEOUT=300 gpu notebooks
+     mv "$OUT/notebooks" "$OUT/notebooks_a"; mv "$OUT/notebooks.log" "$OUT/notebooks_a.log"; mv "$OUT/notebooks.tgz" "$OUT/notebooks_a.tgz"
+     DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 \
+--recipes fused+head+attn --family [{},{\"PREPARED\":true},{\"PREPARED\":true,\"PAD\":true}]" \
+       PART_TIMEOUT=$(left 490 60) gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_Llama-2-7B_padded.json"; mv "$OUT/decode.log" "$OUT/decode_Llama-2-7B_padded.log"
+     DECODE_FORMATS="bf16" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 --recipes fused+attn" \
+       PART_TIMEOUT=$(left 570 30) gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_Llama-2-7B_bf16.json"; mv "$OUT/decode.log" "$OUT/decode_Llama-2-7B_bf16.log" ;;
+  22) NOTEBOOKS="notebooks/05_awq.ipynb notebooks/06_perplexity.ipynb notebooks/07_kv_cache_ab.ipynb \
+notebooks/08_quantized_inference.ipynb" PART_TIMEOUT=440 gpu notebooks
+     mv "$OUT/notebooks" "$OUT/notebooks_b"; mv "$OUT/notebooks.log" "$OUT/notebooks_b.log"; mv "$OUT/notebooks.tgz" "$OUT/notebooks_b.tgz"
+     DECODE_FORMATS="bf16" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 --recipes fused+attn" \
+       PART_TIMEOUT=$(left 570 30) gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_8B_bf16.json"; mv "$OUT/decode.log" "$OUT/decode_8B_bf16.log" ;;
+  23) NOTEBOOKS="notebooks/09_clinic.ipynb notebooks/10_multi_gpu.ipynb" PART_TIMEOUT=260 gpu notebooks
+     mv "$OUT/notebooks" "$OUT/notebooks_c"; mv "$OUT/notebooks.log" "$OUT/notebooks_c.log"; mv "$OUT/notebooks.tgz" "$OUT/notebooks_c.tgz"
+     DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 \
+--recipes fused+head+attn --family [{},{\"PREPARED\":true}]" PART_TIMEOUT=$(left 570 30) gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_8B_w4.json"; mv "$OUT/decode.log" "$OUT/decode_8B_w4.log" ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|23 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"
