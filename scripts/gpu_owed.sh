@@ -60,6 +60,10 @@
 #      23 notebooks 09-10, then Llama-3.1-8B ours at the rule and prepared beside tinygemm (fused+head+attn; batch 1
 #         compiled, 8 and 16 with graphs) -- with 22, the card's decode file for #31's targets; the three notebook
 #         parts join into one reference run with scripts/run_all.py --merge
+#   24 T4-sized (COURSE_GPU_GIB=15), full profile, one at a time: notebooks 05-10 (the ones that changed most since
+#      the last T4-sized run, bf05d30)
+#   25 the card's decode file for #31's targets in two processes: Llama-3.1-8B bf16 (fused+attn), then ours at the
+#      rule and prepared beside tinygemm (fused+head+attn); batch 1 compiled, 8 and 16 with graphs
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -226,6 +230,15 @@ notebooks/08_quantized_inference.ipynb" PART_TIMEOUT=440 gpu notebooks
      DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 \
 --recipes fused+head+attn --family [{},{\"PREPARED\":true}]" PART_TIMEOUT=$(left 570 30) gpu decode
      mv "$OUT/decode.json" "$OUT/decode_8B_w4.json"; mv "$OUT/decode.log" "$OUT/decode_8B_w4.log" ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|23 (see the header)"; exit 2 ;;
+  24) NOTEBOOKS="notebooks/05_awq.ipynb notebooks/06_perplexity.ipynb notebooks/07_kv_cache_ab.ipynb \
+notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/10_multi_gpu.ipynb" COURSE_GPU_GIB=15 \
+       PART_TIMEOUT=580 gpu notebooks ;;
+  25) DECODE_FORMATS="bf16" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 --recipes fused+attn" \
+       PART_TIMEOUT=200 gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_8B_bf16.json"; mv "$OUT/decode.log" "$OUT/decode_8B_bf16.log"
+     DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 \
+--recipes fused+head+attn --family [{},{\"PREPARED\":true}]" PART_TIMEOUT=$(left 585 30) gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_8B_w4.json"; mv "$OUT/decode.log" "$OUT/decode_8B_w4.log" ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|25 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"
