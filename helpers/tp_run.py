@@ -1,7 +1,7 @@
 """Tensor parallelism run for real: a Llama decoder layer split over processes, checked against the
 unsplit layer, its per-rank bytes against :mod:`helpers.parallel`'s prediction.
 
-:func:`run` starts ``tp`` processes (``torch.multiprocessing.spawn``; no launcher, no code strings) that
+:func:`run` starts ``tp`` processes (``torch.multiprocessing``, :func:`_start_method`; no launcher, no code strings) that
 join one ``torch.distributed`` group — gloo on CPU, NCCL on GPUs. Each builds the same full layer
 (transformers' ``LlamaDecoderLayer``, same seed), keeps only its shards, as vLLM's weight loaders do:
 
@@ -197,6 +197,18 @@ def run(tp: int = 2, cases=({"kv_heads": 2}, {"kv_heads": 1}), backend: str = "g
     return sorted(rows, key=lambda row: (row["case"], row["rank"]))
 
 
+def _start_method(backend: str) -> str:
+    """How the ranks start: on CPU (gloo) they fork from one server process that imported this module, and
+    transformers with it, once (``forkserver``: four ranks start in about a second instead of importing
+    transformers each); NCCL ranks, and systems without ``forkserver``, start fresh (``spawn``): a process that
+    may have touched CUDA is never forked."""
+    import torch.multiprocessing as mp
+    if backend == "nccl" or "forkserver" not in mp.get_all_start_methods():
+        return "spawn"
+    mp.get_context("forkserver").set_forkserver_preload([__name__])
+    return "forkserver"
+
+
 def _spawn(fn, tp, backend, args, *more) -> list:
     """``tp`` processes of ``fn(rank, tp, port, *args, out_dir, *more)``; each writes ``rank{r}.json`` (a list)."""
     import torch.multiprocessing as mp
@@ -205,7 +217,8 @@ def _spawn(fn, tp, backend, args, *more) -> list:
     os.environ.update(env)                       # the children inherit it
     try:
         with tempfile.TemporaryDirectory() as out:
-            mp.spawn(fn, args=(tp, free_port(), *args, out, *more), nprocs=tp, join=True)
+            mp.start_processes(fn, args=(tp, free_port(), *args, out, *more), nprocs=tp, join=True,
+                               start_method=_start_method(backend))
             return [row for r in range(tp) for row in json.loads(Path(out, f"rank{r}.json").read_text())]
     finally:
         for k, v in old.items():

@@ -112,6 +112,14 @@ def test_four_ranks_share_two_kv_heads_in_pairs():
     assert all(r["kv_replicas"] == 2 and r["param_bytes_meas"] == r["param_bytes_pred"] for r in rows)
 
 
+def test_ranks_fork_from_one_server_on_cpu_and_start_fresh_for_nccl(monkeypatch):
+    import torch.multiprocessing as mp
+    assert tp_run._start_method("gloo") == "forkserver"       # Linux: the ranks fork from one server
+    assert tp_run._start_method("nccl") == "spawn"            # a process that may have touched CUDA is never forked
+    monkeypatch.setattr(mp, "get_all_start_methods", lambda: ["spawn"])   # e.g. Windows
+    assert tp_run._start_method("gloo") == "spawn"
+
+
 def test_run_refuses_bad_sizes_before_spawning():
     with pytest.raises(ValueError, match="must divide num_attention_heads"):
         tp_run.run(tp=3)
