@@ -64,6 +64,8 @@
 #      the last T4-sized run, bf05d30)
 #   25 the card's decode file for #31's targets in two processes: Llama-3.1-8B bf16 (fused+attn), then ours at the
 #      rule and prepared beside tinygemm (fused+head+attn); batch 1 compiled, 8 and 16 with graphs
+#   26 call 20 for a short budget (CALL_BUDGET seconds, default 420): round 13's layer tests on the GPU, then
+#      Llama-2-7B decode, prepared + padded first, then prepared, the rule and tinygemm (as long as the budget lasts)
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -239,6 +241,12 @@ notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/10_mu
      DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 \
 --recipes fused+head+attn --family [{},{\"PREPARED\":true}]" PART_TIMEOUT=$(left 585 30) gpu decode
      mv "$OUT/decode.json" "$OUT/decode_8B_w4.json"; mv "$OUT/decode.log" "$OUT/decode_8B_w4.log" ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|25 (see the header)"; exit 2 ;;
+  26) TESTS="tests/test_x_side.py tests/test_decode_bench.py" PART_TIMEOUT=150 gpu pytest
+     mv "$OUT/pytest_part.txt" "$OUT/pytest_padded.txt"
+     DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 \
+--recipes fused+head+attn --family [{\"PREPARED\":true,\"PAD\":true},{\"PREPARED\":true},{}]" \
+       PART_TIMEOUT=$(left "${CALL_BUDGET:-420}" 30) gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_Llama-2-7B_padded.json"; mv "$OUT/decode.log" "$OUT/decode_Llama-2-7B_padded.log" ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|26 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"
