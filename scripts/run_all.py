@@ -22,11 +22,14 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import weakref
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+from traitlets.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,8 +44,19 @@ def headless_client(nb, **kwargs) -> NotebookClient:
     and two cores). Without it, what an Output widget captures, such as the text ``interactive_output``
     prints, stays in the cell's own outputs, where the output and prose checks read it. The widgets'
     state is still stored.
+
+    Its kernel talks to it over Unix sockets in a folder of its own (jupyter_client's ``ipc`` transport) where
+    the system has them, not over TCP ports: jupyter_client picks free ports before the kernel binds them, so
+    kernels started at the same moment (workshop participants, two CI workers) can pick the same port — seen in
+    a CI run as ``Address already in use`` and "Kernel died before replying to kernel_info".
     """
+    sockets = None
+    if os.name == "posix" and "config" not in kwargs:
+        sockets = tempfile.mkdtemp(prefix="course-kernel-")
+        kwargs["config"] = Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets, "kernel")}})
     client = NotebookClient(nb, **kwargs)
+    if sockets is not None:   # the folder goes with the client (jupyter_client removes the sockets at shutdown)
+        weakref.finalize(client, shutil.rmtree, sockets, ignore_errors=True)
     client.comm_open_handlers["jupyter.widget"] = lambda msg: None   # no comm object: nothing sent back
     return client
 

@@ -3,6 +3,7 @@ merging the runs of several GPUs into one report."""
 import base64
 import importlib.util
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -48,6 +49,29 @@ def test_headless_client_keeps_what_an_output_widget_captures_in_the_cell():
     assert [o.output_type for o in outs] == ["stream", "execute_result"] and outs[0].text == "value 3\n"
     assert "application/vnd.jupyter.widget-view+json" in outs[1].data
     assert nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]   # the widgets' state is kept
+
+
+@pytest.mark.skipif(os.name != "posix", reason="Unix sockets: POSIX only (elsewhere the client keeps TCP)")
+def test_headless_kernels_talk_over_sockets_of_their_own_not_tcp_ports():
+    """Two kernels started at the same moment over TCP can be handed the same free port (a CI run: "Address
+    already in use", "Kernel died before replying to kernel_info"); each headless client's kernel uses Unix
+    sockets in a folder of its own, removed with the client."""
+    import gc
+    clients, folders = [], []
+    for _ in range(2):
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell("from ipykernel.connect import get_connection_info as c\n"
+                                              "i = c(unpack=True); print(i['transport'], i['ip'])")]
+        client = run_all.headless_client(nb, timeout=60, kernel_name="python3")
+        client.execute()
+        transport, ip = nb.cells[0].outputs[0].text.split()
+        assert transport == "ipc"
+        clients.append(client)
+        folders.append(Path(ip).parent)
+    assert folders[0] != folders[1] and all(f.is_dir() for f in folders)
+    del client, clients
+    gc.collect()
+    assert not any(f.exists() for f in folders)
 
 
 def test_slowest_cells_read_the_recorded_timestamps(tmp_path):
