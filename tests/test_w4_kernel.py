@@ -619,6 +619,15 @@ def seven_step_phase(phase) -> list[dict]:
     return rows
 
 
+def test_exactness_runs_each_distinct_config_once(monkeypatch):
+    from benchmarks import kernels
+    runs = []
+    monkeypatch.setattr(kernels, "rel_err", lambda x, p, cfg, ref: runs.append(cfg) or (0.0 if cfg["A"] == 1 else 0.5))
+    exact = kernels.exactness(None, None, None)
+    assert exact({"A": 1, "B": 2}) and exact({"B": 2, "A": 1}) and not exact({"A": 2}) and not exact({"A": 2})
+    assert runs == [{"A": 1, "B": 2}, {"A": 2}]
+
+
 def test_phase_u_times_the_rules_tile_at_uneven_splits_and_checks_each():
     """benchmarks.kernels.uneven_splits (phase U) on a weight of 7 steps (:func:`seven_step_phase`): the
     rule's tile at its own split, the largest divisor below and uneven_split's at each of U_PER_SM warps per
