@@ -119,13 +119,13 @@ def _inputs(config, batch, seq, dtype, device):
     return x, (cos, sin)
 
 
-def _rank_main(rank: int, tp: int, port: int, cases: list, backend: str, out_dir: str, batch: int, seq: int):
+def _rank_main(rank: int, tp: int, rendezvous: str, cases: list, backend: str, out_dir: str, batch: int, seq: int):
     import torch.distributed as dist
     device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
     if backend == "nccl":
         torch.cuda.set_device(device)
     torch.set_num_threads(1)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=tp)
+    dist.init_process_group(backend, init_method=rendezvous, rank=rank, world_size=tp)
     rows = []
     try:
         for i, case in enumerate(cases):
@@ -198,26 +198,33 @@ def run(tp: int = 2, cases=({"kv_heads": 2}, {"kv_heads": 1}), backend: str = "g
 
 
 def _start_method(backend: str) -> str:
-    """How the ranks start: on CPU (gloo) they fork from one server process that imported this module, and
-    transformers with it, once (``forkserver``: four ranks start in about a second instead of importing
-    transformers each); NCCL ranks, and systems without ``forkserver``, start fresh (``spawn``): a process that
-    may have touched CUDA is never forked."""
+    """How the ranks start: on a Linux machine without CUDA they fork from one server process that imported
+    this module, and transformers with it, once (``forkserver``: four gloo ranks start in about a second
+    instead of importing transformers each); elsewhere — NCCL, a machine with CUDA (importing the helpers
+    there can open a CUDA context: ``COURSE_GPU_GIB`` caps the card at import), other systems — each rank
+    starts fresh (``spawn``), so no process that may have touched CUDA is forked."""
+    import sys
+
     import torch.multiprocessing as mp
-    if backend == "nccl" or "forkserver" not in mp.get_all_start_methods():
+    if (backend == "nccl" or sys.platform != "linux" or torch.cuda.is_available()
+            or "forkserver" not in mp.get_all_start_methods()):
         return "spawn"
     mp.get_context("forkserver").set_forkserver_preload([__name__])
     return "forkserver"
 
 
 def _spawn(fn, tp, backend, args, *more) -> list:
-    """``tp`` processes of ``fn(rank, tp, port, *args, out_dir, *more)``; each writes ``rank{r}.json`` (a list)."""
+    """``tp`` processes of ``fn(rank, tp, rendezvous, *args, out_dir, *more)``; each writes ``rank{r}.json`` (a list).
+    ``rendezvous`` is the group's ``init_method``: a file in ``out_dir`` for gloo (no port that another run
+    could take between choosing it and binding it), a free TCP port for NCCL."""
     import torch.multiprocessing as mp
     env = MULTICAST_OFF if backend == "nccl" else {}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)                       # the children inherit it
     try:
         with tempfile.TemporaryDirectory() as out:
-            mp.start_processes(fn, args=(tp, free_port(), *args, out, *more), nprocs=tp, join=True,
+            rendezvous = f"file://{Path(out, 'rendezvous')}" if backend == "gloo" else f"tcp://127.0.0.1:{free_port()}"
+            mp.start_processes(fn, args=(tp, rendezvous, *args, out, *more), nprocs=tp, join=True,
                                start_method=_start_method(backend))
             return [row for r in range(tp) for row in json.loads(Path(out, f"rank{r}.json").read_text())]
     finally:
@@ -256,7 +263,7 @@ def predicted_memory(arch: str = "Llama-3-70B", tp: int = 2, layers: int = 4, ba
     return {k: p[k] for k in ("weights", "kv", "activations")}
 
 
-def _memory_rank(rank: int, tp: int, port: int, spec: dict, out_dir: str):
+def _memory_rank(rank: int, tp: int, rendezvous: str, spec: dict, out_dir: str):
     import time
 
     import torch.distributed as dist
@@ -265,7 +272,7 @@ def _memory_rank(rank: int, tp: int, port: int, spec: dict, out_dir: str):
     from .device import process_memory
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=tp,
+    dist.init_process_group("nccl", init_method=rendezvous, rank=rank, world_size=tp,
                             device_id=dev)
     try:
         c = stack_config(spec["arch"], spec["layers"])

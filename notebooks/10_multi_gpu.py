@@ -184,8 +184,8 @@ display(pd.DataFrame(rows).round(3))
 
 # %% [markdown]
 # ## 5. A real split, on two CPU processes
-# `helpers.tp_run.run` starts two processes (`torch.multiprocessing`, forked from one server process that
-# imported transformers once) that join one
+# `helpers.tp_run.run` starts two processes (`torch.multiprocessing`: on a Linux machine without a GPU they
+# fork from one server process that imported transformers once; elsewhere each starts fresh) that join one
 # `torch.distributed` group over **gloo**. Each builds the same Llama decoder layer (same seed), keeps
 # its shards exactly as above — column-parallel q/k/v/gate/up, row-parallel o/down with an
 # `all_reduce` hook, replicated norms — and runs transformers' own `LlamaDecoderLayer` code on them.

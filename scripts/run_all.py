@@ -46,15 +46,23 @@ def headless_client(nb, **kwargs) -> NotebookClient:
     state is still stored.
 
     Its kernel talks to it over Unix sockets in a folder of its own (jupyter_client's ``ipc`` transport) where
-    the system has them, not over TCP ports: jupyter_client picks free ports before the kernel binds them, so
-    kernels started at the same moment (workshop participants, two CI workers) can pick the same port — seen in
-    a CI run as ``Address already in use`` and "Kernel died before replying to kernel_info".
+    the system has them, not over TCP ports: jupyter_client picks a free port before the kernel binds it, and a
+    kernel started at the same moment as another can find it taken — seen in a CI run as ``Address already in
+    use`` and "Kernel died before replying to kernel_info" (two workshop participants started together). A
+    ``config`` of the caller's that sets the kernel's transport, a ``km`` of its own, or a socket path too long
+    for the system (a long ``TMPDIR``) keep TCP.
     """
+    config = Config(kwargs.pop("config", None) or {})
     sockets = None
-    if os.name == "posix" and "config" not in kwargs:
+    if os.name == "posix" and "km" not in kwargs and "transport" not in config.KernelManager:
         sockets = tempfile.mkdtemp(prefix="course-kernel-")
-        kwargs["config"] = Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets, "kernel")}})
-    client = NotebookClient(nb, **kwargs)
+        ip = os.path.join(sockets, "kernel")
+        if len(os.fsencode(ip)) + 4 <= 100:      # ip-N must fit a Unix socket address (104-108 bytes)
+            config.KernelManager.transport, config.KernelManager.ip = "ipc", ip
+        else:
+            shutil.rmtree(sockets, ignore_errors=True)
+            sockets = None
+    client = NotebookClient(nb, config=config, **kwargs)
     if sockets is not None:   # the folder goes with the client (jupyter_client removes the sockets at shutdown)
         weakref.finalize(client, shutil.rmtree, sockets, ignore_errors=True)
     client.comm_open_handlers["jupyter.widget"] = lambda msg: None   # no comm object: nothing sent back

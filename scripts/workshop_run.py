@@ -18,9 +18,11 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -97,13 +99,14 @@ def main(argv=None) -> int:
     env = {**os.environ, "COURSE_PROFILE": "workshop", "COURSE_GPU_CAP_GIB": f"{args.cap_gib:g}"}
     peak = run_all.GpuPeak()
     t0 = time.perf_counter()
-    procs = {}
+    procs, tmps = {}, []
     for k in range(args.participants):
         log = open(out / f"p{k}.log", "w")
+        tmps.append(tempfile.mkdtemp(prefix=f"course-p{k}-"))   # its TMPDIR (its kernels' sockets), removed after
         procs[f"p{k}"] = (subprocess.Popen([sys.executable, str(ROOT / "scripts" / "run_all.py"), "--profile", "workshop",
                                             "--out", str(out / f"p{k}"), *map(str, books)],
-                                           env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                           start_new_session=True), log)
+                                           env={**env, "TMPDIR": tmps[-1]}, stdout=log, stderr=subprocess.STDOUT,
+                                           cwd=ROOT, start_new_session=True), log)
     stopped = []
     for name, (proc, log) in procs.items():
         left = None if args.time_limit_s is None else max(0.0, args.time_limit_s - (time.perf_counter() - t0))
@@ -115,6 +118,8 @@ def main(argv=None) -> int:
             stopped.append(name)
         log.close()
     wall = time.perf_counter() - t0
+    for tmp in tmps:   # a participant stopped at the limit (SIGKILL) leaves what its kernels had open there
+        shutil.rmtree(tmp, ignore_errors=True)
     if stopped:
         print(f"stopped at the time limit ({args.time_limit_s:g} s): {stopped}")
     runs = {}

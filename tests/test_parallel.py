@@ -1,6 +1,7 @@
 """helpers.parallel (vLLM's tensor/pipeline split, per GPU) and helpers.tp_run (the split run for real
 on two CPU processes over gloo); benchmarks.tp_memory's CPU-checkable parts."""
 import pytest
+import torch
 
 from helpers import budget, models, parallel, tp_run
 
@@ -112,11 +113,21 @@ def test_four_ranks_share_two_kv_heads_in_pairs():
     assert all(r["kv_replicas"] == 2 and r["param_bytes_meas"] == r["param_bytes_pred"] for r in rows)
 
 
-def test_ranks_fork_from_one_server_on_cpu_and_start_fresh_for_nccl(monkeypatch):
+def test_ranks_fork_from_one_server_on_a_cpu_machine_and_start_fresh_elsewhere(monkeypatch):
+    import sys
+
     import torch.multiprocessing as mp
-    assert tp_run._start_method("gloo") == "forkserver"       # Linux: the ranks fork from one server
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert tp_run._start_method("gloo") == "forkserver"       # the ranks fork from one server
     assert tp_run._start_method("nccl") == "spawn"            # a process that may have touched CUDA is never forked
-    monkeypatch.setattr(mp, "get_all_start_methods", lambda: ["spawn"])   # e.g. Windows
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert tp_run._start_method("gloo") == "spawn"            # the helpers' import may open a CUDA context there
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert tp_run._start_method("gloo") == "spawn"
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(mp, "get_all_start_methods", lambda: ["spawn"])
     assert tp_run._start_method("gloo") == "spawn"
 
 

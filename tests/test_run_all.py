@@ -53,9 +53,9 @@ def test_headless_client_keeps_what_an_output_widget_captures_in_the_cell():
 
 @pytest.mark.skipif(os.name != "posix", reason="Unix sockets: POSIX only (elsewhere the client keeps TCP)")
 def test_headless_kernels_talk_over_sockets_of_their_own_not_tcp_ports():
-    """Two kernels started at the same moment over TCP can be handed the same free port (a CI run: "Address
-    already in use", "Kernel died before replying to kernel_info"); each headless client's kernel uses Unix
-    sockets in a folder of its own, removed with the client."""
+    """A kernel started over TCP at the same moment as another can find the free port it was given taken (a
+    CI run: "Address already in use", "Kernel died before replying to kernel_info"); each headless client's
+    kernel uses Unix sockets in a folder of its own, removed with the client."""
     import gc
     clients, folders = [], []
     for _ in range(2):
@@ -72,6 +72,21 @@ def test_headless_kernels_talk_over_sockets_of_their_own_not_tcp_ports():
     del client, clients
     gc.collect()
     assert not any(f.exists() for f in folders)
+
+
+def test_headless_client_keeps_tcp_where_the_caller_or_the_system_says_so(tmp_path, monkeypatch):
+    from traitlets.config import Config
+    nb = nbformat.v4.new_notebook()
+    long = tmp_path / ("d" * 100)                       # a TMPDIR whose socket paths would not fit
+    long.mkdir()
+    monkeypatch.setattr(run_all.tempfile, "tempdir", str(long))
+    client = run_all.headless_client(nb, timeout=60, kernel_name="python3")
+    assert "transport" not in client.config.KernelManager and list(long.iterdir()) == []
+    monkeypatch.undo()
+    tcp = Config({"KernelManager": {"transport": "tcp"}})
+    assert run_all.headless_client(nb, kernel_name="python3", config=tcp).config.KernelManager.transport == "tcp"
+    other = run_all.headless_client(nb, kernel_name="python3", config=Config({"NotebookClient": {"allow_errors": True}}))
+    assert other.allow_errors and other.config.KernelManager.transport == ("ipc" if os.name == "posix" else "tcp")
 
 
 def test_slowest_cells_read_the_recorded_timestamps(tmp_path):

@@ -62,9 +62,13 @@ def test_a_time_limit_stops_the_participants_and_reports_what_finished(tmp_path,
     a = _nb(tmp_path / "00_a.ipynb", "x = 1")
     b = _nb(tmp_path / "01_b.ipynb", "import time; time.sleep(120)")
     out = tmp_path / "ws"
+    tmp = Path(workshop_run.tempfile.mkdtemp(prefix="ws-"))   # where the participants' TMPDIRs go (a short path:
+    monkeypatch.setattr(workshop_run.tempfile, "tempdir", str(tmp))   # their kernels' sockets live there)
     code = workshop_run.main(["--participants", "2", "--out", str(out), "--skip-cache-check",
                               "--time-limit-s", "25", str(a), str(b)])
     rep = json.loads((out / "workshop.json").read_text())
     assert code == 1 and sorted(rep["stopped_at_limit"]) == ["p0", "p1"] and rep["wall_s"] < 60
     assert [(r["name"], r["ok"]) for r in rep["notebooks"]] == [("00_a.ipynb", 2), ("01_b.ipynb", 0)]
     assert rep["notebooks"][1]["slowest_s"] is None and not rep["everyone_finished"]
+    assert list(tmp.iterdir()) == []          # each participant's TMPDIR (its kernels' sockets) went with it
+    tmp.rmdir()
