@@ -77,6 +77,15 @@ T0=$(date +%s)
 # seconds left of a budget (default 585) since the call began, at least a floor (default 0)
 left() { local t=$(( ${1:-585} - ($(date +%s) - T0) )); echo $(( t > ${2:-0} ? t : ${2:-0} )); }
 gpu() { bash scripts/gpu.sh "$@"; }
+# a decode part's decode.json and .log kept as NAME.json, NAME.log
+keep_decode() { mv "$OUT/decode.json" "$OUT/$1.json"; mv "$OUT/decode.log" "$OUT/$1.log"; }
+# round 13's decode check on Llama-2-7B, batch 1 compiled: ours with each family of the JSON list $2 beside tinygemm
+# (fused+head+attn), and bf16 (fused+attn), each part bounded by $1 seconds
+llama2_w4() { DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 \
+--recipes fused+head+attn --family $2" PART_TIMEOUT=$1 gpu decode; keep_decode decode_Llama-2-7B_padded; }
+llama2_bf16() { DECODE_FORMATS="bf16" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 --recipes fused+attn" \
+  PART_TIMEOUT=$1 gpu decode; keep_decode decode_Llama-2-7B_bf16; }
+PADDED='[{},{"PREPARED":true},{"PREPARED":true,"PAD":true}]'
 case "${1:-}" in
   1) DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 \
 --recipes fused+head+attn --profile compiled" PART_TIMEOUT=200 gpu decode
@@ -201,26 +210,16 @@ tests/test_llm_compressor.py" PART_TIMEOUT=200 gpu pytest
      XSIDE_ARGS=--pad PART_TIMEOUT=$(left 585 60) gpu xside ;;
   20) TESTS="tests/test_x_side.py tests/test_decode_bench.py" PART_TIMEOUT=150 gpu pytest
      mv "$OUT/pytest_part.txt" "$OUT/pytest_padded.txt"
-     DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 \
---recipes fused+head+attn --family [{},{\"PREPARED\":true},{\"PREPARED\":true,\"PAD\":true}]" \
-       PART_TIMEOUT=$(left 400 60) gpu decode
-     mv "$OUT/decode.json" "$OUT/decode_Llama-2-7B_padded.json"; mv "$OUT/decode.log" "$OUT/decode_Llama-2-7B_padded.log"
-     DECODE_FORMATS="bf16" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 --recipes fused+attn" \
-       PART_TIMEOUT=$(left 500 40) gpu decode
-     mv "$OUT/decode.json" "$OUT/decode_Llama-2-7B_bf16.json"; mv "$OUT/decode.log" "$OUT/decode_Llama-2-7B_bf16.log"
+     llama2_w4 "$(left 400 60)" "$PADDED"
+     llama2_bf16 "$(left 500 40)"
      NOTEBOOKS="notebooks/08_quantized_inference.ipynb" PART_TIMEOUT=$(left 585 30) gpu notebooks ;;
   21) TESTS="tests/test_x_side.py tests/test_decode_bench.py" PART_TIMEOUT=150 gpu pytest
      mv "$OUT/pytest_part.txt" "$OUT/pytest_padded.txt"
      NOTEBOOKS="notebooks/00_setup.ipynb notebooks/01_memory_budget.ipynb notebooks/02_allocator_fragmentation.ipynb \
 notebooks/03_quantization_basics.ipynb notebooks/04_gptq.ipynb" PART_TIMEOUT=300 gpu notebooks
      mv "$OUT/notebooks" "$OUT/notebooks_a"; mv "$OUT/notebooks.log" "$OUT/notebooks_a.log"; mv "$OUT/notebooks.tgz" "$OUT/notebooks_a.tgz"
-     DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 \
---recipes fused+head+attn --family [{},{\"PREPARED\":true},{\"PREPARED\":true,\"PAD\":true}]" \
-       PART_TIMEOUT=$(left 490 60) gpu decode
-     mv "$OUT/decode.json" "$OUT/decode_Llama-2-7B_padded.json"; mv "$OUT/decode.log" "$OUT/decode_Llama-2-7B_padded.log"
-     DECODE_FORMATS="bf16" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 --recipes fused+attn" \
-       PART_TIMEOUT=$(left 570 30) gpu decode
-     mv "$OUT/decode.json" "$OUT/decode_Llama-2-7B_bf16.json"; mv "$OUT/decode.log" "$OUT/decode_Llama-2-7B_bf16.log" ;;
+     llama2_w4 "$(left 490 60)" "$PADDED"
+     llama2_bf16 "$(left 570 30)" ;;
   22) NOTEBOOKS="notebooks/05_awq.ipynb notebooks/06_perplexity.ipynb notebooks/07_kv_cache_ab.ipynb \
 notebooks/08_quantized_inference.ipynb" PART_TIMEOUT=440 gpu notebooks
      mv "$OUT/notebooks" "$OUT/notebooks_b"; mv "$OUT/notebooks.log" "$OUT/notebooks_b.log"; mv "$OUT/notebooks.tgz" "$OUT/notebooks_b.tgz"
@@ -243,10 +242,7 @@ notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/10_mu
      mv "$OUT/decode.json" "$OUT/decode_8B_w4.json"; mv "$OUT/decode.log" "$OUT/decode_8B_w4.log" ;;
   26) TESTS="tests/test_x_side.py tests/test_decode_bench.py" PART_TIMEOUT=150 gpu pytest
      mv "$OUT/pytest_part.txt" "$OUT/pytest_padded.txt"
-     DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 \
---recipes fused+head+attn --family [{\"PREPARED\":true,\"PAD\":true},{\"PREPARED\":true},{}]" \
-       PART_TIMEOUT=$(left "${CALL_BUDGET:-420}" 30) gpu decode
-     mv "$OUT/decode.json" "$OUT/decode_Llama-2-7B_padded.json"; mv "$OUT/decode.log" "$OUT/decode_Llama-2-7B_padded.log" ;;
+     llama2_w4 "$(left "${CALL_BUDGET:-420}" 30)" '[{"PREPARED":true,"PAD":true},{"PREPARED":true},{}]' ;;
   *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|26 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"
