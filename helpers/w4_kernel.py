@@ -935,14 +935,17 @@ def pack_width(k: int, group: int) -> int:
     :func:`padded_groups`' ``K'`` where the widest prepared step that divides ``K`` holds fewer than
     :data:`PAD_BELOW_CODES` codes, else ``K``. Run X4 (round 13): padding paid 1.05–1.74× where that step held
     128–512 codes (Llama-2-7B's, Qwen2.5-72B's, Phi-3-medium's downs, the 14B-class projection) and
-    0.97–1.01× on Qwen2.5-32B's down, whose step held 1024."""
-    kp = padded_groups(k, group)[1]
+    0.97–1.01× on Qwen2.5-32B's down, whose step held 1024. ``K`` too where the prepared tile cannot step over
+    it in whole groups (``K`` or the tile's codes not a multiple of ``group``): nothing to pad to."""
+    if isinstance(k, int) and isinstance(group, int) and group > 0 and (k % group or PREPARED_TILE[1] % group):
+        return k
+    kp = padded_groups(k, group)[1]                                   # (its checks name a bad k or group)
     return kp if _fitting(k // group, max(1, PREPARED_TILE[1] // group)) * group < PAD_BELOW_CODES else k
 
 
 def _padding_of(kx: int, k: int, group: int) -> bool:
     """Whether a weight of ``k`` columns is one of ``kx`` padded by :func:`pack_width`."""
-    return kx < k and kx % group == 0 and PREPARED_TILE[1] % group == 0 and pack_width(kx, group) == k
+    return kx < k and pack_width(kx, group) == k
 
 
 def prepared_config(p: W4Weight, sms: int | None = None) -> dict:

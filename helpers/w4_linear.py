@@ -7,7 +7,7 @@ import json
 import torch
 
 from .w4_format import W4Weight, dequantize_w4, pack_w4
-from .w4_kernel import DEFAULT_CONFIG, PREPARED_TILE, auto_config, block_rows, pack_width, w4a16_matmul
+from .w4_kernel import DEFAULT_CONFIG, auto_config, block_rows, pack_width, w4a16_matmul
 
 
 def w4a16_op():
@@ -50,10 +50,11 @@ class W4Linear(torch.nn.Module):
         super().__init__()
         weight = linear.weight.data
         self.in_features = weight.shape[1]
-        if (family or {}).get("PAD") and not (family or {}).get("PREPARED"):
+        pad = (family or {}).get("PAD")
+        if pad and not (family or {}).get("PREPARED"):
             raise ValueError("family PAD pads the weight for the prepared path: pass {'PREPARED': True, 'PAD': True}")
-        if (family or {}).get("PAD") and PREPARED_TILE[1] % group_size == 0 and self.in_features % group_size == 0:
-            k_padded = pack_width(self.in_features, group_size)
+        k_padded = pack_width(self.in_features, group_size) if pad else self.in_features
+        if k_padded > self.in_features:
             weight = torch.nn.functional.pad(weight, (0, k_padded - self.in_features))
         p = pack_w4(weight, group_size)
         self.register_buffer("words", p.words)

@@ -245,3 +245,6 @@ def test_pack_width_pads_only_where_the_step_held_few_codes():
     assert w4_kernel.pack_width(17920, 128) == 18432 and w4_kernel.pack_width(13824, 64) == 14336
     assert w4_kernel.pack_width(27648, 128) == 27648 == w4_kernel.pack_width(27648, 64)
     assert w4_kernel.pack_width(4096, 128) == 4096 and w4_kernel.pack_width(4032, 64) == 4096
+    assert w4_kernel.pack_width(4000, 64) == 4000 == w4_kernel.pack_width(4000, 96)   # no whole groups / tile steps
+    with pytest.raises(ValueError, match="k must be"):
+        w4_kernel.pack_width(0, 128)
