@@ -154,16 +154,18 @@ def x_side_control(rows) -> dict | None:
 
 
 def decode_tok_s(rows, run: str, fmt: str, recipe: str, batch: int = 1, compiled: bool = True,
-                 flag: str | None = None) -> float:
+                 flag: str | tuple[str, ...] | None = None) -> float:
     """Decode tokens per second of the one row of ``rows`` (``decode.json``'s table, :func:`load`) of ``run`` with
-    this format, recipe, batch and compilation whose kernel ``family`` switches on exactly ``flag`` (None: no
-    switch on — the default family); refuses none or several, naming the selection."""
+    this format, recipe, batch and compilation whose kernel ``family`` switches on exactly ``flag`` (a name, or
+    a tuple of names all on, e.g. ``("PREPARED", "PAD")``; None: no switch on — the default family); refuses
+    none or several, naming the selection."""
+    want = {flag} if isinstance(flag, str) else set(flag or ())
     sel = rows[(rows.run == run) & (rows.format == fmt) & (rows.recipe == recipe) & (rows.batch == batch)
                & (rows.compiled == compiled) & rows.decode_tok_s.notna()]
     if "family" in sel:
         on = [{k for k, v in f.items() if v} if isinstance(f, dict) else set() for f in sel.family]
-        sel = sel[[o == ({flag} if flag else set()) for o in on]]
-    elif flag:
+        sel = sel[[o == want for o in on]]
+    elif want:
         sel = sel.iloc[:0]
     if len(sel) != 1:
         raise ValueError(f"run {run!r}, {fmt}, {recipe}, batch {batch}, compiled={compiled}, family flag {flag!r}: "

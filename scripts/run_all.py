@@ -146,7 +146,9 @@ def merge(parts: list[Path], out: Path, notes: dict | None = None, supersede: bo
     sorted by name, each tagged with its part; key numbers, executed copies and plots gathered.
     Refuses parts that differ in profile, device, versions or emulated card. A notebook run in two
     parts is refused too, unless ``supersede``: then the later part's run counts and the earlier
-    row is kept under the new row's ``earlier``."""
+    row is kept under the new row's ``earlier``. A part may itself be a merged report (a
+    ``reference_run.json`` copied into a folder as ``run_all.json``): its rows keep their own parts, and
+    its dates and parts join the new report's."""
     if not parts:
         raise ValueError("merge needs at least one run folder")
     if any(Path(p).resolve() == Path(out).resolve() for p in parts):
@@ -162,13 +164,13 @@ def merge(parts: list[Path], out: Path, notes: dict | None = None, supersede: bo
         if len(values) > 1:
             raise ValueError(f"cannot merge runs with different {key!r}: {sorted(values)}")
     merged = {k: v for k, v in runs[0].items() if k not in ("notebooks", "key_numbers", "date")}
-    merged["dates"] = sorted({r.get("date") for r in runs})
-    merged["parts"] = [Path(p).name for p in parts]
+    merged["dates"] = sorted({d for r in runs for d in (r.get("dates") or [r.get("date")]) if d})
+    merged["parts"] = [q for p, r in zip(parts, runs) for q in (r.get("parts") or [Path(p).name])]
     merged.update(notes or {})
     rows, numbers = [], {}
     for p, r in zip(parts, runs):
         for row in r["notebooks"]:
-            row = {**row, "part": Path(p).name}
+            row = {**row, "part": row["part"] if r.get("parts") and row.get("part") else Path(p).name}
             old = next((x for x in rows if x["name"] == row["name"]), None)
             if old is not None:
                 if not supersede:

@@ -103,6 +103,11 @@ def test_decode_tok_s_reads_one_row_by_run_format_and_family():
     assert round(kernel_runs.decode_tok_s(rows, "2026-12-06e", "W4A16 ours", "fused+head+attn"), 1) == 349.9
     assert round(kernel_runs.decode_tok_s(rows, "2026-12-06e", "W4A16 ours", "fused+head+attn", flag="PREPARED"), 1) == 370.6
     assert round(kernel_runs.decode_tok_s(rows, "2026-12-06g", "bf16", "fused+attn", batch=8, compiled=False)) == 879
+    h200 = kernel_runs.load("h200", "decode.json")[1]        # run 2026-12-07a: the rule, prepared, prepared + padded
+    assert [round(kernel_runs.decode_tok_s(h200, "2026-12-07a", "W4A16 ours", "fused+head+attn", flag=f), 1)
+            for f in (None, "PREPARED", ("PREPARED", "PAD"))] == [364.6, 405.5, 418.5]
+    with pytest.raises(ValueError, match="PAD"):
+        kernel_runs.decode_tok_s(h200, "2026-12-07a", "W4A16 ours", "fused+head+attn", flag="PAD")
     with pytest.raises(ValueError, match="0 rows"):
         kernel_runs.decode_tok_s(rows, "2026-12-06e", "bf16", "fused+attn")
     with pytest.raises(ValueError, match="2 rows"):     # two families in one run: the flag must pick one

@@ -163,6 +163,19 @@ def test_merge_supersede_keeps_the_later_run_and_records_the_earlier(tmp_path):
     assert m["key_numbers"]["02_x"] == {"x": "new"} and len(m["notebooks"]) == 2
 
 
+def test_merge_takes_a_merged_report_as_a_part_keeping_its_parts_and_dates(tmp_path):
+    """A card's reference_run.json (itself a merge) copied into a folder as run_all.json joins a new part:
+    its rows keep their own parts (the superseded one under earlier), its dates and parts join the new ones'."""
+    old = run_all.merge([_part(tmp_path / "call1", ["00_a.ipynb"]), _part(tmp_path / "call2", ["01_b.ipynb"])],
+                        tmp_path / "reference")
+    assert old["parts"] == ["call1", "call2"] and old["dates"] == ["2026-11-30"] and "date" not in old
+    new = _part(tmp_path / "today", ["01_b.ipynb"], date="2026-12-07")
+    m = run_all.merge([tmp_path / "reference", new], tmp_path / "out", supersede=True)
+    assert [(r["name"], r["part"]) for r in m["notebooks"]] == [("00_a.ipynb", "call1"), ("01_b.ipynb", "today")]
+    assert [e["part"] for e in m["notebooks"][1]["earlier"]] == ["call2"]
+    assert m["parts"] == ["call1", "call2", "today"] and m["dates"] == ["2026-11-30", "2026-12-07"]
+
+
 def test_merge_takes_only_what_each_part_ran_and_the_later_parts_plots(tmp_path):
     """A part's folder may hold executed copies and plots of an older run of notebooks it did not run this
     time: they are not gathered; a notebook's plots come from the part whose run counts, none of the earlier's."""
