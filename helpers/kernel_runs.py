@@ -153,6 +153,54 @@ def x_side_control(rows) -> dict | None:
     return {"run": run, "control_vs_loop": loop.ms / loop.ms_p, "rule_vs_control": rule.ms / rule.ms_c}
 
 
+def time_line(rows, kernel: str) -> dict:
+    """One kernel's time against the bytes it reads, over every weight × group of one x_side run (``rows``: that
+    run's rows, one timing per weight × group used): the least-squares line
+
+        t = fixed + bytes / stream        (t in µs, bytes in MB)
+
+    ``fixed`` (µs) is what a call costs whatever the weight's size — launches, the preparation, the first loads'
+    latency, the last wave's tail — and ``stream`` (GB/s) the rate the bytes arrive at past it, also as a share
+    of the run's copy bandwidth (``of_copy``, the median of its rows' ``copy_GBps``); ``r2`` is the fit's, ``n``
+    the weights, ``mb`` their range. Bytes are the rows' own (``GBps × ms``)."""
+    import numpy as np
+    one = rows[rows.kernel == kernel].drop_duplicates(["shape", "group"])
+    if len(one) < 2:
+        raise ValueError(f"kernel {kernel!r}: {len(one)} weights × groups in these rows, a line needs 2 or more "
+                         f"(kernels here: {sorted(set(rows.kernel))})")
+    mb = (one.GBps * one.ms).to_numpy()                 # GB/s × ms = MB
+    us = (one.ms * 1e3).to_numpy()
+    slope, fixed = np.polyfit(mb, us, 1)
+    r2 = 1 - ((us - (fixed + slope * mb)) ** 2).sum() / ((us - us.mean()) ** 2).sum()
+    copy = float(one.copy_GBps.median())
+    return {"kernel": kernel, "fixed_us": float(fixed), "stream_GBps": float(1e3 / slope), "of_copy": float(1e3 / slope / copy),
+            "copy_GBps": copy, "r2": float(r2), "n": len(one), "mb": (float(mb.min()), float(mb.max()))}
+
+
+def _share(share: float) -> float:
+    if not 0 < share <= 1:
+        raise ValueError(f"share must be a fraction of the copy bandwidth in (0, 1], got {share}")
+    return share
+
+
+def smallest_at(line: dict, share: float = OF_COPY) -> float:
+    """MB: the smallest weight :func:`time_line`'s ``line`` reads at ``share`` of the copy bandwidth ``c``:
+    ``bytes ÷ (fixed + bytes ÷ stream) = share · c`` gives ``bytes = share · c · fixed ÷ (1 − share · c ÷ stream)``;
+    infinite where the stream itself is below ``share · c``."""
+    rate = _share(share) * line["copy_GBps"]
+    if line["stream_GBps"] <= rate:
+        return float("inf")
+    return rate * 1e-3 * line["fixed_us"] / (1 - rate / line["stream_GBps"])
+
+
+def fixed_allowed(line: dict, mb: float, share: float = OF_COPY) -> float:
+    """µs: the fixed cost a weight of ``mb`` MB can carry and still be read at ``share`` of the copy bandwidth at
+    ``line``'s stream rate: ``mb ÷ (share · c) − mb ÷ stream`` (negative: not even with none)."""
+    if mb <= 0:
+        raise ValueError(f"mb must be a weight's size in MB > 0, got {mb}")
+    return 1e3 * mb / (_share(share) * line["copy_GBps"]) - 1e3 * mb / line["stream_GBps"]
+
+
 def decode_tok_s(rows, run: str, fmt: str, recipe: str, batch: int = 1, compiled: bool = True,
                  flag: str | tuple[str, ...] | None = None) -> float:
     """Decode tokens per second of the one row of ``rows`` (``decode.json``'s table, :func:`load`) of ``run`` with

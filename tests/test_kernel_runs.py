@@ -112,3 +112,38 @@ def test_decode_tok_s_reads_one_row_by_run_format_and_family():
         kernel_runs.decode_tok_s(rows, "2026-12-06e", "bf16", "fused+attn")
     with pytest.raises(ValueError, match="2 rows"):     # two families in one run: the flag must pick one
         kernel_runs.decode_tok_s(rows.assign(family=None), "2026-12-06e", "W4A16 ours", "fused+head+attn")
+
+
+def test_time_line_recovers_a_fixed_cost_and_a_stream_rate_and_what_they_allow():
+    """time_line on rows made from t = 3 µs + bytes at 2000 GB/s (copy 2500): fixed 3 µs, stream 2000 GB/s (80 % of
+    copy); smallest_at is the size read at exactly 70 % of copy, where fixed_allowed is the line's own fixed cost."""
+    import pandas as pd
+    mb = [16.0, 32.0, 64.0, 300.0]
+    ms = [(3 + 1e3 * m / 2000) * 1e-3 for m in mb]
+    rows = pd.DataFrame({"kernel": "k", "shape": [f"s{i}" for i in range(4)], "group": 128, "ms": ms,
+                         "GBps": [m / t for m, t in zip(mb, ms)], "copy_GBps": 2500.0})
+    line = kernel_runs.time_line(rows, "k")
+    assert line["fixed_us"] == pytest.approx(3) and line["stream_GBps"] == pytest.approx(2000)
+    assert line["of_copy"] == pytest.approx(0.8) and line["r2"] == pytest.approx(1) and line["n"] == 4
+    at = kernel_runs.smallest_at(line)
+    assert at / (3 + 1e3 * at / 2000) * 1e3 == pytest.approx(0.7 * 2500)          # MB per µs → GB/s
+    assert kernel_runs.fixed_allowed(line, at) == pytest.approx(3)
+    assert kernel_runs.fixed_allowed(line, 1.0) == pytest.approx(1e3 / 1750 - 1e3 / 2000)   # 1 MB: 0.07 µs
+    assert kernel_runs.fixed_allowed(line, 64.0, share=0.9) < 0 and kernel_runs.smallest_at(line, share=0.9) == float("inf")
+    with pytest.raises(ValueError, match="'missing'.*2 or more"):
+        kernel_runs.time_line(rows, "missing")
+    with pytest.raises(ValueError, match="share"):
+        kernel_runs.smallest_at(line, share=0)
+    with pytest.raises(ValueError, match="mb"):
+        kernel_runs.fixed_allowed(line, 0)
+
+
+def test_time_line_on_run_x3_on_both_cards():
+    """The candidate rule with its preparation, run X3 on the H100 (2026-12-06) and the H200 (2026-12-07): about
+    the same fixed cost on both (6.4 and 6.7 µs), a stream rate nearer the copy's on the H100 (96 % against 82 %),
+    so the smallest weight it reads at 70 % of copy is 50 MB on the H100 and 137 MB on the H200."""
+    lines = {card: kernel_runs.time_line(kernel_runs.load(card, "x_side.json", runs=run)[1], kernel_runs.X_CAND_PAID)
+             for card, run in (("h100", "2026-12-06 X3"), ("h200", "2026-12-07 X3"))}
+    assert [round(v["fixed_us"], 1) for v in lines.values()] == [6.4, 6.7]
+    assert [round(v["of_copy"], 2) for v in lines.values()] == [0.96, 0.82]
+    assert [round(kernel_runs.smallest_at(v)) for v in lines.values()] == [50, 137]
