@@ -162,15 +162,23 @@ def time_line(rows, kernel: str) -> dict:
     ``fixed`` (µs) is what a call costs whatever the weight's size — launches, the preparation, the first loads'
     latency, the last wave's tail — and ``stream`` (GB/s) the rate the bytes arrive at past it, also as a share
     of the run's copy bandwidth (``of_copy``, the median of its rows' ``copy_GBps``); ``r2`` is the fit's, ``n``
-    the weights, ``mb`` their range. Bytes are the rows' own (``GBps × ms``)."""
+    the weights × groups, ``mb`` their range. Bytes are the rows' own (``GBps × ms``). A line through many shapes
+    is a coarse model: where it crosses a share of the copy bandwidth (:func:`smallest_at`) is not where each
+    measured weight does. Refuses rows of several runs, fewer than two sizes, and a line that does not rise."""
     import numpy as np
+    if "run" in rows and rows.run.nunique() > 1:
+        raise ValueError(f"rows hold runs {sorted(rows.run.dropna().unique())}: pass one run's rows "
+                         "(kernel_runs.load(card, 'x_side.json', runs=NAME))")
     one = rows[rows.kernel == kernel].drop_duplicates(["shape", "group"])
-    if len(one) < 2:
-        raise ValueError(f"kernel {kernel!r}: {len(one)} weights × groups in these rows, a line needs 2 or more "
-                         f"(kernels here: {sorted(set(rows.kernel))})")
     mb = (one.GBps * one.ms).to_numpy()                 # GB/s × ms = MB
+    if len(set(mb.round(6))) < 2:
+        raise ValueError(f"kernel {kernel!r}: {len(one)} weights × groups of {len(set(mb.round(6)))} sizes in these "
+                         f"rows, a line needs 2 sizes or more (kernels here: {sorted(set(rows.kernel))})")
     us = (one.ms * 1e3).to_numpy()
     slope, fixed = np.polyfit(mb, us, 1)
+    if slope <= 0:
+        raise ValueError(f"kernel {kernel!r}: the time does not rise with the bytes in these rows (slope {slope:.3g} "
+                         "µs per MB), so they give no stream rate")
     r2 = 1 - ((us - (fixed + slope * mb)) ** 2).sum() / ((us - us.mean()) ** 2).sum()
     copy = float(one.copy_GBps.median())
     return {"kernel": kernel, "fixed_us": float(fixed), "stream_GBps": float(1e3 / slope), "of_copy": float(1e3 / slope / copy),
@@ -184,13 +192,14 @@ def _share(share: float) -> float:
 
 
 def smallest_at(line: dict, share: float = OF_COPY) -> float:
-    """MB: the smallest weight :func:`time_line`'s ``line`` reads at ``share`` of the copy bandwidth ``c``:
+    """MB: where :func:`time_line`'s ``line`` crosses ``share`` of the copy bandwidth ``c`` — the smallest weight the
+    *line* reads that fast (measured weights of other shapes fall on either side):
     ``bytes ÷ (fixed + bytes ÷ stream) = share · c`` gives ``bytes = share · c · fixed ÷ (1 − share · c ÷ stream)``;
-    infinite where the stream itself is below ``share · c``."""
+    infinite where the stream itself is below ``share · c``, 0 where the line has no fixed cost."""
     rate = _share(share) * line["copy_GBps"]
     if line["stream_GBps"] <= rate:
         return float("inf")
-    return rate * 1e-3 * line["fixed_us"] / (1 - rate / line["stream_GBps"])
+    return max(0.0, rate * 1e-3 * line["fixed_us"] / (1 - rate / line["stream_GBps"]))
 
 
 def fixed_allowed(line: dict, mb: float, share: float = OF_COPY) -> float:
@@ -207,7 +216,7 @@ def decode_tok_s(rows, run: str, fmt: str, recipe: str, batch: int = 1, compiled
     this format, recipe, batch and compilation whose kernel ``family`` switches on exactly ``flag`` (a name, or
     a tuple of names all on, e.g. ``("PREPARED", "PAD")``; None: no switch on — the default family); refuses
     none or several, naming the selection."""
-    want = {flag} if isinstance(flag, str) else set(flag or ())
+    want = ({flag} if flag else set()) if isinstance(flag, str) else set(flag or ())
     sel = rows[(rows.run == run) & (rows.format == fmt) & (rows.recipe == recipe) & (rows.batch == batch)
                & (rows.compiled == compiled) & rows.decode_tok_s.notna()]
     if "family" in sel:

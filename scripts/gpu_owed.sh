@@ -68,8 +68,9 @@
 #      Llama-2-7B decode, prepared + padded first, then prepared, the rule and tinygemm (as long as the budget lasts)
 #   27 the H200's reference run, the notebooks the thirteenth session left (it ran 00-04, 08 and 10 at 7685a95):
 #      05, 06 and 07 (full profile, one at a time; about 280 s on the H100 at 63bfe74, 429 s on the H200 at 462e774)
-#   28 notebook 09 (full profile), then call 25 again (the 8B decode file: bf16, then ours at the rule and prepared
-#      beside tinygemm) -- the second run the prepared path needs before it becomes the one-row default
+#   28 call 25 again (the 8B decode file: bf16, then ours at the rule and prepared beside tinygemm; 215 s on the H200
+#      on 2026-12-07) -- the second run the prepared path needs before it becomes the one-row default -- then
+#      notebook 09 (full profile; 136 s on the H200 at 0f2f1de)
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -249,14 +250,13 @@ notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/10_mu
      llama2_w4 "$(left "${CALL_BUDGET:-420}" 30)" '[{"PREPARED":true,"PAD":true},{"PREPARED":true},{}]' ;;
   27) NOTEBOOKS="notebooks/05_awq.ipynb notebooks/06_perplexity.ipynb notebooks/07_kv_cache_ab.ipynb" \
        PART_TIMEOUT=570 gpu notebooks ;;
-  28) NOTEBOOKS="notebooks/09_clinic.ipynb" PART_TIMEOUT=240 gpu notebooks
-     mv "$OUT/notebooks" "$OUT/notebooks_09"; mv "$OUT/notebooks.log" "$OUT/notebooks_09.log"; mv "$OUT/notebooks.tgz" "$OUT/notebooks_09.tgz"
-     DECODE_FORMATS="bf16" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 --recipes fused+attn" \
-       PART_TIMEOUT=$(left 330 30) gpu decode
+  28) DECODE_FORMATS="bf16" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 --recipes fused+attn" \
+       PART_TIMEOUT=200 gpu decode
      mv "$OUT/decode.json" "$OUT/decode_8B_bf16.json"; mv "$OUT/decode.log" "$OUT/decode_8B_bf16.log"
      DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 \
---recipes fused+head+attn --family [{},{\"PREPARED\":true}]" PART_TIMEOUT=$(left 585 30) gpu decode
-     mv "$OUT/decode.json" "$OUT/decode_8B_w4.json"; mv "$OUT/decode.log" "$OUT/decode_8B_w4.log" ;;
+--recipes fused+head+attn --family [{},{\"PREPARED\":true}]" PART_TIMEOUT=$(left 400 60) gpu decode
+     mv "$OUT/decode.json" "$OUT/decode_8B_w4.json"; mv "$OUT/decode.log" "$OUT/decode_8B_w4.log"
+     NOTEBOOKS="notebooks/09_clinic.ipynb" PART_TIMEOUT=$(left 585 30) gpu notebooks ;;
   *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|28 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"

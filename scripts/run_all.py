@@ -177,7 +177,7 @@ def merge(parts: list[Path], out: Path, notes: dict | None = None, supersede: bo
                     raise ValueError(f"{row['name']} appears in more than one part; keep one run of each "
                                      "notebook, or pass supersede to let the later part's run count")
                 rows.remove(old)
-                row["earlier"] = old.pop("earlier", []) + [old]
+                row["earlier"] = old.pop("earlier", []) + [old] + row.get("earlier", [])
             rows.append(row)
         kn = r.get("key_numbers")
         if kn is None and (Path(p) / "key_numbers.json").exists():

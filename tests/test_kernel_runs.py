@@ -130,8 +130,12 @@ def test_time_line_recovers_a_fixed_cost_and_a_stream_rate_and_what_they_allow()
     assert kernel_runs.fixed_allowed(line, at) == pytest.approx(3)
     assert kernel_runs.fixed_allowed(line, 1.0) == pytest.approx(1e3 / 1750 - 1e3 / 2000)   # 1 MB: 0.07 µs
     assert kernel_runs.fixed_allowed(line, 64.0, share=0.9) < 0 and kernel_runs.smallest_at(line, share=0.9) == float("inf")
-    with pytest.raises(ValueError, match="'missing'.*2 or more"):
+    with pytest.raises(ValueError, match="'missing'.*2 sizes or more"):
         kernel_runs.time_line(rows, "missing")
+    with pytest.raises(ValueError, match="one run's rows"):
+        kernel_runs.time_line(rows.assign(run=["a", "a", "b", "b"]), "k")
+    with pytest.raises(ValueError, match="does not rise"):
+        kernel_runs.time_line(rows.assign(ms=ms[::-1], GBps=[m / t for m, t in zip(mb, ms[::-1])]), "k")
     with pytest.raises(ValueError, match="share"):
         kernel_runs.smallest_at(line, share=0)
     with pytest.raises(ValueError, match="mb"):
@@ -141,9 +145,16 @@ def test_time_line_recovers_a_fixed_cost_and_a_stream_rate_and_what_they_allow()
 def test_time_line_on_run_x3_on_both_cards():
     """The candidate rule with its preparation, run X3 on the H100 (2026-12-06) and the H200 (2026-12-07): about
     the same fixed cost on both (6.4 and 6.7 µs), a stream rate nearer the copy's on the H100 (96 % against 82 %),
-    so the smallest weight it reads at 70 % of copy is 50 MB on the H100 and 137 MB on the H200."""
+    so the line crosses 70 % of copy at 50 MB on the H100 and 137 MB on the H200 — a coarse model: the smallest
+    weights measured at 70 % or more are 38 MB and 62 MB (8B gate|up joined on the H200)."""
     lines = {card: kernel_runs.time_line(kernel_runs.load(card, "x_side.json", runs=run)[1], kernel_runs.X_CAND_PAID)
              for card, run in (("h100", "2026-12-06 X3"), ("h200", "2026-12-07 X3"))}
     assert [round(v["fixed_us"], 1) for v in lines.values()] == [6.4, 6.7]
     assert [round(v["of_copy"], 2) for v in lines.values()] == [0.96, 0.82]
     assert [round(kernel_runs.smallest_at(v)) for v in lines.values()] == [50, 137]
+    measured = []
+    for card, run in (("h100", "2026-12-06 X3"), ("h200", "2026-12-07 X3")):
+        rows = kernel_runs.load(card, "x_side.json", runs=run)[1]
+        paid = rows[rows.kernel == kernel_runs.X_CAND_PAID]
+        measured.append(round((paid.GBps * paid.ms)[paid.GBps >= 0.7 * paid.copy_GBps].min()))
+    assert measured == [38, 62]

@@ -174,6 +174,10 @@ def test_merge_takes_a_merged_report_as_a_part_keeping_its_parts_and_dates(tmp_p
     assert [(r["name"], r["part"]) for r in m["notebooks"]] == [("00_a.ipynb", "call1"), ("01_b.ipynb", "today")]
     assert [e["part"] for e in m["notebooks"][1]["earlier"]] == ["call2"]
     assert m["parts"] == ["call1", "call2", "today"] and m["dates"] == ["2026-11-30", "2026-12-07"]
+    # a merged report as the later part keeps its own earlier rows beside the one it supersedes
+    m2 = run_all.merge([_part(tmp_path / "first", ["01_b.ipynb"]), tmp_path / "out"], tmp_path / "out2", supersede=True)
+    row = next(r for r in m2["notebooks"] if r["name"] == "01_b.ipynb")
+    assert row["part"] == "today" and [e["part"] for e in row["earlier"]] == ["first", "call2"]
 
 
 def test_merge_takes_only_what_each_part_ran_and_the_later_parts_plots(tmp_path):
