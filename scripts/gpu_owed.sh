@@ -90,6 +90,12 @@ llama2_w4() { DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Lla
 --recipes fused+head+attn --family $2" PART_TIMEOUT=$1 gpu decode; keep_decode decode_Llama-2-7B_padded; }
 llama2_bf16() { DECODE_FORMATS="bf16" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 --recipes fused+attn" \
   PART_TIMEOUT=$1 gpu decode; keep_decode decode_Llama-2-7B_bf16; }
+# the Llama-3.1-8B decode file in two processes (a part timeout each): bf16 fused+attn, then ours at the rule and
+# prepared beside tinygemm, fused+head+attn; batch 1 compiled, 8 and 16 with graphs
+bf16_8b() { DECODE_FORMATS="bf16" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 --recipes fused+attn" \
+  PART_TIMEOUT=$1 gpu decode; keep_decode decode_8B_bf16; }
+w4_8b() { DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 \
+--recipes fused+head+attn --family [{},{\"PREPARED\":true}]" PART_TIMEOUT=$1 gpu decode; keep_decode decode_8B_w4; }
 PADDED='[{},{"PREPARED":true},{"PREPARED":true,"PAD":true}]'
 case "${1:-}" in
   1) DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 \
@@ -228,34 +234,22 @@ notebooks/03_quantization_basics.ipynb notebooks/04_gptq.ipynb" PART_TIMEOUT=300
   22) NOTEBOOKS="notebooks/05_awq.ipynb notebooks/06_perplexity.ipynb notebooks/07_kv_cache_ab.ipynb \
 notebooks/08_quantized_inference.ipynb" PART_TIMEOUT=440 gpu notebooks
      mv "$OUT/notebooks" "$OUT/notebooks_b"; mv "$OUT/notebooks.log" "$OUT/notebooks_b.log"; mv "$OUT/notebooks.tgz" "$OUT/notebooks_b.tgz"
-     DECODE_FORMATS="bf16" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 --recipes fused+attn" \
-       PART_TIMEOUT=$(left 570 30) gpu decode
-     mv "$OUT/decode.json" "$OUT/decode_8B_bf16.json"; mv "$OUT/decode.log" "$OUT/decode_8B_bf16.log" ;;
+     bf16_8b "$(left 570 30)" ;;
   23) NOTEBOOKS="notebooks/09_clinic.ipynb notebooks/10_multi_gpu.ipynb" PART_TIMEOUT=260 gpu notebooks
      mv "$OUT/notebooks" "$OUT/notebooks_c"; mv "$OUT/notebooks.log" "$OUT/notebooks_c.log"; mv "$OUT/notebooks.tgz" "$OUT/notebooks_c.tgz"
-     DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 \
---recipes fused+head+attn --family [{},{\"PREPARED\":true}]" PART_TIMEOUT=$(left 570 30) gpu decode
-     mv "$OUT/decode.json" "$OUT/decode_8B_w4.json"; mv "$OUT/decode.log" "$OUT/decode_8B_w4.log" ;;
+     w4_8b "$(left 570 30)" ;;
   24) NOTEBOOKS="notebooks/05_awq.ipynb notebooks/06_perplexity.ipynb notebooks/07_kv_cache_ab.ipynb \
 notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/10_multi_gpu.ipynb" COURSE_GPU_GIB=15 \
        PART_TIMEOUT=580 gpu notebooks ;;
-  25) DECODE_FORMATS="bf16" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 --recipes fused+attn" \
-       PART_TIMEOUT=200 gpu decode
-     mv "$OUT/decode.json" "$OUT/decode_8B_bf16.json"; mv "$OUT/decode.log" "$OUT/decode_8B_bf16.log"
-     DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 \
---recipes fused+head+attn --family [{},{\"PREPARED\":true}]" PART_TIMEOUT=$(left 585 30) gpu decode
-     mv "$OUT/decode.json" "$OUT/decode_8B_w4.json"; mv "$OUT/decode.log" "$OUT/decode_8B_w4.log" ;;
+  25) bf16_8b "200"
+     w4_8b "$(left 585 30)" ;;
   26) TESTS="tests/test_x_side.py tests/test_decode_bench.py" PART_TIMEOUT=150 gpu pytest
      mv "$OUT/pytest_part.txt" "$OUT/pytest_padded.txt"
      llama2_w4 "$(left "${CALL_BUDGET:-420}" 30)" '[{"PREPARED":true,"PAD":true},{"PREPARED":true},{}]' ;;
   27) NOTEBOOKS="notebooks/05_awq.ipynb notebooks/06_perplexity.ipynb notebooks/07_kv_cache_ab.ipynb" \
        PART_TIMEOUT=570 gpu notebooks ;;
-  28) DECODE_FORMATS="bf16" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 --recipes fused+attn" \
-       PART_TIMEOUT=200 gpu decode
-     mv "$OUT/decode.json" "$OUT/decode_8B_bf16.json"; mv "$OUT/decode.log" "$OUT/decode_8B_bf16.log"
-     DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 \
---recipes fused+head+attn --family [{},{\"PREPARED\":true}]" PART_TIMEOUT=$(left 400 60) gpu decode
-     mv "$OUT/decode.json" "$OUT/decode_8B_w4.json"; mv "$OUT/decode.log" "$OUT/decode_8B_w4.log"
+  28) bf16_8b "200"
+     w4_8b "$(left 400 60)"
      NOTEBOOKS="notebooks/09_clinic.ipynb" PART_TIMEOUT=$(left 585 30) gpu notebooks ;;
   *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|28 (see the header)"; exit 2 ;;
 esac
