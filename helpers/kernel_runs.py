@@ -153,6 +153,29 @@ def x_side_control(rows) -> dict | None:
     return {"run": run, "control_vs_loop": loop.ms / loop.ms_p, "rule_vs_control": rule.ms / rule.ms_c}
 
 
+def per_weight(rows, view) -> object:
+    """A table of ``view(case)`` (:func:`x_side_best`, :func:`x_side_candidate`, :func:`x_side_padded`) for each
+    weight × group of ``rows`` (one x_side run's), in the run's order."""
+    import pandas as pd
+    return pd.DataFrame([view(case) for _, case in rows.groupby(["shape", "group"], sort=False)])
+
+
+def _timings(rows, kernel: str):
+    """``kernel``'s first timing of each weight × group in ``rows``, and their MB (GB/s × ms = MB)."""
+    one = rows[rows.kernel == kernel].drop_duplicates(["shape", "group"])
+    return one, (one.GBps * one.ms).to_numpy()
+
+
+def smallest_measured(rows, kernel: str, share: float = OF_COPY) -> float:
+    """MB: the smallest weight ``kernel`` was measured reading at ``share`` of its row's copy bandwidth or more in
+    ``rows`` (NaN where none was) — beside :func:`smallest_at`, where a line through all of them crosses it."""
+    one, mb = _timings(rows, kernel)
+    if one.empty:
+        raise ValueError(f"kernel {kernel!r} has no rows here (kernels here: {sorted(set(rows.kernel))})")
+    fast = mb[(one.GBps >= _share(share) * one.copy_GBps).to_numpy()]
+    return float(fast.min()) if len(fast) else float("nan")
+
+
 def time_line(rows, kernel: str) -> dict:
     """One kernel's time against the bytes it reads, over every weight × group of one x_side run (``rows``: that
     run's rows, one timing per weight × group used): the least-squares line
@@ -169,8 +192,7 @@ def time_line(rows, kernel: str) -> dict:
     if "run" in rows and rows.run.nunique() > 1:
         raise ValueError(f"rows hold runs {sorted(rows.run.dropna().unique())}: pass one run's rows "
                          "(kernel_runs.load(card, 'x_side.json', runs=NAME))")
-    one = rows[rows.kernel == kernel].drop_duplicates(["shape", "group"])
-    mb = (one.GBps * one.ms).to_numpy()                 # GB/s × ms = MB
+    one, mb = _timings(rows, kernel)
     if len(set(mb.round(6))) < 2:
         raise ValueError(f"kernel {kernel!r}: {len(one)} weights × groups of {len(set(mb.round(6)))} sizes in these "
                          f"rows, a line needs 2 sizes or more (kernels here: {sorted(set(rows.kernel))})")

@@ -660,8 +660,7 @@ if (REF / "x_side.json").exists() and dec_file.exists() and "2026-12-07d" in jso
     kernel_cards = []
     for card, run in (("h100", "2026-12-06 X3"), ("h200", "2026-12-07 X3")):
         xm, xr = kernel_runs.load(card, "x_side.json", runs=run)
-        best = pd.DataFrame([kernel_runs.x_side_best(c) for _, c in xr.groupby(["shape", "group"], sort=False)])
-        cand = pd.DataFrame([kernel_runs.x_side_candidate(c) for _, c in xr.groupby(["shape", "group"], sort=False)])
+        best, cand = kernel_runs.per_weight(xr, kernel_runs.x_side_best), kernel_runs.per_weight(xr, kernel_runs.x_side_candidate)
         kernel_cards.append({
             "card": xm["device"], "run": run, "copy GB/s": xm["runs"][run]["copy_GBps"],
             "weights × groups": len(best), "candidate exact": int(cand.exact.sum()),
@@ -718,14 +717,12 @@ if (REF / "x_side.json").exists() and (results_path("h100") / "x_side.json").exi
         for name, kern in (("the rule", kernel_runs.X_RULE), ("candidate, loop alone", kernel_runs.X_CAND),
                            ("candidate + preparation", kernel_runs.X_CAND_PAID)):
             line = kernel_runs.time_line(xr, kern)
-            pts = xr[xr.kernel == kern].drop_duplicates(["shape", "group"])
-            lines[card, name] = (line, pts)
-            fast = (pts.GBps * pts.ms)[pts.GBps >= kernel_runs.OF_COPY * pts.copy_GBps]
+            lines[card, name] = (line, xr[xr.kernel == kern].drop_duplicates(["shape", "group"]))
             line_rows.append({"card": xm["device"], "kernel": name, "fixed µs": line["fixed_us"],
                               "stream GB/s": line["stream_GBps"], "stream ÷ copy": line["of_copy"], "r2": line["r2"],
                               "line crosses 70 % at MB": kernel_runs.smallest_at(line),
                               "fixed µs a 30 MB weight allows": kernel_runs.fixed_allowed(line, 30),
-                              "smallest MB measured at ≥ 70 %": fast.min() if len(fast) else float("nan")})
+                              "smallest MB measured at ≥ 70 %": kernel_runs.smallest_measured(xr, kern)})
     display(pd.DataFrame(line_rows).round(2))
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
     for (card, colour) in (("h100", "tab:blue"), ("h200", "tab:red")):
@@ -1660,7 +1657,7 @@ if (H100 / "x_side.json").exists():
           f"rule (median {share.median():.2f}×) on {len(share)} weights × groups; slowest win on "
           f"{share.idxmin()[0]} g{share.idxmin()[1]}, fastest on {share.idxmax()[0]} g{share.idxmax()[1]}")
     x2 = xs_[xs_.run == "2026-12-06 X2"]
-    t12 = pd.DataFrame([kernel_runs.x_side_best(c) for _, c in x2.groupby(["shape", "group"], sort=False)])
+    t12 = kernel_runs.per_weight(x2, kernel_runs.x_side_best)
     prep_us = x2[x2.kernel == kernel_runs.X_PREP].ms * 1e3
     print(f"run X2 on {xmeta['device']}: the preparation alone (graph replay) {prep_us.min():.1f}–{prep_us.max():.1f} µs; "
           f"the best loop exact on {int(t12.exact.sum())} of {len(t12)}")
@@ -1688,7 +1685,7 @@ if (H100 / "x_side.json").exists():
         print(f"the control (run {run3}): the rule's own kernel at the best prepared tile takes {r_.min():.2f}–"
               f"{r_.max():.2f}× the prepared loop's time (median {r_.median():.2f}×), and the rule takes "
               f"{t_.min():.2f}–{t_.max():.2f}× the control's (median {t_.median():.2f}×)")
-        cand = pd.DataFrame([kernel_runs.x_side_candidate(c) for _, c in x3.groupby(["shape", "group"], sort=False)])
+        cand = kernel_runs.per_weight(x3, kernel_runs.x_side_candidate)
         print(f"the candidate rule (w4_kernel.prepared_config, fitted on run X2's twelve), run {run3}, "
               f"exact on {int(cand.exact.sum())} of {len(cand)}:")
         for name, c in cand.groupby("set"):
@@ -1754,7 +1751,7 @@ else:
 # %%
 if (H100 / "x_side.json").exists() and "2026-12-06 X4" in xmeta["runs"]:
     x4 = xs_[xs_.run == "2026-12-06 X4"]
-    pad = pd.DataFrame([kernel_runs.x_side_padded(c) for _, c in x4.groupby(["shape", "group"], sort=False)])
+    pad = kernel_runs.per_weight(x4, kernel_runs.x_side_padded)
     met_pad = kernel_runs.meets_targets(pad["padded, with preparation"], pad["padded ÷ tinygemm"])
     gain = pad["padded, with preparation"] / pad["candidate, with preparation"]
     print(f"run X4, exact on {int(pad.exact.sum())} of {len(pad)}; at most {pad['extra bytes'].max():.1%} more bytes; "

@@ -45,16 +45,13 @@ def test_x_side_views_count_run_x2_and_x3_as_recorded():
     """Round 12 on the H100 (x_side.json): run X2's best prepared loop meets both targets on 34 of 44 weights ×
     groups (29 with its preparation paid, the rule 17), exact everywhere; run X3's candidate rule with its
     preparation on 11 of the 18 it was fitted on and 13 of the 26 held out — the numbers notebook 08 prints."""
-    import pandas as pd
     _, xs = kernel_runs.load("h100", "x_side.json")
-    cases = xs[xs.run == "2026-12-06 X2"].groupby(["shape", "group"], sort=False)
-    t = pd.DataFrame([kernel_runs.x_side_best(c) for _, c in cases])
+    t = kernel_runs.per_weight(xs[xs.run == "2026-12-06 X2"], kernel_runs.x_side_best)
     assert len(t) == 44 and t.exact.all()
     met = [int(kernel_runs.meets_targets(t[a], t[b]).sum()) for a, b in (
         ("loop alone, best", "best ÷ tinygemm"), ("with its preparation", "with prep ÷ tinygemm"), ("rule", "rule ÷ tinygemm"))]
     assert met == [34, 29, 17]
-    cand = pd.DataFrame([kernel_runs.x_side_candidate(c) for _, c in xs[xs.run == "2026-12-06 X3"].groupby(
-        ["shape", "group"], sort=False)])
+    cand = kernel_runs.per_weight(xs[xs.run == "2026-12-06 X3"], kernel_runs.x_side_candidate)
     by_set = {s: int(kernel_runs.meets_targets(c["of copy, with preparation"], c["÷ tinygemm"]).sum())
               for s, c in cand.groupby("set")}
     assert by_set == {"twelve (fitted)": 11, "held out or fresh": 13} and cand.exact.all()
@@ -83,9 +80,8 @@ def test_x_side_padded_reads_run_x4():
     """Round 13 (run X4): on the ten weights × groups whose K the candidate tile's step does not divide, K padded
     by at most 5 % with zero columns; Qwen2.5-72B's down at g128 goes from 51 % of copy (candidate, with its
     preparation) to 89 % padded, exact; a run without padded rows is refused."""
-    import pandas as pd
     _, xs = kernel_runs.load("h100", "x_side.json", runs="2026-12-06 X4")
-    t = pd.DataFrame([kernel_runs.x_side_padded(c) for _, c in xs.groupby(["shape", "group"], sort=False)])
+    t = kernel_runs.per_weight(xs, kernel_runs.x_side_padded)
     assert len(t) == 10 and t.exact.all() and (t["extra bytes"] <= 0.05).all() and (t["K padded"] > t.K).all()
     q = t[(t["shape"] == "Qwen2.5-72B down 29568x8192") & (t.group == 128)].iloc[0]
     assert (q.K, q["K padded"]) == (29568, 30720)
@@ -157,4 +153,10 @@ def test_time_line_on_run_x3_on_both_cards():
         rows = kernel_runs.load(card, "x_side.json", runs=run)[1]
         paid = rows[rows.kernel == kernel_runs.X_CAND_PAID]
         measured.append(round((paid.GBps * paid.ms)[paid.GBps >= 0.7 * paid.copy_GBps].min()))
+        assert kernel_runs.smallest_measured(rows, kernel_runs.X_CAND_PAID) == pytest.approx(
+            (paid.GBps * paid.ms)[paid.GBps >= 0.7 * paid.copy_GBps].min())
     assert measured == [38, 62]
+    assert kernel_runs.smallest_measured(rows, kernel_runs.X_RULE, share=1.0) != kernel_runs.smallest_measured(
+        rows, kernel_runs.X_RULE, share=1.0)                                     # NaN: no weight at the copy's speed
+    with pytest.raises(ValueError, match="'nope' has no rows"):
+        kernel_runs.smallest_measured(rows, "nope")
