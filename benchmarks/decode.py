@@ -29,11 +29,14 @@ from helpers import budget, models, timing
 from helpers.config import write_json
 from helpers.decode_bench import Recipe, build, bytes_read_per_step, run, step_profile
 from helpers.measure import module_bytes
+from helpers.w4_kernel import one_row_prepared
 
 
 def kernel_families(family: str, base: dict | None = None) -> list[dict | None]:
     """``--family`` read: a JSON object, or a non-empty list of them, each laid over ``base`` (``--family-from``'s
-    family; ``{}`` leaves ``base`` as it is) — one kernel family per build of our W4 format."""
+    family; ``{}`` leaves ``base`` as it is) — one kernel family per build of our W4 format, with its one-row
+    kernel written out (``PREPARED``, :func:`helpers.w4_kernel.one_row_prepared`): a row then says which ran,
+    whatever ``auto_config``'s default was at its commit (the rule before round 14, the prepared path since)."""
     try:
         extra = json.loads(family)
     except json.JSONDecodeError as e:
@@ -41,7 +44,7 @@ def kernel_families(family: str, base: dict | None = None) -> list[dict | None]:
     extras = extra if isinstance(extra, list) else [extra]
     if not extras or not all(isinstance(e, dict) for e in extras):
         raise ValueError(f"--family takes a JSON object or a non-empty list of objects, got {family!r}")
-    return [({**(base or {}), **e} if e else base) for e in extras]
+    return [{"PREPARED": one_row_prepared(f), **(f or {})} for f in ({**(base or {}), **e} for e in extras)]
 
 
 def main():

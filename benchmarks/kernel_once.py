@@ -1,12 +1,13 @@
 """A few calls of the W4A16 kernel at one weight shape, group, row count and config: what a profiler
 (Nsight Compute) looks at, one kernel at a time.
 
-    ncu --section SpeedOfLight --section WarpStateStats -k regex:_w4a16 --launch-skip 2 --launch-count 1 \\
-        python -m benchmarks.kernel_once --shape "8B gate/up 4096x14336" --group 128 --rows 8
+    ncu --section SpeedOfLight --section WarpStateStats -k "regex:_w4a16|_gemv_prepared" --launch-skip 2 \\
+        --launch-count 1 python -m benchmarks.kernel_once --shape "8B gate/up 4096x14336" --group 128 --rows 8
 
 ``--shape`` is a label of :data:`benchmarks.kernels.SHAPES` (or ``HELD_OUT``) or ``KxN`` (in, out
 features). The config is :func:`helpers.w4_kernel.auto_config`'s unless ``--config`` gives one as JSON
-(its keys: :data:`helpers.w4_kernel.GEMV_KEYS` or ``TC_KEYS``). The first ``--calls`` − 1 calls compile
+(its keys: :data:`helpers.w4_kernel.GEMV_KEYS`, ``PREPARED_KEYS`` or ``TC_KEYS``; one row's default, the prepared path,
+launches its activation preparation before the loop the regex above picks). The first ``--calls`` − 1 calls compile
 and warm up; profile the last one (``--launch-skip calls-1 --launch-count 1``). It prints the config,
 the launch grid and the error (of its bf16 output, as a decode step calls it) against
 :func:`helpers.w4_format.reference_matmul`, so the profile's
@@ -57,7 +58,8 @@ def run(shape: str, group: int, rows: int, config: dict | None = None, calls: in
         torch.cuda.synchronize()
     ref = w4_format.reference_matmul(x.float(), p).float()
     tiles = -(-n // cfg["BLOCK_N"])
-    grid = [tiles, cfg["SPLIT_K"]] + ([] if cfg["KERNEL"] == "gemv" else [-(-rows // w4_kernel.block_rows(rows))])
+    grid = [tiles, cfg["SPLIT_K"]] + ([] if cfg["KERNEL"] in ("gemv", "prepared")   # the prepared loop's grid
+                                      else [-(-rows // w4_kernel.block_rows(rows))])
     return {"shape": shape, "K": k, "N": n, "group": group, "M": rows, "config": cfg, "grid": grid,
             "device": dev, "rel_err": ((y.float() - ref).abs().max() / ref.abs().max()).item()}
 

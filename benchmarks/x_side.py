@@ -20,8 +20,9 @@ activation side in every step, at the best prepared tile (:func:`in_kernel_x`), 
 from the preparation's — and the candidate shape rule (:func:`~helpers.w4_kernel.prepared_config`), alone
 and with its preparation. Beside them, in one process: the narrow rule as it is
 (:func:`~helpers.w4_kernel.narrow_gemv_config`) and tinygemm. The best loop, the control and the candidate
-are checked against :func:`helpers.w4_format.reference_matmul` (``rel_err``, ``exact``). The layers take
-the prepared path only when asked (``family={"PREPARED": True}``); ``auto_config``'s default is the rule.
+are checked against :func:`helpers.w4_format.reference_matmul` (``rel_err``, ``exact``). The layers took
+the prepared path only when asked (``family={"PREPARED": True}``) until round 14 made it ``auto_config``'s
+one-row default (``{"PREPARED": False}`` asks for the rule).
 
 Round 13 (``--pad``): where the candidate tile's step does not divide ``K`` its ``GROUPS`` is halved
 (Llama-2-7B's down projection runs 256 codes a step, Qwen2.5-72B's 128), and run X3 found those weights at

@@ -38,8 +38,8 @@ step of each, ``benchmarks/kernels.py``):
 * ``KERNEL="prepared"`` — one row, the activation side done **once per call** (round 12): :func:`prepare_x`
   writes, per group, a power-of-two shrink and ``Σx``, and ``x``'s fp16 pairs in four planes; then
   :func:`gemv_prepared`'s loop only loads them beside the words (:func:`_word_pairs_half2` on each word), on
-  narrow tiles (:func:`prepared_config`: 8 rows per program, up to 2048 codes per step). Two launches; a
-  candidate, chosen by ``auto_config(p, 1, {"PREPARED": True})``, not the default. Where the tile's step does
+  narrow tiles (:func:`prepared_config`: 8 rows per program, up to 2048 codes per step). Two launches;
+  ``auto_config``'s one-row default since round 14 (``{"PREPARED": False}`` asks for the GEMV). Where the tile's step does
   not divide ``K`` and holds few codes, :func:`pack_width` gives the ``K'`` a layer pads its weight to at pack time (round 13;
   ``W4Linear(..., family={"PREPARED": True, "PAD": True})``): one row of ``x`` with ``K`` columns then meets
   a weight of ``K'``, and :func:`prepare_x` writes zeros past ``K``.
@@ -955,9 +955,10 @@ def prepared_config(p: W4Weight, sms: int | None = None) -> dict:
 
         split = round(PREPARED_FLIGHT / (⌈N / rows⌉ · warps / sms · codes per step)),  at least 1
 
-    (then the fewest programs with the same steps each). A candidate, not ``auto_config``'s default: fitted
-    on run "2026-12-06 X2" of ``results/h100/x_side.json`` (the twelve weights of ``benchmarks.kernels.SHAPES``)
-    and checked in run "X3" on the held-out and fresh ones (README, round 12)."""
+    (then the fewest programs with the same steps each). Fitted on run "2026-12-06 X2" of
+    ``results/h100/x_side.json`` (the twelve weights of ``benchmarks.kernels.SHAPES``) and checked in run "X3" on
+    the held-out and fresh ones (README, round 12); ``auto_config``'s one-row default since round 14
+    (:func:`one_row_prepared`)."""
     n, k = p.shape
     rows, codes, warps = PREPARED_TILE
     groups = _fitting_groups(p, max(1, codes // p.group_size))
@@ -968,19 +969,40 @@ def prepared_config(p: W4Weight, sms: int | None = None) -> dict:
     return dict(KERNEL="prepared", BLOCK_N=rows, GROUPS=groups, SPLIT_K=split, num_warps=warps, PREFETCH=False)
 
 
+GEMV_SWITCHES = ("UNEVEN", "ACC16", "HALF2", "PDL")   # family keys of the CUDA-core GEMV's loop alone
+
+
+def one_row_prepared(family: dict | None) -> bool:
+    """Whether one row runs the prepared path (:func:`prepared_config`, two launches) under the kernel
+    ``family``: its ``PREPARED`` where given (else its ``KERNEL``), else yes — unless the family names the GEMV by one of its own
+    switches (:data:`GEMV_SWITCHES`), which the prepared loop does not have. The default since round 14: in
+    whole-model decode the prepared path beat the rule on every architecture and card it ran on (README,
+    "int4 that is really faster")."""
+    family = family or {}
+    if not isinstance(family, dict):
+        raise TypeError(f"family must be a dict of kernel switches (or None), got {type(family).__name__}")
+    if "PREPARED" in family:
+        return bool(family["PREPARED"])
+    if "KERNEL" in family:
+        return family["KERNEL"] == "prepared"
+    return not any(key in family for key in GEMV_SWITCHES)
+
+
 def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
-    """A config chosen from the shape alone: one row runs the CUDA-core GEMV by
-    :func:`narrow_gemv_config` (phases N and V of ``results/h100/kernels.json``; ``family`` may set
-    ``UNEVEN=False`` — the nearest divisor, :func:`narrow_split` — ``ACC16=False``
-    — fp16-pair sums per word — or ``HALF2=False``: the fp32 GEMV of :func:`gemv_config`, 128 rows per
-    program; ``PDL`` passes through to either kernel; ``PREPARED=True`` — the activation side prepared once per
-    call, :func:`prepared_config`, round 12's candidate; ``PAD`` is the layer's, read at pack time); more rows run the tensor-core kernel with
+    """A config chosen from the shape alone: one row runs the prepared path — the activation side prepared
+    once per call, then the loop that reads it (:func:`prepared_config`; a power-of-two group of at least 8) —
+    unless the ``family`` asks for the CUDA-core GEMV (:func:`one_row_prepared`: ``PREPARED=False``, or one of
+    the GEMV's switches), whose rule is :func:`narrow_gemv_config` (phases N and V of
+    ``results/h100/kernels.json``; ``family`` may set ``UNEVEN=False`` — the nearest divisor,
+    :func:`narrow_split` — ``ACC16=False`` — fp16-pair sums per word — or ``HALF2=False``: the fp32 GEMV of
+    :func:`gemv_config`, 128 rows per program; ``PDL`` passes through to either kernel; ``PAD`` is the
+    layer's, read at pack time); more rows run the tensor-core kernel with
     :data:`TC_GROUPS` groups per step (fewer where they do not divide ``K``), ``K`` split by
     :func:`tc_split`. ``family`` overrides :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is
     lowered until it divides ``K``)."""
     n, k = p.shape
     sms = _sms(p)
-    if m == 1 and _pow2(p.group_size) and (family or {}).get("PREPARED"):
+    if m == 1 and _pow2(p.group_size) and p.group_size >= 8 and one_row_prepared(family):
         return prepared_config(p, sms=sms)
     if m == 1 and _pow2(p.group_size) and (family is None or family.get("KERNEL", "gemv") == "gemv"):
         family = family or {}

@@ -7,7 +7,7 @@ import json
 import torch
 
 from .w4_format import W4Weight, dequantize_w4, pack_w4
-from .w4_kernel import DEFAULT_CONFIG, auto_config, block_rows, pack_width, w4a16_matmul
+from .w4_kernel import DEFAULT_CONFIG, auto_config, block_rows, one_row_prepared, pack_width, w4a16_matmul
 
 
 def w4a16_op():
@@ -40,7 +40,7 @@ class W4Linear(torch.nn.Module):
     cuBLAS — what engines do too (vLLM's AWQ path dequantizes from 256 tokens); the cost is one
     transient dense copy of this layer's weight.
 
-    ``family={"PREPARED": True, "PAD": True}`` (round 13): where the prepared step that divides ``in_features``
+    ``family={"PAD": True}`` (round 13; the prepared path is one row's default): where the prepared step that divides ``in_features``
     holds few codes, the weight is packed with zero columns up to :func:`~helpers.w4_kernel.pack_width`'s ``K'``
     (at most 5 % more bytes); one row on the prepared kernel reads them as zeros (``prepare_x`` writes zeros
     past ``K``), every other call gets ``x`` padded with zero columns first."""
@@ -51,8 +51,9 @@ class W4Linear(torch.nn.Module):
         weight = linear.weight.data
         self.in_features = weight.shape[1]
         pad = (family or {}).get("PAD")
-        if pad and not (family or {}).get("PREPARED"):
-            raise ValueError("family PAD pads the weight for the prepared path: pass {'PREPARED': True, 'PAD': True}")
+        if pad and not one_row_prepared(family):
+            raise ValueError(f"family PAD pads the weight for the prepared path, which family {family} turns off: "
+                             "leave out PREPARED=False and the GEMV's switches (UNEVEN, ACC16, HALF2, PDL)")
         k_padded = pack_width(self.in_features, group_size) if pad else self.in_features
         if k_padded > self.in_features:
             weight = torch.nn.functional.pad(weight, (0, k_padded - self.in_features))

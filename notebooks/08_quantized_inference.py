@@ -235,8 +235,8 @@ exercises.check("w4_gemv", my_w4_gemv)
 
 # %% [markdown]
 # ### Measured on this device
-# bf16 (cuBLAS), ours (its shape-only rule, `w4_kernel.auto_config`: the CUDA-core GEMV for one row,
-# the tensor-core kernel for more) and tinygemm (the int4 kernel behind torchao's
+# bf16 (cuBLAS), ours (its shape-only rule, `w4_kernel.auto_config`: for one row the prepared path — the
+# activation side prepared once, then the GEMV's loop, section 6's round 12 — for more the tensor-core kernel) and tinygemm (the int4 kernel behind torchao's
 # `Int4WeightOnlyConfig`, tile-packed) where torchao is installed, on Llama-3-8B's gate/up projection
 # (4096 → 14336). Each kernel is timed the way a decode step sees it (`timing.graph_ms`): replayed from
 # one CUDA graph over enough copies of the weight that they overflow the L2 cache, so every call reads
@@ -399,8 +399,8 @@ if kern_file.exists():
 # is the fp16 pair `1024 + q`) beat unpacking each nibble by shifts (phase A1 — though its one
 # `shift` variant also read one group per step, not two, so the comparison is not clean), and
 # multiplying `W · xᵀ` — the weight tile as the MMA's 64-row operand, the 16 rows of `x` as the
-# narrow one — beat `x · Wᵀ`. `w4_kernel.auto_config` follows the measurements: the GEMV for one row,
-# the tensor-core kernel for more.
+# narrow one — beat `x · Wᵀ`. `w4_kernel.auto_config` follows the measurements: a GEMV for one row
+# (since round 14 the prepared one, section 6), the tensor-core kernel for more.
 
 # %% [markdown]
 # The 8-bit formats, timed one call at a time (`do_bench`: launch overhead included, L2 flushed),
@@ -432,7 +432,7 @@ if kern_file.exists():
 # kernel reaches the bandwidth bf16 does;
 # the course's targets for this kernel (README, "Reference results": 70 % of the copy bandwidth at `M = 1`, 1.3× tinygemm, never
 # slower than bf16 up to 16 rows) are not met yet, and `w4_kernel.auto_config` follows the
-# measurements: the GEMV for one row, the tensor-core kernel for more.
+# measurements: a GEMV for one row, the tensor-core kernel for more.
 #
 # ### Whole-model decode
 # `python -m benchmarks.decode` (`results/h200/decode.json`): Llama-3.1-8B's architecture with random

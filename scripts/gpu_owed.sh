@@ -71,6 +71,10 @@
 #   28 call 25 again (the 8B decode file: bf16, then ours at the rule and prepared beside tinygemm; 215 s on the H200
 #      on 2026-12-07) -- the second run the prepared path needs before it becomes the one-row default -- then
 #      notebook 09 (full profile; 136 s on the H200 at 0f2f1de)
+#   29 round 14 (the prepared path as auto_config's one-row default): the kernel and decode tests on the GPU (call 11's),
+#      then notebook 08 in the full profile (its layers now take the prepared path at one row)
+#   30 calls 28 and 29 for a short budget, one call: the 8B decode file (bf16, then ours at the rule and prepared
+#      beside tinygemm), then the kernel and decode tests (call 29's) as long as the call lasts
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -95,8 +99,8 @@ llama2_bf16() { DECODE_FORMATS="bf16" DECODE_ARGS="--arch Llama-2-7B --batches 1
 bf16_8b() { DECODE_FORMATS="bf16" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 --recipes fused+attn" \
   PART_TIMEOUT=$1 gpu decode; keep_decode decode_8B_bf16; }
 w4_8b() { DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--batches 1,8,16 --eager= --compile 1 \
---recipes fused+head+attn --family [{},{\"PREPARED\":true}]" PART_TIMEOUT=$1 gpu decode; keep_decode decode_8B_w4; }
-PADDED='[{},{"PREPARED":true},{"PREPARED":true,"PAD":true}]'
+--recipes fused+head+attn --family [{\"PREPARED\":false},{\"PREPARED\":true}]" PART_TIMEOUT=$1 gpu decode; keep_decode decode_8B_w4; }
+PADDED='[{"PREPARED":false},{"PREPARED":true},{"PREPARED":true,"PAD":true}]'
 case "${1:-}" in
   1) DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 \
 --recipes fused+head+attn --profile compiled" PART_TIMEOUT=200 gpu decode
@@ -203,7 +207,7 @@ notebooks/09_clinic.ipynb notebooks/10_multi_gpu.ipynb" PART_TIMEOUT=580 gpu not
      mv "$OUT/pytest_part.txt" "$OUT/pytest_prepared.txt"
      for arch in Llama-3.1-8B Llama-2-7B; do
        DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch $arch --batches 1 --eager= --compile 1 \
---recipes fused+head+attn --family [{},{\"PREPARED\":true}]" \
+--recipes fused+head+attn --family [{\"PREPARED\":false},{\"PREPARED\":true}]" \
          PART_TIMEOUT=$( [ $arch = Llama-3.1-8B ] && left 370 60 || left 585 30 ) gpu decode
        mv "$OUT/decode.json" "$OUT/decode_${arch}_prepared.json"; mv "$OUT/decode.log" "$OUT/decode_${arch}_prepared.log"
      done ;;
@@ -213,7 +217,7 @@ tests/test_llm_compressor.py" PART_TIMEOUT=200 gpu pytest
      XSIDE_ARGS=--pad PART_TIMEOUT=180 gpu xside
      mv "$OUT/x_side.json" "$OUT/x_side_pad.json"; mv "$OUT/x_side.log" "$OUT/x_side_pad.log"
      DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-3.1-8B --batches 1 --eager= --compile 1 \
---recipes fused+head+attn --family [{},{\"PREPARED\":true}]" PART_TIMEOUT=$(left 540 60) gpu decode
+--recipes fused+head+attn --family [{\"PREPARED\":false},{\"PREPARED\":true}]" PART_TIMEOUT=$(left 540 60) gpu decode
      mv "$OUT/decode.json" "$OUT/decode_Llama-3.1-8B_prepared.json"; mv "$OUT/decode.log" "$OUT/decode_Llama-3.1-8B_prepared.log"
      NOTEBOOKS="notebooks/01_memory_budget.ipynb" PART_TIMEOUT=$(left 585 30) gpu notebooks ;;
   19) TESTS="tests/test_x_side.py" PART_TIMEOUT=90 gpu pytest
@@ -245,12 +249,21 @@ notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/10_mu
      w4_8b "$(left 585 30)" ;;
   26) TESTS="tests/test_x_side.py tests/test_decode_bench.py" PART_TIMEOUT=150 gpu pytest
      mv "$OUT/pytest_part.txt" "$OUT/pytest_padded.txt"
-     llama2_w4 "$(left "${CALL_BUDGET:-420}" 30)" '[{"PREPARED":true,"PAD":true},{"PREPARED":true},{}]' ;;
+     llama2_w4 "$(left "${CALL_BUDGET:-420}" 30)" '[{"PREPARED":true,"PAD":true},{"PREPARED":true},{"PREPARED":false}]' ;;
   27) NOTEBOOKS="notebooks/05_awq.ipynb notebooks/06_perplexity.ipynb notebooks/07_kv_cache_ab.ipynb" \
        PART_TIMEOUT=570 gpu notebooks ;;
   28) bf16_8b "200"
      w4_8b "$(left 400 60)"
      NOTEBOOKS="notebooks/09_clinic.ipynb" PART_TIMEOUT=$(left 585 30) gpu notebooks ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|28 (see the header)"; exit 2 ;;
+  29) TESTS="tests/test_w4_kernel.py tests/test_x_side.py tests/test_decode_bench.py tests/test_decode_attention.py \
+tests/test_kernel_once.py" PART_TIMEOUT=300 gpu pytest
+     mv "$OUT/pytest_part.txt" "$OUT/pytest_kernels.txt"
+     NOTEBOOKS="notebooks/08_quantized_inference.ipynb" PART_TIMEOUT=$(left 585 30) gpu notebooks ;;
+  30) bf16_8b "150"
+     w4_8b "$(left 330 60)"
+     TESTS="tests/test_w4_kernel.py tests/test_x_side.py tests/test_decode_bench.py tests/test_decode_attention.py \
+tests/test_kernel_once.py" PART_TIMEOUT=$(left 585 30) gpu pytest
+     mv "$OUT/pytest_part.txt" "$OUT/pytest_kernels.txt" ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|30 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"

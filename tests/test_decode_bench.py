@@ -119,12 +119,15 @@ def test_step_profile_splits_a_step_into_named_kernels():
 
 def test_decode_benchmark_reads_one_kernel_family_or_a_list():
     """benchmarks.decode.kernel_families (--family): an object laid over --family-from's family, or a list
-    of them, one build of our W4 format each; '{}' keeps the base; anything else is refused by name."""
+    of them, one build of our W4 format each; '{}' keeps the base; each says which one-row kernel it runs
+    (PREPARED: the default since round 14, or the GEMV its switches ask for); anything else is refused by name."""
     from benchmarks.decode import kernel_families
     base = {"HALF2": True}
-    assert kernel_families("{}") == [None] and kernel_families("{}", base) == [base]
-    assert kernel_families('{"UNEVEN": true}', base) == [{"HALF2": True, "UNEVEN": True}]
-    assert kernel_families('[{"UNEVEN": false}, {"UNEVEN": true}]') == [{"UNEVEN": False}, {"UNEVEN": True}]
+    assert kernel_families("{}") == [{"PREPARED": True}]
+    assert kernel_families("{}", base) == [{"PREPARED": False, "HALF2": True}]
+    assert kernel_families('{"UNEVEN": true}', base) == [{"PREPARED": False, "HALF2": True, "UNEVEN": True}]
+    assert kernel_families('[{"PREPARED": false}, {}, {"PAD": true}]') == [
+        {"PREPARED": False}, {"PREPARED": True}, {"PREPARED": True, "PAD": True}]
     for bad in ("[]", "[1]", '"x"', "{UNEVEN: true}"):
         with pytest.raises(ValueError, match="--family"):
             kernel_families(bad)

@@ -9,7 +9,7 @@ from helpers import w4_kernel
 pytestmark = pytest.mark.skipif(w4_kernel.triton is None, reason="triton is not installed")
 
 
-@pytest.mark.parametrize("rows, kernel", [(1, "gemv"), (3, "tc")])
+@pytest.mark.parametrize("rows, kernel", [(1, "prepared"), (3, "tc")])
 def test_one_kernel_is_exact_and_says_what_ran(rows, kernel, capsys):
     out = kernel_once.main(["--shape", "256x48", "--group", "64", "--rows", str(rows), "--calls", "2"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out

@@ -8,6 +8,7 @@ from helpers import measure, quant, w4_format, w4_kernel, w4_linear
 
 pytestmark = pytest.mark.skipif(w4_kernel.triton is None, reason="triton is not installed")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
+RULE = {"PREPARED": False}   # the CUDA-core GEMV's one-row rule, asked for (the prepared path is the default)
 
 
 def weight(n=48, k=512, seed=0):
@@ -138,10 +139,10 @@ def test_acc16_limit_keeps_a_whole_groups_fp16_sums_finite():
     p = w4_format.pack_w4(weight(32, 512), 128)
     with pytest.raises(ValueError, match="set HALF2=True too"):
         w4_kernel._check_config(dict(KERNEL="gemv", HALF2=False, ACC16=True), p)
-    assert w4_kernel.auto_config(p, 1)["ACC16"] is True                               # the rule (NARROW_GEMV)
+    assert w4_kernel.auto_config(p, 1, RULE)["ACC16"] is True                         # the rule (NARROW_GEMV)
     assert w4_kernel.auto_config(p, 1, family={"ACC16": False})["ACC16"] is False     # opted out
     g64 = w4_format.pack_w4(weight(32, 512), 64)
-    assert w4_kernel.auto_config(g64, 1)["ACC16"] is True                             # at either group size
+    assert w4_kernel.auto_config(g64, 1, RULE)["ACC16"] is True                       # at either group size
     fp32 = w4_kernel.auto_config(g64, 1, family={"HALF2": False})                     # the fp32 GEMV, asked for
     assert (fp32["HALF2"], fp32["ACC16"], fp32["BLOCK_N"]) == (False, False, 128)
 
@@ -181,7 +182,8 @@ def test_tensor_core_kernel_matches_reference_every_group_and_row_count(group, m
             y = torch.full((m, 40), float("nan"))                      # every output must be written
             y = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
             assert not y.isnan().any()
-            half2 = w4_kernel.auto_config(p, m).get("HALF2") if cfg is None else False   # fp16 sums: 2e-3
+            auto = w4_kernel.auto_config(p, m) if cfg is None else {}   # fp16 sums (GEMV HALF2, prepared): 2e-3
+            half2 = auto.get("HALF2") or auto.get("KERNEL") == "prepared"
             assert (y - ref).abs().max() <= (2e-3 if half2 else 1e-5) * ref.abs().max(), (dtype, cfg)
 
 
@@ -217,6 +219,23 @@ def test_programmatic_dependent_launch_changes_no_output(cfg):
         assert (outs[1] - (refs[0] + refs[1])).abs().max() <= 2 * tol * (refs[0] + refs[1]).abs().max()
 
 
+def test_one_row_runs_the_prepared_path_unless_the_family_asks_for_the_gemv():
+    """auto_config's one-row default is the prepared path (round 14); PREPARED=False, a GEMV switch or KERNEL
+    asks for another kernel; more rows, a group the prepared loop cannot take, or a family that is not a dict
+    do not reach it."""
+    p = w4_format.pack_w4(weight(64, 1024), 128)
+    assert w4_kernel.auto_config(p, 1) == w4_kernel.auto_config(p, 1, {}) == w4_kernel.prepared_config(p)
+    assert w4_kernel.auto_config(p, 1, {"PREPARED": True, "PAD": True})["KERNEL"] == "prepared"
+    for fam in (RULE, {"UNEVEN": False}, {"ACC16": False}, {"HALF2": False}, {"PDL": True}, {"KERNEL": "gemv"}):
+        assert w4_kernel.auto_config(p, 1, fam)["KERNEL"] == "gemv", fam
+    assert w4_kernel.auto_config(p, 1, {"KERNEL": "tc"})["KERNEL"] == "tc"
+    assert w4_kernel.one_row_prepared({"KERNEL": "prepared"}) and w4_kernel.one_row_prepared(None)
+    assert w4_kernel.auto_config(p, 2)["KERNEL"] == "tc"
+    assert w4_kernel.auto_config(w4_format.pack_w4(weight(64, 960), 96), 1)["KERNEL"] == "tc"   # group not 2^k
+    with pytest.raises(TypeError, match="family must be a dict"):
+        w4_kernel.one_row_prepared("PREPARED")
+
+
 def test_pdl_is_a_flag_passed_through_auto_config():
     p = w4_format.pack_w4(weight(64, 1024), 128)
     assert w4_kernel.auto_config(p, 1, {"PDL": True})["PDL"] is True
@@ -240,13 +259,13 @@ def test_serial_reduction_leaves_its_counters_at_zero():
 
 def test_auto_config_follows_the_measured_rule():
     narrow = w4_format.pack_w4(weight(64, 4096), 128)
-    one = w4_kernel.auto_config(narrow, 1)
+    one = w4_kernel.auto_config(narrow, 1, RULE)
     assert one["KERNEL"] == "gemv" and (4096 // 512) % one["SPLIT_K"] == 0
-    assert w4_kernel.auto_config(w4_format.pack_w4(weight(64, 576), 64), 1)["GROUPS"] == 1   # 9 groups
+    assert w4_kernel.auto_config(w4_format.pack_w4(weight(64, 576), 64), 1, RULE)["GROUPS"] == 1   # 9 groups
     assert one["MAGIC"] == (DEV == "cuda")                          # the interpreter runs no inline PTX
     assert one["ACC16"] is True and one["BLOCK_N"] == 32 and one["num_warps"] == 2   # phase N's rule
     assert one["GROUPS"] == 4 and "PREFETCH" not in one                             # 512 codes per step
-    g64 = w4_kernel.auto_config(w4_format.pack_w4(weight(64, 4096), 64), 1)
+    g64 = w4_kernel.auto_config(w4_format.pack_w4(weight(64, 4096), 64), 1, RULE)
     assert g64["ACC16"] is True and g64["BLOCK_N"] == 32 and g64["GROUPS"] == 8
     assert w4_kernel.auto_config(narrow, 1, family={"HALF2": False})["HALF2"] is False   # opted out
     assert w4_kernel.auto_config(narrow, 1, family={"PDL": True})["PDL"] is True          # passed through
@@ -752,7 +771,8 @@ def test_uneven_split_fills_one_wave_and_leaves_no_program_empty():
         with pytest.raises(ValueError, match="≥ 1"):
             w4_kernel.uneven_split(**{**dict(tiles=128, steps=43, sms=132, warps=2), **bad})
     p = w4_format.W4Weight.stand_in(4096, 11008, 128)
-    assert w4_kernel.auto_config(p, 1)["SPLIT_K"] == w4_kernel.uneven_split(128, 43, w4_kernel._sms(p), 2, codes=256)
+    assert w4_kernel.auto_config(p, 1, RULE)["SPLIT_K"] == w4_kernel.uneven_split(128, 43, w4_kernel._sms(p), 2,
+                                                                                  codes=256)
     assert w4_kernel.auto_config(p, 1, {"UNEVEN": False})["SPLIT_K"] == w4_kernel.narrow_split(
         128, 43, w4_kernel._sms(p), 2)
     assert w4_kernel.narrow_gemv_config(p, sms=132)["SPLIT_K"] == 15

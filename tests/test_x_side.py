@@ -231,8 +231,9 @@ def test_a_layer_padded_at_pack_time_gives_the_unpadded_product():
         w4_kernel.w4a16_matmul(torch.randn(1, 3072, dtype=torch.bfloat16, device=DEV), padded.p, padded.configs[1])
     with pytest.raises(ValueError, match="k must be an int"):
         w4_kernel.prepare_x(x, 64, k=4096.0)
-    with pytest.raises(ValueError, match="pass {'PREPARED': True, 'PAD': True}"):
-        W4Linear(lin, 64, family={"PAD": True})
+    for off in ({"PREPARED": False, "PAD": True}, {"UNEVEN": True, "PAD": True}):   # the GEMV asked for: no padding
+        with pytest.raises(ValueError, match="PAD pads the weight for the prepared path, which family .* turns off"):
+            W4Linear(lin, 64, family=off)
     with pytest.raises(ValueError, match="this layer takes 4032"):
         padded(torch.randn(1, 4096, dtype=torch.bfloat16, device=DEV))
 
