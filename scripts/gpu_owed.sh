@@ -75,6 +75,10 @@
 #      then notebook 08 in the full profile (its layers now take the prepared path at one row)
 #   30 calls 28 and 29 for a short budget, one call: the 8B decode file (bf16, then ours at the rule and prepared
 #      beside tinygemm), then the kernel and decode tests (call 29's) as long as the call lasts
+#   31 the reference run's notebooks that changed since their rows (round 14's 08, and 09, 07, 06: their rows are
+#      from 462e774 / 0f2f1de), full profile, one at a time, 08 first
+#   32 the rest of it: 05 (full profile; 205 s on the H200 at 462e774), then the whole test suite's GPU files as long
+#      as the call lasts (call 5's)
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -264,6 +268,10 @@ tests/test_kernel_once.py" PART_TIMEOUT=300 gpu pytest
      TESTS="tests/test_w4_kernel.py tests/test_x_side.py tests/test_decode_bench.py tests/test_decode_attention.py \
 tests/test_kernel_once.py" PART_TIMEOUT=$(left 585 30) gpu pytest
      mv "$OUT/pytest_part.txt" "$OUT/pytest_kernels.txt" ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|30 (see the header)"; exit 2 ;;
+  31) NOTEBOOKS="notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/07_kv_cache_ab.ipynb \
+notebooks/06_perplexity.ipynb" PART_TIMEOUT=580 gpu notebooks ;;
+  32) NOTEBOOKS="notebooks/05_awq.ipynb" PART_TIMEOUT=300 gpu notebooks
+     PART_TIMEOUT=$(left 585 30) gpu suite ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|32 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"
