@@ -684,10 +684,12 @@ else:
 # done once per call, ours decodes the 8B at 2× compiled bf16 or more (the `× bf16` column), bf16 itself
 # reaches 70 % of its roofline or more on the 8B, the model the target names (its own column), and at
 # batches 8 and 16 ours is faster than bf16 and tinygemm (the lines under the table; the prepared path
-# changes only one row's kernel), one run each. The rule, still `auto_config`'s
-# default for one row, stops short of 2× on both models; so the prepared path is the one to make the
-# default next — after a second run agrees, since these are single runs. On Llama-2-7B, padding `K` (round 13) adds a few
-# percent on top of the prepared path, as the kernel benchmark predicted for its down projection.
+# changes only one row's kernel), one run each. The rule, `auto_config`'s one-row default until round 14,
+# stops short of 2× on both models. The prepared path was faster than the rule in every decode run it had —
+# both models here, and the H100's run 2026-12-06e ("Where it stands now") — so round 14 made it the
+# default for one row (the end of round 12 below says how a layer still asks for the rule). On Llama-2-7B,
+# padding `K` (round 13) adds a few percent on top of the prepared path, as the kernel benchmark predicted
+# for its down projection.
 #
 # The kernel tells the other half. The same run X3 meets both kernel targets on far fewer weights on the
 # H200 than on the H100 (the table's counts), with the same loop and tiles. Even the loop alone, its
@@ -1728,11 +1730,14 @@ else:
 # stays slower than tinygemm; with its preparation it meets both targets on the counts printed, where the
 # rule meets them on fewer (README, round 12: 14–16 of the same 44 in run X3).
 #
-# What this is not, yet: the default. After these runs the prepared path moved into `helpers/w4_kernel.py`
-# (`KERNEL="prepared"`, the candidate as `prepared_config`); a layer takes it only when asked
-# (`W4Linear(..., family={"PREPARED": True})`). Whole-model decode with it ran once (run 2026-12-06e, the
-# "prepared" row of the table in "Where it stands now"): a few percent faster than the rule on the 8B at batch
-# 1, with the preparation still a second launch per layer. In a decode step it could be fused into what
+# After these runs the prepared path moved into `helpers/w4_kernel.py` (`KERNEL="prepared"`, the candidate as
+# `prepared_config`), first only when a layer asked for it (`W4Linear(..., family={"PREPARED": True})`).
+# Whole-model decode with it ran on the H100 (run 2026-12-06e, the "prepared" row of the table in "Where it
+# stands now") and on the H200 (both models, "The H200 again"): faster than the rule at batch 1 every time,
+# with the preparation still a second launch per layer. Since round 14 it is `auto_config`'s one-row
+# default wherever the group is a power of two of at least 8 (`w4_kernel.one_row_prepared`); a family that
+# names one of the GEMV's switches (`UNEVEN`, `ACC16`, `HALF2`, `PDL`) keeps the GEMV, and
+# `family={"PREPARED": False}` asks for it outright — the kernel benchmark does, where it times the rule. In a decode step it could be fused into what
 # makes `x` (the RMSNorm before q|k|v and gate|up, the SiLU·mul before down), or launched once for the
 # projections that share `x`.
 
