@@ -236,7 +236,8 @@ def decode_tok_s(rows, run: str, fmt: str, recipe: str, batch: int = 1, compiled
                  flag: str | tuple[str, ...] | None = None) -> float:
     """Decode tokens per second of the one row of ``rows`` (``decode.json``'s table, :func:`load`) of ``run`` with
     this format, recipe, batch and compilation whose kernel ``family`` switches on exactly ``flag`` (a name, or
-    a tuple of names all on, e.g. ``("PREPARED", "PAD")``; None: no switch on — the default family); refuses
+    a tuple of names all on, e.g. ``("PREPARED", "PAD")``; None: no switch on — at one row the GEMV rule, the
+    default family's kernel before round 14; later runs write ``PREPARED`` out); refuses
     none or several, naming the selection."""
     want = ({flag} if flag else set()) if isinstance(flag, str) else set(flag or ())
     sel = rows[(rows.run == run) & (rows.format == fmt) & (rows.recipe == recipe) & (rows.batch == batch)
