@@ -42,7 +42,8 @@ from .quant import check_finite, quantizable_linears, rtn
 
 @dataclass(frozen=True)
 class AWQOptions:
-    """AWQ's settings, validated once: ``n_grid`` (points of the α grid), ``duo_scaling`` (scales from
+    """AWQ's settings, validated once: ``n_grid`` (points of the α grid and of the clip search's shrink grid,
+    :func:`search_clip`; llm-awq's ``auto_scale`` and ``auto_clip`` both use 20), ``duo_scaling`` (scales from
     activations and weights, AutoAWQ's and llm-compressor's variant), ``clip`` (auto_clip after
     scaling), ``search_dtype`` (the α search's forward passes; ``None``: :func:`default_search_dtype`)."""
     n_grid: int = 20
@@ -395,7 +396,7 @@ def awq_block(block, hidden: list, kwargs: list, spec: QuantSpec, options: AWQOp
               family: AWQFamily = LLAMA) -> dict:
     """AWQ on one block, in place: each linear input's statistics in one pass; mapping by mapping, α
     searched (:func:`search_scale` with :func:`scale_error`) and the scales folded (:func:`apply_scale`);
-    then each group clipped (:func:`search_clip`; not the family's unclipped linears) and every linear
+    then each group clipped (:func:`search_clip` on the same ``n_grid``; not the family's unclipped linears) and every linear
     rounded (RTN). Returns ``{mapping name: α}``."""
     maps = family.resolve(block)
     stats = block_input_stats(block, hidden, kwargs, maps)
@@ -415,7 +416,7 @@ def awq_block(block, hidden: list, kwargs: list, spec: QuantSpec, options: AWQOp
     if options.clip:
         for n, lin in lins.items():
             if n not in family.unclipped:
-                apply_clip(lin, search_clip(lin.weight.data, torch.cat(clip_x[n]), spec), spec)
+                apply_clip(lin, search_clip(lin.weight.data, torch.cat(clip_x[n]), spec, options.n_grid), spec)
     for lin in lins.values():
         lin.weight.data.copy_(rtn(lin.weight.data.float(), spec).to(lin.weight.dtype))
     return alphas

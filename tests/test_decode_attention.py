@@ -84,11 +84,11 @@ def decode_logits(model, compiled: bool):
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_a_model_decodes_the_same_through_the_kernel(compiled, monkeypatch, tiny_llama_factory):
-    """transformers' SDPA and ours on the same static cache, eager and compiled: the mask leaves the cache's
-    empty slots out in both."""
+    """transformers' SDPA and ours on the same static cache, ours eager and compiled: the mask leaves the
+    cache's empty slots out in both. The reference is SDPA eager either way (one compile per case, not two)."""
     def model():
         return tiny_llama_factory(layers=2, seed=0).to(DEV).eval()     # conftest's 2-block GQA Llama, head_dim 16
-    want = decode_logits(model(), compiled)
+    want = decode_logits(model(), compiled=False)
     ours = model()
     da.use(ours)
     assert ours.config._attn_implementation == da.NAME
