@@ -43,7 +43,8 @@ from .quant import check_finite, quantizable_linears, rtn
 @dataclass(frozen=True)
 class AWQOptions:
     """AWQ's settings, validated once: ``n_grid`` (points of the α grid and of the clip search's shrink grid,
-    :func:`search_clip`; llm-awq's ``auto_scale`` and ``auto_clip`` both use 20), ``duo_scaling`` (scales from
+    :func:`search_clip`, which tries the shrinks ``1 − i/n_grid`` for ``i < n_grid/2``: none below 1 unless
+    ``n_grid ≥ 4``; llm-awq's ``auto_scale`` and ``auto_clip`` both use 20), ``duo_scaling`` (scales from
     activations and weights, AutoAWQ's and llm-compressor's variant), ``clip`` (auto_clip after
     scaling), ``search_dtype`` (the α search's forward passes; ``None``: :func:`default_search_dtype`)."""
     n_grid: int = 20

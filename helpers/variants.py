@@ -38,7 +38,8 @@ from .validate import as_int, bad_file, flag, json_fields, non_negative_int, pos
 # Bump when one of our quantizers changes the weights it produces, so stored variants are rebuilt
 # (2: AWQ scores α in bf16 on CPUs with bf16 units and clips with one bmm; 3: keys carry QuantSpec;
 # 4: a variant stores every tensor of the decoder blocks, not only the linears: AWQ's scales live in the norms;
-# 5: our AWQ's clip search shrinks on its n_grid instead of a fixed 20 — the same where n_grid is 20).
+# 5: our AWQ's clip search shrinks on its n_grid instead of a fixed 20 — the same where n_grid is 20; the
+# version is in the perplexity cache's key too, so cached scores are recomputed once).
 CACHE_VERSION = 5
 METHODS = ("rtn", "gptq", "awq")
 IMPLS = ("ours", "llmcompressor")

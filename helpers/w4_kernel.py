@@ -21,8 +21,8 @@ step of each, ``benchmarks/kernels.py``):
   ``16^-j`` once per column instead. ``HALF2`` sums two codes per instruction in fp16 pairs
   (:func:`_word_dot_half2`; a step whose ``|x|`` could overflow them is scaled by a power of two
   first), and ``ACC16`` keeps those sums in fp16 for a whole group (:func:`_group_dot_acc16`: one
-  conversion per group, ``x`` scaled next to :func:`acc16_x_limit`); :func:`auto_config` uses both
-  on narrow tiles (:data:`NARROW_GEMV`, 32 rows per program).
+  conversion per group, ``x`` scaled next to :func:`acc16_x_limit`); the GEMV rule (:func:`auto_config` with
+  ``{"PREPARED": False}``) uses both on narrow tiles (:data:`NARROW_GEMV`, 32 rows per program).
 * ``KERNEL="tc"`` — any ``M`` up to 64 on tensor cores (``tl.dot``; one row is padded to a 16-row
   tile, whose wasted products cost less than the unpacking they replace): per group, the even and
   the odd codes of each byte become two 16-bit tiles multiplied by the even and odd columns of
@@ -587,7 +587,7 @@ SUMS = {"fp32": dict(HALF2=False, ACC16=False), "half2": dict(HALF2=True, ACC16=
 # (results/h200/kernels.json); at g64 the fp32 rule stayed faster on most shapes
 HALF2_GEMV = dict(HALF2=True, ACC16=True, BLOCK_N=64, num_warps=2, GROUPS=4)
 GEMV_WARPS_PER_SM = 32   # split-K bound of the GEMV (gemv_split): resident warps per multiprocessor
-# the one-row rule of auto_config since phase N of results/h100/kernels.json (run "2026-12-05 N", every split of
+# auto_config's one-row rule from phase N of results/h100/kernels.json until round 14 (the GEMV rule since) (run "2026-12-05 N", every split of
 # three narrow tiles × two step lengths on 12 shapes, fitted there and checked on its 6 held-out shapes): 32 rows
 # per program on 2 warps, fp16-pair sums kept per group, 512 codes (64 words) of each row per step, K split
 # to about NARROW_WARPS_PER_SM warps per multiprocessor (narrow_split) — at either group size; since phase V
@@ -975,13 +975,17 @@ GEMV_SWITCHES = ("UNEVEN", "ACC16", "HALF2", "PDL")   # family keys of the CUDA-
 def one_row_prepared(family: dict | None) -> bool:
     """Whether one row runs the prepared path (:func:`prepared_config`, two launches) under the kernel
     ``family``: its ``PREPARED`` where given (else its ``KERNEL``), else yes — unless the family names the GEMV by one of its own
-    switches (:data:`GEMV_SWITCHES`), which the prepared loop does not have. The default since round 14: in
-    whole-model decode the prepared path beat the rule on every architecture and card it ran on (README,
-    "int4 that is really faster")."""
+    switches (:data:`GEMV_SWITCHES`), which the prepared loop does not have. With ``PREPARED`` true, ``PDL`` is
+    kept for the tensor-core kernel's rows (the prepared loop has none); the GEMV's other switches are refused. The default since round 14 (README, "Quantized inference for real", its round-14
+    bullet: the measurements)."""
     family = family or {}
     if not isinstance(family, dict):
         raise TypeError(f"family must be a dict of kernel switches (or None), got {type(family).__name__}")
     if "PREPARED" in family:
+        gemv_only = [key for key in GEMV_SWITCHES if key != "PDL" and key in family]
+        if family["PREPARED"] and gemv_only:
+            raise ValueError(f"family {family}: {gemv_only[0]} is a switch of the CUDA-core GEMV, which "
+                             "PREPARED=True does not run — drop it, or set PREPARED to False")
         return bool(family["PREPARED"])
     if "KERNEL" in family:
         return family["KERNEL"] == "prepared"
@@ -995,7 +999,8 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     the GEMV's switches), whose rule is :func:`narrow_gemv_config` (phases N and V of
     ``results/h100/kernels.json``; ``family`` may set ``UNEVEN=False`` — the nearest divisor,
     :func:`narrow_split` — ``ACC16=False`` — fp16-pair sums per word — or ``HALF2=False``: the fp32 GEMV of
-    :func:`gemv_config`, 128 rows per program; ``PDL`` passes through to either kernel; ``PAD`` is the
+    :func:`gemv_config`, 128 rows per program; ``PDL`` passes to the GEMV and the tensor-core kernel, the prepared
+    loop has none; ``PAD`` is the
     layer's, read at pack time); more rows run the tensor-core kernel with
     :data:`TC_GROUPS` groups per step (fewer where they do not divide ``K``), ``K`` split by
     :func:`tc_split`. ``family`` overrides :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is
@@ -1036,8 +1041,8 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
     default ``x.dtype``).
 
     ``config`` picks the kernel and its blocks (module docstring; :data:`DEFAULT_CONFIG` for the
-    one-row ``gemv``, :data:`TC_DEFAULTS` for ``tc``); None: :func:`auto_config` (tensor cores, chosen
-    from the shape). :func:`tuned_config` measures the best one per shape on a GPU. ``locks``: the
+    one-row ``gemv``, :data:`TC_DEFAULTS` for ``tc``); None: :func:`auto_config`, chosen from the shape (one
+    16-bit row: the prepared path; more rows: tensor cores) — one float32 row takes :data:`DEFAULT_CONFIG`. :func:`tuned_config` measures the best one per shape on a GPU. ``locks``: the
     int32 counters ``REDUCE="serial"`` needs (zeros; they are left at zero), allocated per call when
     not given. Without CUDA the kernels run in Triton's interpreter (exact, slow: small shapes only)."""
     if triton is None:

@@ -69,15 +69,17 @@
 #   27 the H200's reference run, the notebooks the thirteenth session left (it ran 00-04, 08 and 10 at 7685a95):
 #      05, 06 and 07 (full profile, one at a time; about 280 s on the H100 at 63bfe74, 429 s on the H200 at 462e774)
 #   28 call 25 again (the 8B decode file: bf16, then ours at the rule and prepared beside tinygemm; 215 s on the H200
-#      on 2026-12-07) -- the second run the prepared path needs before it becomes the one-row default -- then
-#      notebook 09 (full profile; 136 s on the H200 at 0f2f1de)
+#      on 2026-12-07) -- the second run the prepared path needed before it became the one-row default (it ran on an
+#      H100 as call 30, 2026-12-07) -- then notebook 09 (full profile; 136 s on the H200 at 0f2f1de)
 #   29 round 14 (the prepared path as auto_config's one-row default): the kernel and decode tests on the GPU (call 11's),
 #      then notebook 08 in the full profile (its layers now take the prepared path at one row)
 #   30 calls 28 and 29 for a short budget, one call: the 8B decode file (bf16, then ours at the rule and prepared
-#      beside tinygemm), then the kernel and decode tests (call 29's) as long as the call lasts
-#   31 the reference run's notebooks that changed since their rows (round 14's 08, and 09, 07, 06: their rows are
-#      from 462e774 / 0f2f1de), full profile, one at a time, 08 first
-#   32 the rest of it: 05 (full profile; 205 s on the H200 at 462e774), then the whole test suite's GPU files as long
+#      beside tinygemm), then the kernel and decode tests (call 29's) as long as the call lasts (317 s on the H100 at
+#      90d6dbf, 2026-12-07; the H200's run at round 14's code is still owed)
+#   31 the reference run's notebooks that changed since their rows (round 14's 08, and 09 and 07: their rows are
+#      from 462e774 / 0f2f1de), full profile, one at a time, 08 first (about 370 s on the H100 at 90d6dbf)
+#   32 the rest of it: 05 then 06 (full profile; 205 s and 60 s on the H200 at 462e774; 06 after 05 reuses its AWQ
+#      variants — run before it on 2026-12-07, 06 built them: 169 s on the H100), then the whole test suite as long
 #      as the call lasts (call 5's)
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
@@ -268,9 +270,9 @@ tests/test_kernel_once.py" PART_TIMEOUT=300 gpu pytest
      TESTS="tests/test_w4_kernel.py tests/test_x_side.py tests/test_decode_bench.py tests/test_decode_attention.py \
 tests/test_kernel_once.py" PART_TIMEOUT=$(left 585 30) gpu pytest
      mv "$OUT/pytest_part.txt" "$OUT/pytest_kernels.txt" ;;
-  31) NOTEBOOKS="notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/07_kv_cache_ab.ipynb \
-notebooks/06_perplexity.ipynb" PART_TIMEOUT=580 gpu notebooks ;;
-  32) NOTEBOOKS="notebooks/05_awq.ipynb" PART_TIMEOUT=300 gpu notebooks
+  31) NOTEBOOKS="notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/07_kv_cache_ab.ipynb" \
+       PART_TIMEOUT=580 gpu notebooks ;;
+  32) NOTEBOOKS="notebooks/05_awq.ipynb notebooks/06_perplexity.ipynb" PART_TIMEOUT=400 gpu notebooks
      PART_TIMEOUT=$(left 585 30) gpu suite ;;
   *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|32 (see the header)"; exit 2 ;;
 esac

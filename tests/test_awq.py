@@ -270,3 +270,20 @@ def test_awq_block_holds_less_than_every_linear_input(tiny_llama_factory):
     peak = host_alloc.peak_bytes(lambda: A.awq_block(blk, hidden, kw, QuantSpec(4, 32), A.AWQOptions(n_grid=4)),
                                  warmup=False, no_grad=False)["peak"]     # autograd left on, as a caller may
     assert peak < every, (peak, every)      # (thread-independent: host_alloc runs fn on one thread)
+
+
+def test_the_clip_search_shrinks_on_the_options_grid(tiny_llama_factory, monkeypatch):
+    """awq_block hands AWQOptions.n_grid to search_clip (one grid for α and the clip, as llm-awq's 20 and 20),
+    and search_clip tries the shrinks 1 − i/n_grid for i < n_grid/2: at n_grid 4, 1 and 0.75 only."""
+    model = tiny_llama_factory()
+    calib = torch.randint(0, 128, (4, 32), generator=torch.Generator().manual_seed(3))
+    blk = decoder_layers(model)[0]
+    hidden, kw = C.capture_block_inputs(model, calib, batch_size=2)
+    grids, real = [], A.search_clip
+    monkeypatch.setattr(A, "search_clip", lambda w, x, spec, n_grid=20, **k: grids.append(n_grid) or real(w, x, spec, n_grid, **k))
+    A.awq_block(blk, hidden, kw, QuantSpec(4, 32), A.AWQOptions(n_grid=4))
+    assert grids and set(grids) == {4}
+    w, x = torch.randn(8, 64, generator=torch.Generator().manual_seed(4)), torch.randn(16, 64)
+    org = w.abs().reshape(8, 2, 32).amax(-1, keepdim=True)
+    ratio = (real(w, x, QuantSpec(3, 32), n_grid=4) / org).flatten()
+    assert all(min(abs(r - 1.0), abs(r - 0.75)) < 1e-6 for r in ratio.tolist())

@@ -234,6 +234,13 @@ def test_one_row_runs_the_prepared_path_unless_the_family_asks_for_the_gemv():
     assert w4_kernel.auto_config(w4_format.pack_w4(weight(64, 960), 96), 1)["KERNEL"] == "tc"   # group not 2^k
     with pytest.raises(TypeError, match="family must be a dict"):
         w4_kernel.one_row_prepared("PREPARED")
+    for key in ("UNEVEN", "ACC16", "HALF2"):             # a GEMV switch the prepared loop does not have: refused
+        with pytest.raises(ValueError, match=f"{key} is a switch of the CUDA-core GEMV"):
+            w4_kernel.auto_config(p, 1, {"PREPARED": True, key: False})
+    both = {"PREPARED": True, "PDL": True}               # PDL: the tensor-core rows keep it, one row has none
+    assert w4_kernel.auto_config(p, 1, both) == w4_kernel.prepared_config(p)
+    assert w4_kernel.auto_config(p, 8, both)["PDL"] is True
+    assert w4_kernel.auto_config(p, 1, {"PREPARED": False, "UNEVEN": False})["KERNEL"] == "gemv"
 
 
 def test_pdl_is_a_flag_passed_through_auto_config():
