@@ -620,9 +620,9 @@ else:
 # after the other, and bf16 alone has read as differently across runs as the lines under the table show,
 # enough to put Llama-2-7B's ratio on either side of 2). The 8B ran twice with both paths, a day apart, the
 # second time at round 14's code: the prepared path was faster than the rule both times, by the factors
-# printed — a few percent, more than the rule itself moved across its three runs (the same line). One run
-# would not have shown that; two on this card and the H200's ("The H200 again") did, and round 14 made the
-# prepared path the default. The 8B's bf16 moved more between runs than the rule did (the table's `bf16`
+# printed — a few percent, more than the rule itself moved across its three runs (the same line). The first
+# run (2026-12-06e) and the H200's ("The H200 again") led round 14 to make the prepared path the default;
+# the second (2026-12-07b), at round 14's code, confirmed it. The 8B's bf16 moved more between runs than the rule did (the table's `bf16`
 # column and the line under it), so the `× bf16` column carries that much spread besides. At batches 8 and
 # 16 ours decodes faster than bf16 and tinygemm in both runs (the next lines; graphs without `torch.compile`). The check under it says that the day-earlier run, timed
 # with the nearest divisor before round 11, split the 8B's weights as round 11's rule does: the two days
@@ -704,7 +704,7 @@ else:
 # changes only one row's kernel), one run each. The rule, `auto_config`'s one-row default until round 14,
 # stops short of 2× on both models. The prepared path was faster than the rule in every decode run it had —
 # both models here, and the H100's run 2026-12-06e ("Where it stands now") — so round 14 made it the
-# default for one row (the end of round 12 below says how a layer still asks for the rule). On Llama-2-7B,
+# default for one row (the H100's run 2026-12-07b, at round 14's code, agrees: the same table) (the end of round 12 below says how a layer still asks for the rule). On Llama-2-7B,
 # padding `K` (round 13) adds a few percent on top of the prepared path, as the kernel benchmark predicted
 # for its down projection.
 #
@@ -773,8 +773,8 @@ else:
 # preparation's launch adds about one more (the two candidate rows' difference). So the next round needs
 # both: fewer fixed microseconds in the loop itself (its first loads, its last wave, the reduction of a split
 # `K`) and a preparation with no launch of its own (in the kernel that writes `x`: the RMSNorm before q|k|v
-# and gate|up, the activation before down) — and a stream nearer the copy on the H200 — before the prepared
-# path becomes the default.
+# and gate|up, the activation before down) — and a stream nearer the copy on the H200: the work left after
+# round 14 made the prepared path the default anyway.
 
 # %% [markdown]
 # ### Your turn: the split rule
@@ -1333,9 +1333,10 @@ if (H100 / "decode.json").exists():
 # counts printed), and in decode the 8B architecture now runs at more than twice bf16's speed in the
 # same process (the line printed, on the H100; the H200 run is owed). Read the targets lines with care:
 # both are met only on large weights, and not on all of them (the lines name each case that meets
-# them; the held-out Qwen2.5-7B joined weight, larger than the 8B's, meets neither), and on none of the
-# 8B's, 7B's or 14B's own projections, where the rule still reads at about 60 % of the copy bandwidth
-# (the `rule of copy` column).
+# them; the held-out Qwen2.5-7B joined weight, larger than the 8B's, meets both at neither group size — at
+# g128 it clears the tinygemm target at about two thirds of the copy bandwidth), and on none of the 8B's
+# separate gate/up and down projections, nor the 7B's or 14B's, where the rule still reads at about 60 % of
+# the copy bandwidth (the `rule of copy` column).
 #
 # Then a model no number above was fitted on: Llama-2-7B (multi-head attention, a 11008-wide MLP).
 # There ours decoded *slower than bf16* (in one process only without compile, the line printed; compiled,
@@ -1532,8 +1533,8 @@ else:
 # printed) moved neither model by more than the ratios printed, about the spread between earlier runs of
 # one config (tinygemm on Llama-2-7B: 346.2 tok/s in run "2026-12-05j" above, 341.6 here). No single
 # number of warps per SM wins everywhere — on Llama-2's down the fastest split asks for nearly two waves
-# of 16 (the warps printed), while on the 70B gate/up the only other split timed (2, at 32 warps per
-# SM) loses (its rows in the table) — so the rule stays, `UNEVEN` stays off, and the next call times the
+# of 16 (the warps printed), while on the 70B gate/up the only other split timed (2, at about 27 warps
+# per SM) loses (its rows in the table) — so the rule stays, `UNEVEN` stays off, and the next call times the
 # rule's tile at every span of steps per program, divisor or not, warm (phase V,
 # `benchmarks.kernels.every_span`): the rows a rule for uneven splits is fitted on. In one process the
 # 8B decodes faster with ours than with tinygemm, Llama-2-7B slower (the last lines).
@@ -1750,7 +1751,8 @@ else:
 # After these runs the prepared path moved into `helpers/w4_kernel.py` (`KERNEL="prepared"`, the candidate as
 # `prepared_config`), first only when a layer asked for it (`W4Linear(..., family={"PREPARED": True})`).
 # Whole-model decode with it ran on the H100 (run 2026-12-06e, the "prepared" row of the table in "Where it
-# stands now") and on the H200 (both models, "The H200 again"): faster than the rule at batch 1 every time,
+# stands now"; again as 2026-12-07b at round 14's code) and on the H200 (both models, "The H200 again"): faster
+# than the rule at batch 1 every time,
 # with the preparation still a second launch per layer. Since round 14 it is `auto_config`'s one-row
 # default wherever the group is a power of two of at least 8 (`w4_kernel.one_row_prepared`); a family that
 # names one of the GEMV's switches (`UNEVEN`, `ACC16`, `HALF2`, `PDL`) keeps the GEMV, and
@@ -1794,4 +1796,5 @@ else:
 # held 512 or fewer it paid. That is the rule the layers took after this run, at pack time:
 # `W4Linear(..., family={"PREPARED": True, "PAD": True})` packs its weight padded to `w4_kernel.pack_width`'s
 # `K'` once (only where the step that divides `K` holds fewer than 1024 codes), and `prepare_x` writes zeros
-# past `x`'s own `K` (tested in Triton's interpreter; on a GPU and in decode not yet — `scripts/gpu_owed.sh 20`).
+# past `x`'s own `K` (tested in Triton's interpreter, and since timed in decode on the H200: Llama-2-7B's
+# "prepared + padded K" row in "The H200 again").
