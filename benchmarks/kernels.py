@@ -71,7 +71,6 @@ FRESH = {  # a second held-out set, chosen after phase V had fitted uneven_split
 }
 PHASE_A_SHAPES = ("8B gate/up 4096x14336", "70B gate/up 8192x28672")
 SPLITS = (1, 2, 4, 8, 16)
-GEMV_RULE = {"PREPARED": False}   # auto_config's CUDA-core GEMV at one row (the prepared path is its default)
 STEPS = (  # the CUDA-core GEMV, one optimisation at a time (helpers/w4_kernel.py docstring); M = 1 only.
     # (label, config; SPLIT_K None = helpers.w4_kernel.gemv_split's choice, GROUPS None = 256 codes per step)
     ("gemv step 1: 32 rows per program, int→float per code", dict(BLOCK_N=32, SPLIT_K=1, MAGIC=False, num_stages=1)),
@@ -189,14 +188,14 @@ def reading_bar(sh: Shape, label: str, groups, rows_m, sms: int, add, try_ours) 
         add("device copy of the same bytes", f"W4A16 g{g}", label, k, n, 1, g, ms, 2 * nbytes, "cudagraph", phase="R")
         del pairs
         p0 = sh.packed[g][0]
-        auto = w4_kernel.auto_config(p0, 1, GEMV_RULE)
+        auto = w4_kernel.auto_config(p0, 1, w4_kernel.GEMV_RULE)
         wps = g // 8 * auto["GROUPS"]
         add("loads only, auto_config's grid", "int32 words", label, k, n, 1, g,
             read_ms(words, auto["BLOCK_N"], wps, auto["SPLIT_K"], auto["num_warps"]), wbytes, "cudagraph", phase="R",
             grid={"BLOCK_N": auto["BLOCK_N"], "WPS": wps, "SPLIT_K": auto["SPLIT_K"], "num_warps": auto["num_warps"]})
         for m in rows_m:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            auto = w4_kernel.auto_config(p0, m, GEMV_RULE)
+            auto = w4_kernel.auto_config(p0, m, w4_kernel.GEMV_RULE)
             for cfg, what in ((auto, "ours (auto_config)"), ({**auto, "PDL": True}, "ours (auto_config + PDL)")):
                 ms = try_ours(sh, label, g, x, cfg, "R")     # a config that fails is recorded there, not fatal
                 if ms is not None:
@@ -255,7 +254,7 @@ def narrow_tiles(sh: Shape, label: str, groups, sms: int, held_out: bool, add, t
     for g in groups:
         p0, nbytes = sh.packed[g][0], sh.packed[g][0].nbytes
         tinygemm_row(sh, label, g, x, "N", held_out, add)
-        auto = w4_kernel.auto_config(p0, 1, GEMV_RULE)
+        auto = w4_kernel.auto_config(p0, 1, w4_kernel.GEMV_RULE)
         add("ours (Triton GEMV, auto_config)", f"W4A16 g{g}", label, k, n, 1, g, try_ours(sh, label, g, x, auto, "N"),
             nbytes, "cudagraph", config=auto, phase="N", held_out=held_out)
         ref = w4_format.reference_matmul(x.float(), p0).float()
@@ -461,7 +460,7 @@ def main():
                 cfg = step_config(p0, scfg)
                 add(step, f"W4A16 g{g}", label, k, n, 1, g, try_ours(sh, label, g, x, cfg, "G"), nbytes,
                     "cudagraph", config=cfg, phase="G")
-            auto = w4_kernel.auto_config(p0, 1, GEMV_RULE)
+            auto = w4_kernel.auto_config(p0, 1, w4_kernel.GEMV_RULE)
             add("ours (Triton GEMV, auto_config)", f"W4A16 g{g}", label, k, n, 1, g,
                 try_ours(sh, label, g, x, auto, "G-auto"), nbytes, "cudagraph", config=auto, phase="G-auto")
             add("ours (Triton GEMV, auto_config)", f"W4A16 g{g}", label, k, n, 1, g,
@@ -506,7 +505,7 @@ def main():
         sms = meta["sms"]
         for g in groups:
             p0, nbytes = sh.packed[g][0], sh.packed[g][0].nbytes
-            auto = w4_kernel.auto_config(p0, 1, GEMV_RULE)
+            auto = w4_kernel.auto_config(p0, 1, w4_kernel.GEMV_RULE)
             tiles, steps = math.ceil(n / auto["BLOCK_N"]), k // (g * auto["GROUPS"])
             picks = {"rule_split": auto["SPLIT_K"], "programs_rule_split": programs_rule_split(tiles, steps, sms)}
             ref = w4_format.reference_matmul(x.float(), p0).float()

@@ -39,7 +39,7 @@ step of each, ``benchmarks/kernels.py``):
   writes, per group, a power-of-two shrink and ``Σx``, and ``x``'s fp16 pairs in four planes; then
   :func:`gemv_prepared`'s loop only loads them beside the words (:func:`_word_pairs_half2` on each word), on
   narrow tiles (:func:`prepared_config`: 8 rows per program, up to 2048 codes per step). Two launches;
-  ``auto_config``'s one-row default since round 14 (``{"PREPARED": False}`` asks for the GEMV). Where the tile's step does
+  ``auto_config``'s one-row default since round 14 (:data:`GEMV_RULE` asks for the GEMV). Where the tile's step does
   not divide ``K`` and holds few codes, :func:`pack_width` gives the ``K'`` a layer pads its weight to at pack time (round 13;
   ``W4Linear(..., family={"PREPARED": True, "PAD": True})``): one row of ``x`` with ``K`` columns then meets
   a weight of ``K'``, and :func:`prepare_x` writes zeros past ``K``.
@@ -587,8 +587,8 @@ SUMS = {"fp32": dict(HALF2=False, ACC16=False), "half2": dict(HALF2=True, ACC16=
 # (results/h200/kernels.json); at g64 the fp32 rule stayed faster on most shapes
 HALF2_GEMV = dict(HALF2=True, ACC16=True, BLOCK_N=64, num_warps=2, GROUPS=4)
 GEMV_WARPS_PER_SM = 32   # split-K bound of the GEMV (gemv_split): resident warps per multiprocessor
-# auto_config's one-row rule from phase N of results/h100/kernels.json until round 14 (the GEMV rule since) (run "2026-12-05 N", every split of
-# three narrow tiles × two step lengths on 12 shapes, fitted there and checked on its 6 held-out shapes): 32 rows
+# auto_config's one-row rule from phase N of results/h100/kernels.json until round 14, the GEMV rule since (run
+# "2026-12-05 N", every split of three narrow tiles × two step lengths on 12 shapes, fitted there and checked on its 6 held-out shapes): 32 rows
 # per program on 2 warps, fp16-pair sums kept per group, 512 codes (64 words) of each row per step, K split
 # to about NARROW_WARPS_PER_SM warps per multiprocessor (narrow_split) — at either group size; since phase V
 # (runs "2026-12-06 V" and "V2": every span of steps on 20 weights, then 9 fresh ones) K splits into one wave of
@@ -970,13 +970,15 @@ def prepared_config(p: W4Weight, sms: int | None = None) -> dict:
 
 
 GEMV_SWITCHES = ("UNEVEN", "ACC16", "HALF2", "PDL")   # family keys of the CUDA-core GEMV's loop alone
+GEMV_RULE = {"PREPARED": False}   # the family that asks auto_config for the GEMV's rule at one row (not to be changed)
 
 
 def one_row_prepared(family: dict | None) -> bool:
     """Whether one row runs the prepared path (:func:`prepared_config`, two launches) under the kernel
-    ``family``: its ``PREPARED`` where given (else its ``KERNEL``), else yes — unless the family names the GEMV by one of its own
-    switches (:data:`GEMV_SWITCHES`), which the prepared loop does not have. With ``PREPARED`` true, ``PDL`` is
-    kept for the tensor-core kernel's rows (the prepared loop has none); the GEMV's other switches are refused. The default since round 14 (README, "Quantized inference for real", its round-14
+    ``family``: its ``PREPARED`` where given (else its ``KERNEL``), else yes — unless the family names the GEMV
+    by one of its own switches (:data:`GEMV_SWITCHES`), which the prepared loop does not have. With ``PREPARED``
+    true, ``PDL`` is kept for the tensor-core kernel's rows (the prepared loop has none); the GEMV's other
+    switches are refused. The default since round 14 (README, "Quantized inference for real", its round-14
     bullet: the measurements)."""
     family = family or {}
     if not isinstance(family, dict):
@@ -995,13 +997,12 @@ def one_row_prepared(family: dict | None) -> bool:
 def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     """A config chosen from the shape alone: one row runs the prepared path — the activation side prepared
     once per call, then the loop that reads it (:func:`prepared_config`; a power-of-two group of at least 8) —
-    unless the ``family`` asks for the CUDA-core GEMV (:func:`one_row_prepared`: ``PREPARED=False``, or one of
+    unless the ``family`` asks for the CUDA-core GEMV (:func:`one_row_prepared`: :data:`GEMV_RULE`, or one of
     the GEMV's switches), whose rule is :func:`narrow_gemv_config` (phases N and V of
     ``results/h100/kernels.json``; ``family`` may set ``UNEVEN=False`` — the nearest divisor,
     :func:`narrow_split` — ``ACC16=False`` — fp16-pair sums per word — or ``HALF2=False``: the fp32 GEMV of
-    :func:`gemv_config`, 128 rows per program; ``PDL`` passes to the GEMV and the tensor-core kernel, the prepared
-    loop has none; ``PAD`` is the
-    layer's, read at pack time); more rows run the tensor-core kernel with
+    :func:`gemv_config`, 128 rows per program; ``PDL`` passes to the GEMV and the tensor-core kernel, the
+    prepared loop has none; ``PAD`` is the layer's, read at pack time); more rows run the tensor-core kernel with
     :data:`TC_GROUPS` groups per step (fewer where they do not divide ``K``), ``K`` split by
     :func:`tc_split`. ``family`` overrides :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is
     lowered until it divides ``K``)."""
@@ -1042,7 +1043,8 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
 
     ``config`` picks the kernel and its blocks (module docstring; :data:`DEFAULT_CONFIG` for the
     one-row ``gemv``, :data:`TC_DEFAULTS` for ``tc``); None: :func:`auto_config`, chosen from the shape (one
-    16-bit row: the prepared path; more rows: tensor cores) — one float32 row takes :data:`DEFAULT_CONFIG`. :func:`tuned_config` measures the best one per shape on a GPU. ``locks``: the
+    16-bit row: the prepared path; more rows: tensor cores) — one float32 row takes :data:`DEFAULT_CONFIG`.
+    :func:`tuned_config` measures the best one per shape on a GPU. ``locks``: the
     int32 counters ``REDUCE="serial"`` needs (zeros; they are left at zero), allocated per call when
     not given. Without CUDA the kernels run in Triton's interpreter (exact, slow: small shapes only)."""
     if triton is None:

@@ -40,8 +40,8 @@ class W4Linear(torch.nn.Module):
     cuBLAS — what engines do too (vLLM's AWQ path dequantizes from 256 tokens); the cost is one
     transient dense copy of this layer's weight.
 
-    ``family={"PAD": True}`` (round 13; the prepared path is one row's default): where the prepared step that divides ``in_features``
-    holds few codes, the weight is packed with zero columns up to :func:`~helpers.w4_kernel.pack_width`'s ``K'``
+    ``family={"PAD": True}`` (round 13; the prepared path is one row's default): where the prepared step that
+    divides ``in_features`` holds few codes, the weight is packed with zero columns up to :func:`~helpers.w4_kernel.pack_width`'s ``K'``
     (at most 5 % more bytes); one row on the prepared kernel reads them as zeros (``prepare_x`` writes zeros
     past ``K``), every other call gets ``x`` padded with zero columns first."""
 

@@ -1752,11 +1752,11 @@ else:
 # `prepared_config`), first only when a layer asked for it (`W4Linear(..., family={"PREPARED": True})`).
 # Whole-model decode with it ran on the H100 (run 2026-12-06e, the "prepared" row of the table in "Where it
 # stands now"; again as 2026-12-07b at round 14's code) and on the H200 (both models, "The H200 again"): faster
-# than the rule at batch 1 every time,
-# with the preparation still a second launch per layer. Since round 14 it is `auto_config`'s one-row
-# default wherever the group is a power of two of at least 8 (`w4_kernel.one_row_prepared`); a family that
-# names one of the GEMV's switches (`UNEVEN`, `ACC16`, `HALF2`, `PDL`) keeps the GEMV, and
-# `family={"PREPARED": False}` asks for it outright — the kernel benchmark does, where it times the rule. In a decode step it could be fused into what
+# than the rule at batch 1 every time, with the preparation still a second launch per layer. Since round 14
+# it is `auto_config`'s one-row default wherever the group is a power of two of at least 8
+# (`w4_kernel.one_row_prepared`); a family that names one of the GEMV's switches (`UNEVEN`, `ACC16`, `HALF2`,
+# `PDL`) keeps the GEMV, and `family=w4_kernel.GEMV_RULE` (`{"PREPARED": False}`) asks for it outright — the
+# kernel benchmark does, where it times the rule. In a decode step the preparation could be fused into what
 # makes `x` (the RMSNorm before q|k|v and gate|up, the SiLU·mul before down), or launched once for the
 # projections that share `x`.
 

@@ -8,7 +8,7 @@ from helpers import measure, quant, w4_format, w4_kernel, w4_linear
 
 pytestmark = pytest.mark.skipif(w4_kernel.triton is None, reason="triton is not installed")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-RULE = {"PREPARED": False}   # the CUDA-core GEMV's one-row rule, asked for (the prepared path is the default)
+RULE = w4_kernel.GEMV_RULE   # the CUDA-core GEMV's one-row rule, asked for (the prepared path is the default)
 
 
 def weight(n=48, k=512, seed=0):
