@@ -848,6 +848,19 @@ class PreparedX:
         self.xs = torch.empty(k // group, dtype=torch.float32, device=device)
         self.inv = torch.empty(k // group, dtype=torch.float32, device=device)
 
+    @classmethod
+    def of(cls, planes: torch.Tensor, xs: torch.Tensor, inv: torch.Tensor, group: int) -> PreparedX:
+        """The activation side from tensors written elsewhere (:func:`prepare_x_torch`), checked for size."""
+        k = xs.numel() * group
+        prep = cls.__new__(cls)
+        prep.k, prep.group = k, group
+        prep.plane_stride = math.ceil(k // 8 / PLANE_ALIGN) * PLANE_ALIGN
+        if planes.dtype != torch.int32 or planes.numel() != 4 * prep.plane_stride or inv.numel() != xs.numel():
+            raise ValueError(f"planes must be int32 [{4 * prep.plane_stride}] and inv [{xs.numel()}] for K = {k}, "
+                             f"group {group}; got {planes.dtype} [{planes.numel()}], inv [{inv.numel()}]")
+        prep.planes, prep.xs, prep.inv = planes, xs, inv
+        return prep
+
 
 def prepare_x(x: torch.Tensor, group: int, out: PreparedX | None = None, k: int | None = None) -> PreparedX:
     """Run :func:`_prepare_x_kernel` on one row ``x[1, K]``, one program per :data:`CHUNK_WORDS` word columns
@@ -869,6 +882,34 @@ def prepare_x(x: torch.Tensor, group: int, out: PreparedX | None = None, k: int 
                                                    out.plane_stride, GROUP=group, LIMIT=acc16_x_limit(group), CW=cw,
                                                    **({} if _interpreted() else {"num_warps": 2}))
     return out
+
+
+def prepare_x_torch(x: torch.Tensor, group: int, k: int | None = None) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                  torch.Tensor]:
+    """:func:`prepare_x`'s activation side in torch operations — ``(planes, xs, inv)``, the tensors of a
+    :class:`PreparedX` — for ``torch.compile`` to fuse into the kernel that writes ``x`` (RMSNorm's, SiLU·mul's),
+    so the preparation needs no launch of its own (round 15; ``W4Linear(..., family={"FUSED_PREP": True})``).
+    The same numbers: per group ``j``, ``shrink_j = 2^⌊log2(LIMIT / max|x_j|)⌋`` (1 for a group of zeros;
+    :func:`acc16_x_limit`), ``inv_j = 1/shrink_j``, ``xs_j = Σ x_j`` (fp32, summed in another order than the
+    kernel's); per word column ``c`` the fp16 pairs ``(x₀, x₄)``, ``(x₁/16, x₅/16)``, ``(x₂, x₆)``,
+    ``(x₃/16, x₇/16)`` of ``x[8c + i]·shrink`` as the int32 planes, zeros past ``x``'s columns up to ``k``."""
+    if x.dim() != 2 or x.shape[0] != 1:
+        raise ValueError(f"x must be one row [1, K], got shape {tuple(x.shape)}")
+    kx = x.shape[1]
+    k = kx if k is None else k
+    if isinstance(k, bool) or not isinstance(k, int) or kx % 8 or k < kx or k % group:
+        raise ValueError(f"x has K = {kx} columns: a multiple of 8, at most k = {k!r} (the planes' width, an int "
+                         f"and a multiple of the group {group})")
+    xf = torch.nn.functional.pad(x.float(), (0, k - kx)).view(k // group, group)
+    most = xf.abs().amax(1, keepdim=True)
+    e = torch.floor(torch.log2(acc16_x_limit(group) / most.clamp_min(1e-30))).clamp(-126.0, 100.0)
+    shrink = torch.where(most > 0, torch.exp2(e), torch.ones_like(most))
+    cols = (xf * shrink).view(k // 8, 8) * torch.tensor([1, 1 / 16, 1, 1 / 16] * 2, device=x.device)
+    # the fp16 halves' bits put together in int32 arithmetic (same-width bitcasts: one fusable pointwise kernel)
+    lo, hi = (c.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF for c in (cols[:, :4], cols[:, 4:]))
+    stride = math.ceil(k // 8 / PLANE_ALIGN) * PLANE_ALIGN
+    planes = torch.nn.functional.pad((lo | (hi << 16)).T, (0, stride - k // 8)).reshape(-1)
+    return planes, xf.sum(1), (1 / shrink).view(-1)
 
 
 def gemv_prepared(prep: PreparedX, p: W4Weight, cfg: dict, locks: torch.Tensor | None = None,
@@ -970,6 +1011,7 @@ def prepared_config(p: W4Weight, sms: int | None = None) -> dict:
 
 
 GEMV_SWITCHES = ("UNEVEN", "ACC16", "HALF2", "PDL")   # family keys of the CUDA-core GEMV's loop alone
+LAYER_SWITCHES = ("PAD", "FUSED_PREP")   # family keys W4Linear reads (padding at pack time, the preparation in torch ops)
 GEMV_RULE = {"PREPARED": False}   # the family that asks auto_config for the GEMV's rule at one row (not to be changed)
 
 
@@ -1018,7 +1060,7 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
         return narrow_gemv_config(p, sms=sms, uneven=bool(family.get("UNEVEN", True)),
                                   ACC16=bool(family.get("ACC16", True)), **pdl)
     family = {key: v for key, v in (family or {}).items()
-              if key not in ("SPLIT_K", "KERNEL", "HALF2", "ACC16", "UNEVEN", "PREPARED", "PAD")}
+              if key not in ("SPLIT_K", "KERNEL", "HALF2", "ACC16", "UNEVEN", "PREPARED", *LAYER_SWITCHES)}
     groups = _fitting_groups(p, family.pop("GROUPS", TC_GROUPS))
     cfg = dict(TC_DEFAULTS, **family, GROUPS=groups)
     if _interpreted():

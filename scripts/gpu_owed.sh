@@ -81,6 +81,11 @@
 #   32 the rest of it: 05 then 06 (full profile; 205 s and 60 s on the H200 at 462e774; 06 after 05 reuses its AWQ
 #      variants — run before it on 2026-12-07, 06 built them: 169 s on the H100), then the whole test suite as long
 #      as the call lasts (call 5's)
+#   33 round 15 (the preparation in torch ops, fused by torch.compile into the kernel that writes x: family
+#      FUSED_PREP): its tests on the GPU (test_x_side.py: inductor's fusion counted, test_decode_bench.py), then
+#      Llama-3.1-8B decode, batch 1 compiled, fused+head+attn: ours prepared with and without FUSED_PREP beside
+#      tinygemm, compiled-step profiles (one process); bf16 fused+attn in the next; then Qwen2.5-1.5B (held out:
+#      biases, another width) ours with and without FUSED_PREP, then its bf16
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -251,6 +256,17 @@ notebooks/08_quantized_inference.ipynb" PART_TIMEOUT=440 gpu notebooks
   24) NOTEBOOKS="notebooks/05_awq.ipynb notebooks/06_perplexity.ipynb notebooks/07_kv_cache_ab.ipynb \
 notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/10_multi_gpu.ipynb" COURSE_GPU_GIB=15 \
        PART_TIMEOUT=580 gpu notebooks ;;
+  33) TESTS="tests/test_x_side.py tests/test_decode_bench.py" PART_TIMEOUT=150 gpu pytest
+     mv "$OUT/pytest_part.txt" "$OUT/pytest_fused_prep.txt"
+     FUSED='[{"PREPARED":true},{"PREPARED":true,"FUSED_PREP":true}]'
+     DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--batches 1 --eager= --compile 1 --recipes fused+head+attn \
+--family $FUSED --profile compiled" PART_TIMEOUT=$(left 340 60) gpu decode; keep_decode decode_8B_fused
+     DECODE_FORMATS="bf16" DECODE_ARGS="--batches 1 --eager= --compile 1 --recipes fused+attn" PART_TIMEOUT=$(left 420 30) \
+       gpu decode; keep_decode decode_8B_bf16
+     DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--arch Qwen2.5-1.5B --batches 1 --eager= --compile 1 --recipes fused+head+attn \
+--family $FUSED" PART_TIMEOUT=$(left 530 30) gpu decode; keep_decode decode_qwen_fused
+     DECODE_FORMATS="bf16" DECODE_ARGS="--arch Qwen2.5-1.5B --batches 1 --eager= --compile 1 --recipes fused+attn" \
+       PART_TIMEOUT=$(left 585 20) gpu decode; keep_decode decode_qwen_bf16 ;;
   25) bf16_8b "200"
      w4_8b "$(left 585 30)" ;;
   26) TESTS="tests/test_x_side.py tests/test_decode_bench.py" PART_TIMEOUT=150 gpu pytest
