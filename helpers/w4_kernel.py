@@ -887,12 +887,12 @@ def prepare_x(x: torch.Tensor, group: int, out: PreparedX | None = None, k: int 
 def prepare_x_torch(x: torch.Tensor, group: int, k: int | None = None) -> tuple[torch.Tensor, torch.Tensor,
                                                                                   torch.Tensor]:
     """:func:`prepare_x`'s activation side in torch operations — ``(planes, xs, inv)``, the tensors of a
-    :class:`PreparedX` — for ``torch.compile`` to fuse into the kernel that writes ``x`` (RMSNorm's, SiLU·mul's),
-    so the preparation needs no launch of its own (round 15; ``W4Linear(..., family={"FUSED_PREP": True})``).
-    The same numbers: per group ``j``, ``shrink_j = 2^⌊log2(LIMIT / max|x_j|)⌋`` (1 for a group of zeros;
-    :func:`acc16_x_limit`), ``inv_j = 1/shrink_j``, ``xs_j = Σ x_j`` (fp32, summed in another order than the
-    kernel's); per word column ``c`` the fp16 pairs ``(x₀, x₄)``, ``(x₁/16, x₅/16)``, ``(x₂, x₆)``,
-    ``(x₃/16, x₇/16)`` of ``x[8c + i]·shrink`` as the int32 planes, zeros past ``x``'s columns up to ``k``."""
+    :class:`PreparedX` (:meth:`PreparedX.of`) — the readable statement of :func:`_prepare_x_kernel`, and what
+    ``torch.compile`` sees when the preparation is written in its ops (round 15, ``benchmarks/prep_fusion.py``).
+    Per group ``j``: ``shrink_j = 2^⌊log2(LIMIT / max|x_j|)⌋`` (1 for a group of zeros; :func:`acc16_x_limit`),
+    ``inv_j = 1/shrink_j``, ``xs_j = Σ x_j`` (fp32, summed in another order than the kernel's); per word column
+    ``c`` the fp16 pairs ``(x₀, x₄)``, ``(x₁/16, x₅/16)``, ``(x₂, x₆)``, ``(x₃/16, x₇/16)`` of ``x[8c + i]·shrink``
+    as int32 planes, zeros past ``x``'s columns up to ``k``."""
     if x.dim() != 2 or x.shape[0] != 1:
         raise ValueError(f"x must be one row [1, K], got shape {tuple(x.shape)}")
     kx = x.shape[1]
@@ -1011,7 +1011,6 @@ def prepared_config(p: W4Weight, sms: int | None = None) -> dict:
 
 
 GEMV_SWITCHES = ("UNEVEN", "ACC16", "HALF2", "PDL")   # family keys of the CUDA-core GEMV's loop alone
-LAYER_SWITCHES = ("PAD", "FUSED_PREP")   # family keys W4Linear reads (padding at pack time, the preparation in torch ops)
 GEMV_RULE = {"PREPARED": False}   # the family that asks auto_config for the GEMV's rule at one row (not to be changed)
 
 
@@ -1060,7 +1059,7 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
         return narrow_gemv_config(p, sms=sms, uneven=bool(family.get("UNEVEN", True)),
                                   ACC16=bool(family.get("ACC16", True)), **pdl)
     family = {key: v for key, v in (family or {}).items()
-              if key not in ("SPLIT_K", "KERNEL", "HALF2", "ACC16", "UNEVEN", "PREPARED", *LAYER_SWITCHES)}
+              if key not in ("SPLIT_K", "KERNEL", "HALF2", "ACC16", "UNEVEN", "PREPARED", "PAD")}
     groups = _fitting_groups(p, family.pop("GROUPS", TC_GROUPS))
     cfg = dict(TC_DEFAULTS, **family, GROUPS=groups)
     if _interpreted():

@@ -7,17 +7,7 @@ import json
 import torch
 
 from .w4_format import W4Weight, dequantize_w4, pack_w4
-from .w4_kernel import (
-    DEFAULT_CONFIG,
-    PreparedX,
-    auto_config,
-    block_rows,
-    gemv_prepared,
-    one_row_prepared,
-    pack_width,
-    prepare_x_torch,
-    w4a16_matmul,
-)
+from .w4_kernel import DEFAULT_CONFIG, auto_config, block_rows, one_row_prepared, pack_width, w4a16_matmul
 
 
 def w4a16_op():
@@ -39,26 +29,6 @@ def w4a16_op():
     return torch.ops.course.w4a16_matmul
 
 
-def w4a16_prepared_op():
-    """The prepared path's loop alone (:func:`~helpers.w4_kernel.gemv_prepared`) as the custom operator
-    ``torch.ops.course.w4a16_prepared``, reading an activation side written by
-    :func:`~helpers.w4_kernel.prepare_x_torch` — which ``torch.compile`` fuses into the kernel before it: one
-    launch per call instead of two (``W4Linear(..., family={"FUSED_PREP": True})``)."""
-    if not hasattr(torch.ops.course, "w4a16_prepared"):
-        @torch.library.custom_op("course::w4a16_prepared", mutates_args=())
-        def w4a16_prepared(planes: torch.Tensor, xs: torch.Tensor, inv: torch.Tensor, words: torch.Tensor,
-                           scale: torch.Tensor, zero: torch.Tensor, locks: torch.Tensor, group_size: int,
-                           config: str, out_dtype: torch.dtype) -> torch.Tensor:
-            p = W4Weight(words, scale, zero, group_size, (words.shape[0], words.shape[1] * 8))
-            return gemv_prepared(PreparedX.of(planes, xs, inv, group_size), p, json.loads(config), locks=locks,
-                                 out_dtype=out_dtype)
-
-        @w4a16_prepared.register_fake
-        def _(planes, xs, inv, words, scale, zero, locks, group_size, config, out_dtype):
-            return planes.new_empty(1, words.shape[0], dtype=out_dtype)
-    return torch.ops.course.w4a16_prepared
-
-
 class W4Linear(torch.nn.Module):
     """A ``Linear`` whose weight lives packed (0.5 byte per weight + 4 bytes per group, registered as
     buffers so ``state_dict`` and byte counts see them) and runs through :func:`w4a16_matmul`, with one
@@ -73,12 +43,7 @@ class W4Linear(torch.nn.Module):
     ``family={"PAD": True}`` (round 13; the prepared path is one row's default): where the prepared step that
     divides ``in_features`` holds few codes, the weight is packed with zero columns up to :func:`~helpers.w4_kernel.pack_width`'s ``K'``
     (at most 5 % more bytes); one row on the prepared kernel reads them as zeros (``prepare_x`` writes zeros
-    past ``K``), every other call gets ``x`` padded with zero columns first.
-
-    ``family={"FUSED_PREP": True}`` (round 15): under ``torch.compile``, one row on the prepared path computes
-    its activation side in torch operations (:func:`~helpers.w4_kernel.prepare_x_torch`), which the compiler
-    fuses into the kernel that wrote ``x``, and launches only the loop (:func:`w4a16_prepared_op`); eager calls
-    are unchanged (``prepare_x``, then the loop)."""
+    past ``K``), every other call gets ``x`` padded with zero columns first."""
 
     def __init__(self, linear: torch.nn.Linear, group_size: int = 128, configs: dict | None = None,
                  dense_above: int = 16, family: dict | None = None):
@@ -86,10 +51,9 @@ class W4Linear(torch.nn.Module):
         weight = linear.weight.data
         self.in_features = weight.shape[1]
         pad = (family or {}).get("PAD")
-        for key in ("PAD", "FUSED_PREP"):
-            if (family or {}).get(key) and not one_row_prepared(family):
-                raise ValueError(f"family {key} is a switch of the prepared path, which family {family} turns off: "
-                                 "leave out PREPARED=False and the GEMV's switches (UNEVEN, ACC16, HALF2, PDL)")
+        if pad and not one_row_prepared(family):
+            raise ValueError(f"family PAD pads the weight for the prepared path, which family {family} turns off: "
+                             "leave out PREPARED=False and the GEMV's switches (UNEVEN, ACC16, HALF2, PDL)")
         k_padded = pack_width(self.in_features, group_size) if pad else self.in_features
         if k_padded > self.in_features:
             weight = torch.nn.functional.pad(weight, (0, k_padded - self.in_features))
@@ -105,7 +69,6 @@ class W4Linear(torch.nn.Module):
         self.family, self.given_configs = family, dict(configs or {})
         self.dense_above = dense_above
         self._op = w4a16_op()   # registered now: torch.compile cannot register an op while it traces
-        self._loop_op = w4a16_prepared_op() if (family or {}).get("FUSED_PREP") else None
         self._choose_configs()
 
     def _choose_configs(self):
@@ -150,12 +113,7 @@ class W4Linear(torch.nn.Module):
         if dense:
             y = x2 @ dequantize_w4(self.p, x2.dtype).T
         else:
-            if self._loop_op is not None and tile == 1 and self.configs[1]["KERNEL"] == "prepared" and \
-                    torch.compiler.is_compiling():   # the activation side in the graph, fused; the loop an op
-                planes, xs, inv = prepare_x_torch(x2, self.group_size, k=self.shape[1])
-                y = self._loop_op(planes, xs, inv, self.words, self.scale, self.zero, self.locks, self.group_size,
-                                  self._op_configs[1], x2.dtype)
-            elif torch.compiler.is_compiling():   # torch.compile sees one opaque op, not the launcher's Python
+            if torch.compiler.is_compiling():   # torch.compile sees one opaque op, not the launcher's Python
                 y = self._op(x2, self.words, self.scale, self.zero, self.locks, self.group_size,
                              self._op_configs[tile])
             else:

@@ -86,6 +86,10 @@
 #      Llama-3.1-8B decode, batch 1 compiled, fused+head+attn: ours prepared with and without FUSED_PREP beside
 #      tinygemm, compiled-step profiles (one process); bf16 fused+attn in the next; then Qwen2.5-1.5B (held out:
 #      biases, another width) ours with and without FUSED_PREP, then its bf16
+#   34 round 15's question in a short budget (call 33 found inductor's kernels around a per-group preparation in torch
+#      ops, family FUSED_PREP since removed, to be more, not fewer): benchmarks.prep_fusion (the kernels and µs of
+#      RMSNorm / SiLU·mul followed by each way of writing the preparation), test_x_side.py on the GPU, then
+#      T4-sized (COURSE_GPU_GIB=15) notebooks 08 and 09 as long as the call lasts (CALL_BUDGET, default 380 s)
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -267,6 +271,11 @@ notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/10_mu
 --family $FUSED" PART_TIMEOUT=$(left 530 30) gpu decode; keep_decode decode_qwen_fused
      DECODE_FORMATS="bf16" DECODE_ARGS="--arch Qwen2.5-1.5B --batches 1 --eager= --compile 1 --recipes fused+attn" \
        PART_TIMEOUT=$(left 585 20) gpu decode; keep_decode decode_qwen_bf16 ;;
+  34) timeout 150 env PYTHONPATH="/tmp/site:$PWD" python3 -m benchmarks.prep_fusion --out "$OUT/prep_fusion.json" 2>&1 \
+       | grep -v -E "Warning|warn" | tail -12
+     TESTS="tests/test_x_side.py" PART_TIMEOUT=$(left 240 30) gpu pytest
+     NOTEBOOKS="notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb" COURSE_GPU_GIB=15 \
+       PART_TIMEOUT=$(left "${CALL_BUDGET:-380}" 20) gpu notebooks ;;
   25) bf16_8b "200"
      w4_8b "$(left 585 30)" ;;
   26) TESTS="tests/test_x_side.py tests/test_decode_bench.py" PART_TIMEOUT=150 gpu pytest

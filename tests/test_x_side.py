@@ -232,7 +232,7 @@ def test_a_layer_padded_at_pack_time_gives_the_unpadded_product():
     with pytest.raises(ValueError, match="k must be an int"):
         w4_kernel.prepare_x(x, 64, k=4096.0)
     for off in ({"PREPARED": False, "PAD": True}, {"UNEVEN": True, "PAD": True}):   # the GEMV asked for: no padding
-        with pytest.raises(ValueError, match="family PAD is a switch of the prepared path, which family .* turns off"):
+        with pytest.raises(ValueError, match="PAD pads the weight for the prepared path, which family .* turns off"):
             W4Linear(lin, 64, family=off)
     with pytest.raises(ValueError, match="this layer takes 4032"):
         padded(torch.randn(1, 4096, dtype=torch.bfloat16, device=DEV))
@@ -277,68 +277,22 @@ def test_prepare_x_torch_writes_what_the_preparing_kernel_writes(group, k, k_out
         w4_kernel.prepare_x_torch(x, group, k=k - group)
 
 
-def test_a_fused_prep_layer_compiles_to_the_loop_alone_and_gives_the_same_product():
-    """``W4Linear(..., family={"FUSED_PREP": True})`` under torch.compile: one row traces the preparation as
-    torch operations and the loop as ``course::w4a16_prepared`` (no ``course::w4a16_matmul``), and gives the
-    eager layer's product (which runs prepare_x then the loop); more rows, and eager calls, are unchanged. A
-    family that turns the prepared path off refuses the switch by name."""
-    from helpers.w4_linear import W4Linear
-    torch.manual_seed(12)
-    lin = torch.nn.Linear(4032, 40, bias=True).to(DEV, torch.bfloat16)
-    for family in ({"FUSED_PREP": True}, {"FUSED_PREP": True, "PAD": True}):
-        layer = W4Linear(lin, 64, family=family)
-        seen = []
 
-        def backend(gm, example_inputs):
-            seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-            return gm
-        f = torch.compile(layer, backend=backend, fullgraph=True)
-        x = torch.randn(1, 4032, dtype=torch.bfloat16, device=DEV)
-        got, eager = f(x).float(), layer(x).float()
-        assert any("w4a16_prepared" in t for t in seen) and not any("w4a16_matmul" in t for t in seen), seen
-        torch.testing.assert_close(got, eager, rtol=1e-2, atol=1e-2 * eager.abs().max().item())
-        ref = w4_format.reference_matmul(x.float(), w4_format.pack_w4(lin.weight.data, 64)).float() + lin.bias.float()
-        assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-2
-        x3 = torch.randn(3, 4032, dtype=torch.bfloat16, device=DEV)   # a tensor-core tile: the fused op unused
-        seen.clear()
-        torch.testing.assert_close(f(x3).float(), layer(x3).float(), rtol=1e-2, atol=1e-2)
-        assert any("w4a16_matmul" in t for t in seen) and not any("w4a16_prepared" in t for t in seen)
-        torch._dynamo.reset()
-    for off in ({"PREPARED": False, "FUSED_PREP": True}, {"ACC16": True, "FUSED_PREP": True}):
-        with pytest.raises(ValueError, match="family FUSED_PREP is a switch of the prepared path"):
-            W4Linear(lin, 64, family=off)
-    assert w4_kernel.auto_config(layer.p, 16, {"FUSED_PREP": True}).get("FUSED_PREP") is None   # not a tc key
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor's fusion of the preparation is a GPU claim")
-@pytest.mark.parametrize("k,n", [(4096, 14336), (14336, 4096)])
-def test_inductor_fuses_the_torch_preparation_into_the_kernel_that_writes_x(k, n):
-    """On a GPU, torch.compile of RMSNorm (or SiLU·mul) → the layer launches one kernel fewer with
-    ``FUSED_PREP``: the preparation joins the kernel that writes ``x``; the products agree."""
-    from helpers.w4_linear import W4Linear
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(k, n, bias=False).to(DEV, torch.bfloat16)
-    norm_w = torch.rand(k, device=DEV, dtype=torch.bfloat16) + 0.5
-
-    def before(h):   # RMSNorm as Llama writes it, or the MLP's SiLU·mul
-        if h.shape[-1] == k:
-            hf = h.float()
-            return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(h.dtype) * norm_w
-        return torch.nn.functional.silu(h[..., :k]) * h[..., k:]
-
-    counts, outs = {}, {}
-    for name, family in (("two launches", {"PREPARED": True}), ("fused", {"PREPARED": True, "FUSED_PREP": True})):
-        layer = W4Linear(lin, 128, family=family)
-        f = torch.compile(lambda h: layer(before(h)), fullgraph=True)
-        h = torch.randn(1, k if k == 4096 else 2 * k, device=DEV, dtype=torch.bfloat16)
-        for _ in range(3):
-            outs[name] = f(h).float()
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            f(h)
-            torch.cuda.synchronize()
-        counts[name] = sorted(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-                              and "memset" not in e.name.lower() and "memcpy" not in e.name.lower())
-        torch._dynamo.reset()
-    assert len(counts["fused"]) == len(counts["two launches"]) - 1, counts
-    torch.testing.assert_close(outs["fused"], outs["two launches"], rtol=2e-2, atol=2e-2 * outs["fused"].abs().max().item())
+def test_prep_fusions_row_variant_is_the_group_one_where_every_group_has_the_rows_largest_value():
+    """benchmarks/prep_fusion.py's row-shrink planes: with every group holding the row's largest |x|, the
+    per-group shrinks all equal the row's, so its planes, Σx and 1/shrink are prepare_x_torch's; otherwise each
+    group's shrunk values stay within the fp16 sums' limit. Without CUDA the benchmark says where to run it."""
+    from benchmarks import prep_fusion
+    torch.manual_seed(5)
+    x = torch.randn(1, 1024, dtype=torch.bfloat16) * 2
+    x.view(-1, 128)[:, 3] = 40.0
+    planes, xs, inv = prep_fusion.row_shrink_planes(x, 128)
+    want = w4_kernel.prepare_x_torch(x, 128)
+    assert torch.equal(planes, want[0]) and torch.equal(inv, want[2]) and torch.equal(xs, want[1])
+    x[0, 5] = 900.0                                    # one outlier shrinks the whole row
+    planes, xs, inv = prep_fusion.row_shrink_planes(x, 128)
+    assert inv.unique().numel() == 1 and 900.0 / inv[0] <= w4_kernel.acc16_x_limit(128)
+    assert prep_fusion.row_shrink_planes(x, 128, sums=False)[1] is None
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="run it where CUDA is"):
+            prep_fusion.main(["--out", "/tmp/never.json"])

@@ -1,0 +1,116 @@
+"""Round 15's question: does ``torch.compile`` fuse the prepared path's activation side into the kernel that
+writes ``x``, so that one row costs one launch (the loop) instead of two (``prepare_x``, then the loop)?
+
+A decode step's one-row activations come from RMSNorm (into q|k|v, gate|up and the head, ``K`` = hidden) and from
+SiLU·mul (into down, ``K`` = intermediate). For each producer, compiled (inductor, ``fullgraph``) with:
+
+* ``producer`` — the producer alone (the floor: what the step launches anyway);
+* ``prepare_x`` — the producer, then :func:`helpers.w4_kernel.prepare_x` (today: the preparation's own launch);
+* ``group`` — the producer, then :func:`helpers.w4_kernel.prepare_x_torch` in the graph (per-group shrink and Σx,
+  what the prepared loop reads);
+* ``row`` — one shrink for the whole row (its largest ``|x|``), the per-group Σx kept;
+* ``row, planes only`` — one shrink, the planes alone (what a loop that summed ``x`` itself would need);
+
+it records the kernels one call launches (``torch.profiler``) and the call's time under CUDA-graph replay
+(:func:`helpers.timing.graph_ms`). A variant fuses where it launches as many kernels as ``producer``.
+
+    python -m benchmarks.prep_fusion --out results/h100/prep_fusion.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from helpers import w4_kernel
+from helpers.timing import graph_ms
+
+PRODUCERS = {"RMSNorm": 4096, "SiLU·mul": 14336}   # Llama-3.1-8B's hidden and intermediate widths
+
+
+def row_shrink_planes(x: torch.Tensor, group: int, sums: bool = True):
+    """The planes of :func:`~helpers.w4_kernel.prepare_x_torch` with one power-of-two shrink for the whole row
+    (``2^⌊log2(LIMIT / max|x|)⌋``, which keeps every group under the limit), ``inv`` repeated per group; with
+    ``sums`` the per-group Σx too (else None)."""
+    k = x.shape[1]
+    xf = x.float()
+    most = xf.abs().amax(1, keepdim=True)
+    e = torch.floor(torch.log2(w4_kernel.acc16_x_limit(group) / most.clamp_min(1e-30))).clamp(-126.0, 100.0)
+    shrink = torch.where(most > 0, torch.exp2(e), torch.ones_like(most))
+    cols = (xf * shrink).view(k // 8, 8) * torch.tensor([1, 1 / 16, 1, 1 / 16] * 2, device=x.device)
+    lo, hi = (c.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF for c in (cols[:, :4], cols[:, 4:]))
+    stride = math.ceil(k // 8 / w4_kernel.PLANE_ALIGN) * w4_kernel.PLANE_ALIGN
+    planes = torch.nn.functional.pad((lo | (hi << 16)).T, (0, stride - k // 8)).reshape(-1)
+    inv = (1 / shrink).expand(1, k // group).reshape(-1)
+    return planes, (xf.view(k // group, group).sum(1) if sums else None), inv
+
+
+def producer(name: str, k: int, device):
+    """The producer of one row of ``k`` activations from its input ``h`` (RMSNorm as Llama writes it; SiLU·mul of
+    ``h``'s two halves), and an input for it."""
+    torch.manual_seed(0)
+    if name == "RMSNorm":
+        w = torch.rand(k, device=device, dtype=torch.bfloat16) + 0.5
+
+        def f(h):
+            hf = h.float()
+            return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(h.dtype) * w
+        return f, torch.randn(1, k, device=device, dtype=torch.bfloat16)
+    if name == "SiLU·mul":
+        return (lambda h: torch.nn.functional.silu(h[:, :k]) * h[:, k:]), \
+            torch.randn(1, 2 * k, device=device, dtype=torch.bfloat16)
+    raise ValueError(f"producer must be one of {sorted(PRODUCERS)}, got {name!r}")
+
+
+VARIANTS = {
+    "producer": lambda x, g: (x,),
+    "prepare_x": lambda x, g: (lambda p: (p.planes, p.xs, p.inv))(w4_kernel.prepare_x(x, g)),
+    "group": lambda x, g: w4_kernel.prepare_x_torch(x, g),
+    "row": lambda x, g: row_shrink_planes(x, g),
+    "row, planes only": lambda x, g: row_shrink_planes(x, g, sums=False)[::2],
+}
+
+
+def kernels_of(fn, h) -> list[str]:
+    """The CUDA kernels one call of ``fn(h)`` launches (memsets and copies between host and device left out)."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn(h)
+        torch.cuda.synchronize()
+    return sorted(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                  and not any(s in e.name.lower() for s in ("memset", "memcpy")))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="JSON file for the rows")
+    ap.add_argument("--group", type=int, default=128)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("prep_fusion asks what inductor generates for a GPU: run it where CUDA is")
+    rows = []
+    for name, k in PRODUCERS.items():
+        make, h = producer(name, k, "cuda")
+        for variant, prep in VARIANTS.items():
+            fn = torch.compile(lambda h, make=make, prep=prep: prep(make(h), args.group), fullgraph=True)
+            for _ in range(3):
+                fn(h)
+            names = kernels_of(fn, h)
+            us = graph_ms([lambda: fn(h)] * 32) * 1000
+            rows.append({"producer": name, "K": k, "group": args.group, "variant": variant, "kernels": names,
+                         "n_kernels": len(names), "us": round(us, 2)})
+            print(f"{name:9s} {variant:17s} {len(names)} kernels {us:7.2f} µs  {names}", flush=True)
+            torch._dynamo.reset()
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "how": "torch.compile(fullgraph) of producer → preparation; kernels of one call (torch.profiler); "
+                   "µs per call under CUDA-graph replay (graph_ms, 32 calls a graph)"}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, ensure_ascii=False))
+    print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()
