@@ -1798,3 +1798,37 @@ else:
 # `K'` once (only where the step that divides `K` holds fewer than 1024 codes), and `prepare_x` writes zeros
 # past `x`'s own `K` (tested in Triton's interpreter, and since timed in decode on the H200: Llama-2-7B's
 # "prepared + padded K" row in "The H200 again").
+
+# %% [markdown]
+# ### Round 15: let the compiler do the preparation? Count the kernels
+# The prepared path launches twice per layer: `prepare_x`, then the loop. Written in torch operations instead
+# (`w4_kernel.prepare_x_torch`: the same planes and shrinks bit for bit), the preparation would sit inside the
+# compiled graph, and inductor could fuse it into the kernel that writes `x` — RMSNorm's or SiLU·mul's — leaving
+# one launch. A compiler's fusion is a claim to check, not to assume: run `2026-12-07c` profiled one compiled
+# Llama-3.1-8B step (random weights) both ways, on a lent H100. The question for each: how many kernels, and
+# how many microseconds of kernel time?
+
+# %%
+if (H100 / "decode.json").exists():
+    _, d15 = kernel_runs.load("h100", "decode.json", runs="2026-12-07c")
+    prof15 = pd.DataFrame([{"preparation": "torch ops in the graph" if (r.family or {}).get("FUSED_PREP")
+                            else "prepare_x, its own launch",
+                            "kernels per step": r.profile["kernels"], "kernel µs": round(r.profile["kernel_us"]),
+                            "of which prepare_x µs": round(sum(t["us"] for t in r.profile["top"]
+                                                               if t["kernel"] == "_prepare_x_kernel"))}
+                           for r in d15[d15.profile_of == "compiled step"].itertuples()])
+    display(prof15)
+    one, two = prof15.iloc[0], prof15.iloc[1]
+    print(f"the torch ops cost {two['kernels per step'] - one['kernels per step']} more kernels and "
+          f"{two['kernel µs'] - one['kernel µs']} µs more kernel time per step; the most a fused preparation "
+          f"could save: prepare_x's {one['of which prepare_x µs']} µs of {one['kernel µs']} µs")
+else:
+    print("results/h100/decode.json is not in this checkout")
+
+# %% [markdown]
+# More kernels, not fewer: inductor gave the per-group maxima and sums (reductions over another range than
+# RMSNorm's whole row) kernels of their own, so the torch version was dropped and the Triton `prepare_x` stays.
+# What a launch-free preparation would need is a kernel written for it — the residual add, RMSNorm and the
+# preparation in one — or a preparation whose only reduction is the row's own (one shrink per row: the next
+# experiment, `benchmarks/prep_fusion.py`, counts which way of writing it fuses). The ceiling the table prints
+# is small either way: about a thirteenth of this step's kernel time.
