@@ -90,6 +90,8 @@
 #      ops, family FUSED_PREP since removed, to be more, not fewer): benchmarks.prep_fusion (the kernels and µs of
 #      RMSNorm / SiLU·mul followed by each way of writing the preparation), test_x_side.py on the GPU, then
 #      T4-sized (COURSE_GPU_GIB=15) notebooks 08 and 09 as long as the call lasts (CALL_BUDGET, default 380 s)
+#   35 where the prepared loop's fixed microseconds go (#31's next round): Nsight Compute on one row at the default
+#      (prepare_x, then the loop; the regex of `gpu.sh ncu` catches the loop) on three ≥ 16 MB weights at g128
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -276,6 +278,7 @@ notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/10_mu
      TESTS="tests/test_x_side.py" PART_TIMEOUT=$(left 240 30) gpu pytest
      NOTEBOOKS="notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb" COURSE_GPU_GIB=15 \
        PART_TIMEOUT=$(left "${CALL_BUDGET:-380}" 20) gpu notebooks ;;
+  35) NCU_CASES="8B gate/up 4096x14336:128:1;8B down 14336x4096:128:1;14B-class 5120x13824:128:1" PART_TIMEOUT=420 gpu ncu ;;
   25) bf16_8b "200"
      w4_8b "$(left 585 30)" ;;
   26) TESTS="tests/test_x_side.py tests/test_decode_bench.py" PART_TIMEOUT=150 gpu pytest
