@@ -5,11 +5,13 @@ A decode step's one-row activations come from RMSNorm (into q|k|v, gate|up and t
 SiLU·mul (into down, ``K`` = intermediate). For each producer, compiled (inductor, ``fullgraph``) with:
 
 * ``producer`` — the producer alone (the floor: what the step launches anyway);
-* ``prepare_x`` — the producer, then :func:`helpers.w4_kernel.prepare_x` (today: the preparation's own launch);
+* ``prepare_x`` — the producer compiled, then :func:`helpers.w4_kernel.prepare_x` outside the graph (today: the
+  preparation's own launch, opaque to the compiler as the layers' custom op is);
 * ``group`` — the producer, then :func:`helpers.w4_kernel.prepare_x_torch` in the graph (per-group shrink and Σx,
   what the prepared loop reads);
 * ``row`` — one shrink for the whole row (its largest ``|x|``), the per-group Σx kept;
-* ``row, planes only`` — one shrink, the planes alone (what a loop that summed ``x`` itself would need);
+* ``row, planes only`` — one shrink, the planes and ``1/shrink`` without Σx (what a loop that summed ``x`` itself
+  would need);
 
 it records the kernels one call launches (``torch.profiler``) and the call's time under CUDA-graph replay
 (:func:`helpers.timing.graph_ms`). A variant fuses where it launches as many kernels as ``producer``.
@@ -65,9 +67,9 @@ def producer(name: str, k: int, device):
     raise ValueError(f"producer must be one of {sorted(PRODUCERS)}, got {name!r}")
 
 
-VARIANTS = {
+VARIANTS = {   # the preparation traced into the graph after the producer (prepare_x: None, called outside it)
     "producer": lambda x, g: (x,),
-    "prepare_x": lambda x, g: (lambda p: (p.planes, p.xs, p.inv))(w4_kernel.prepare_x(x, g)),
+    "prepare_x": None,
     "group": lambda x, g: w4_kernel.prepare_x_torch(x, g),
     "row": lambda x, g: row_shrink_planes(x, g),
     "row, planes only": lambda x, g: row_shrink_planes(x, g, sums=False)[::2],
@@ -91,25 +93,37 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("prep_fusion asks what inductor generates for a GPU: run it where CUDA is")
-    rows = []
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "how": "torch.compile(fullgraph) of producer → preparation (prepare_x: called after the compiled "
+                   "producer); kernels of one call (torch.profiler); µs per call under CUDA-graph replay "
+                   "(graph_ms, 32 calls a graph)"}
+    out, rows = Path(args.out), []
+    out.parent.mkdir(parents=True, exist_ok=True)
     for name, k in PRODUCERS.items():
         make, h = producer(name, k, "cuda")
         for variant, prep in VARIANTS.items():
-            fn = torch.compile(lambda h, make=make, prep=prep: prep(make(h), args.group), fullgraph=True)
-            for _ in range(3):
-                fn(h)
-            names = kernels_of(fn, h)
-            us = graph_ms([lambda: fn(h)] * 32) * 1000
-            rows.append({"producer": name, "K": k, "group": args.group, "variant": variant, "kernels": names,
-                         "n_kernels": len(names), "us": round(us, 2)})
-            print(f"{name:9s} {variant:17s} {len(names)} kernels {us:7.2f} µs  {names}", flush=True)
+            row = {"producer": name, "K": k, "group": args.group, "variant": variant}
+            try:
+                if prep is None:
+                    made = torch.compile(make, fullgraph=True)
+
+                    def fn(h, made=made):
+                        return w4_kernel.prepare_x(made(h), args.group)
+                else:
+                    fn = torch.compile(lambda h, make=make, prep=prep: prep(make(h), args.group), fullgraph=True)
+                for _ in range(3):
+                    fn(h)
+                names = kernels_of(fn, h)
+                us = graph_ms([lambda fn=fn: fn(h)] * 32) * 1000
+                row |= {"kernels": names, "n_kernels": len(names), "us": round(us, 2)}
+                print(f"{name:9s} {variant:17s} {len(names)} kernels {us:7.2f} µs  {names}", flush=True)
+            except Exception as e:   # a variant that does not compile is an answer too: its row says why
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                print(f"{name:9s} {variant:17s} failed: {row['error']}", flush=True)
+            rows.append(row)
+            out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, ensure_ascii=False))   # as it goes
             torch._dynamo.reset()
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "how": "torch.compile(fullgraph) of producer → preparation; kernels of one call (torch.profiler); "
-                   "µs per call under CUDA-graph replay (graph_ms, 32 calls a graph)"}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, ensure_ascii=False))
-    print("wrote", args.out)
+    print("wrote", out)
 
 
 if __name__ == "__main__":

@@ -251,9 +251,10 @@ def offline_model_dir() -> Path:
         shutil.rmtree(out)
     print(f"Converting {gguf.name} to a transformers directory (once) → {out}")
     src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # the class AutoTokenizer picks for this GGUF, asked for directly: AutoTokenizer would parse the whole GGUF
-    # once more only to read the config (the saved files are byte-identical; 4.6 s instead of 8.5 s on 2 cores)
-    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    # the class AutoTokenizer picks for this GGUF under the pinned transformers (5.17.0: no tokenizer class of its
+    # own for llama), asked for directly: AutoTokenizer would parse the whole GGUF once more only to read the config
+    # (the saved files were byte-identical; 4.6 s instead of 8.5 s, timed once on 2 cores)
+    from transformers import TokenizersBackend
     tok = TokenizersBackend.from_pretrained(gguf.parent, gguf_file=gguf.name)
     config = src.config
     if hasattr(config, "quantization_config"):

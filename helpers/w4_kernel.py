@@ -858,6 +858,9 @@ class PreparedX:
         if planes.dtype != torch.int32 or planes.numel() != 4 * prep.plane_stride or inv.numel() != xs.numel():
             raise ValueError(f"planes must be int32 [{4 * prep.plane_stride}] and inv [{xs.numel()}] for K = {k}, "
                              f"group {group}; got {planes.dtype} [{planes.numel()}], inv [{inv.numel()}]")
+        if xs.dtype != torch.float32 or inv.dtype != torch.float32 or not (planes.device == xs.device == inv.device):
+            raise ValueError(f"xs and inv must be float32 on the planes' device ({planes.device}); got {xs.dtype} on "
+                             f"{xs.device}, {inv.dtype} on {inv.device}")
         prep.planes, prep.xs, prep.inv = planes, xs, inv
         return prep
 
@@ -895,11 +898,16 @@ def prepare_x_torch(x: torch.Tensor, group: int, k: int | None = None) -> tuple[
     as int32 planes, zeros past ``x``'s columns up to ``k``."""
     if x.dim() != 2 or x.shape[0] != 1:
         raise ValueError(f"x must be one row [1, K], got shape {tuple(x.shape)}")
+    if isinstance(group, bool) or not isinstance(group, int) or group < 8 or group % 8:
+        raise ValueError(f"group must be a positive multiple of 8 (the words' 8 codes), got {group!r}")
     kx = x.shape[1]
     k = kx if k is None else k
-    if isinstance(k, bool) or not isinstance(k, int) or kx % 8 or k < kx or k % group:
-        raise ValueError(f"x has K = {kx} columns: a multiple of 8, at most k = {k!r} (the planes' width, an int "
-                         f"and a multiple of the group {group})")
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise ValueError(f"k must be an int (the planes' width), got {k!r}")
+    if kx % 8 or k < kx:
+        raise ValueError(f"x has K = {kx} columns: a multiple of 8, at most k = {k} (the planes' width)")
+    if k % group:
+        raise ValueError(f"k = {k} (the planes' width) must be a multiple of the group {group}")
     xf = torch.nn.functional.pad(x.float(), (0, k - kx)).view(k // group, group)
     most = xf.abs().amax(1, keepdim=True)
     e = torch.floor(torch.log2(acc16_x_limit(group) / most.clamp_min(1e-30))).clamp(-126.0, 100.0)

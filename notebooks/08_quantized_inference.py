@@ -1801,8 +1801,9 @@ else:
 
 # %% [markdown]
 # ### Round 15: let the compiler do the preparation? Count the kernels
-# The prepared path launches twice per layer: `prepare_x`, then the loop. Written in torch operations instead
-# (`w4_kernel.prepare_x_torch`: the same planes and shrinks bit for bit), the preparation would sit inside the
+# The prepared path launches twice per weight matmul (129 times a step on this model): `prepare_x`, then the loop.
+# Written in torch operations instead (`w4_kernel.prepare_x_torch`: the same planes and shrinks bit for bit in
+# Triton's interpreter; on a GPU still to be compared), the preparation would sit inside the
 # compiled graph, and inductor could fuse it into the kernel that writes `x` — RMSNorm's or SiLU·mul's — leaving
 # one launch. A compiler's fusion is a claim to check, not to assume: run `2026-12-07c` profiled one compiled
 # Llama-3.1-8B step (random weights) both ways, on a lent H100. The question for each: how many kernels, and
@@ -1811,24 +1812,31 @@ else:
 # %%
 if (H100 / "decode.json").exists():
     _, d15 = kernel_runs.load("h100", "decode.json", runs="2026-12-07c")
-    prof15 = pd.DataFrame([{"preparation": "torch ops in the graph" if (r.family or {}).get("FUSED_PREP")
-                            else "prepare_x, its own launch",
+    prof15 = pd.DataFrame([{"preparation": "torch ops in the graph"
+                            if isinstance(r.family, dict) and r.family.get("FUSED_PREP") else "prepare_x, its own launch",
                             "kernels per step": r.profile["kernels"], "kernel µs": round(r.profile["kernel_us"]),
                             "of which prepare_x µs": round(sum(t["us"] for t in r.profile["top"]
                                                                if t["kernel"] == "_prepare_x_kernel"))}
                            for r in d15[d15.profile_of == "compiled step"].itertuples()])
     display(prof15)
-    one, two = prof15.iloc[0], prof15.iloc[1]
+    one, two = (prof15.set_index("preparation").loc[p] for p in ("prepare_x, its own launch", "torch ops in the graph"))
     print(f"the torch ops cost {two['kernels per step'] - one['kernels per step']} more kernels and "
           f"{two['kernel µs'] - one['kernel µs']} µs more kernel time per step; the most a fused preparation "
-          f"could save: prepare_x's {one['of which prepare_x µs']} µs of {one['kernel µs']} µs")
+          f"could save in kernel time: prepare_x's {one['of which prepare_x µs']} µs of {one['kernel µs']} µs")
+    fused = d15[d15.profile_of == "compiled step"].family.map(lambda f: isinstance(f, dict) and bool(f.get("FUSED_PREP")))
+    print("the graph's own kernels with the torch preparation, longest first:")
+    for t in [t for t in d15[d15.profile_of == "compiled step"][fused].profile.iloc[0]["top"]
+              if t["kernel"].startswith("triton_")][:4]:
+        print(f"  {t['calls']:4d} calls {t['us']:6.1f} µs  {t['kernel'][:100]}")
 else:
     print("results/h100/decode.json is not in this checkout")
 
 # %% [markdown]
-# More kernels, not fewer: inductor gave the per-group maxima and sums (reductions over another range than
-# RMSNorm's whole row) kernels of their own, so the torch version was dropped and the Triton `prepare_x` stays.
+# More kernels, not fewer: by the names of the graph's kernels above, inductor gave the preparation's per-group
+# maxima and sums (reductions over another range than RMSNorm's whole row) kernels of their own, so the torch
+# version was dropped and the Triton `prepare_x` stays.
 # What a launch-free preparation would need is a kernel written for it — the residual add, RMSNorm and the
 # preparation in one — or a preparation whose only reduction is the row's own (one shrink per row: the next
 # experiment, `benchmarks/prep_fusion.py`, counts which way of writing it fuses). The ceiling the table prints
-# is small either way: about a thirteenth of this step's kernel time.
+# in kernel time is small either way: about a thirteenth of this step's (fewer launches would also close some
+# of the gaps between kernels, which the profile's kernel time does not count).

@@ -275,7 +275,12 @@ def test_prepare_x_torch_writes_what_the_preparing_kernel_writes(group, k, k_out
         w4_kernel.prepare_x_torch(torch.cat([x, x]), group)
     with pytest.raises(ValueError, match="at most k"):
         w4_kernel.prepare_x_torch(x, group, k=k - group)
-
+    with pytest.raises(ValueError, match="multiple of the group"):
+        w4_kernel.prepare_x_torch(x, group, k=k + 8)
+    with pytest.raises(ValueError, match="group must be a positive multiple of 8"):
+        w4_kernel.prepare_x_torch(x, 0)
+    with pytest.raises(ValueError, match="xs and inv must be float32"):
+        w4_kernel.PreparedX.of(planes, xs.double(), inv, group)
 
 
 def test_prep_fusions_row_variant_is_the_group_one_where_every_group_has_the_rows_largest_value():
