@@ -865,18 +865,29 @@ class PreparedX:
         return prep
 
 
-def prepare_x(x: torch.Tensor, group: int, out: PreparedX | None = None, k: int | None = None) -> PreparedX:
-    """Run :func:`_prepare_x_kernel` on one row ``x[1, K]``, one program per :data:`CHUNK_WORDS` word columns
-    (into ``out`` when given: no allocation). ``k``: the width of the planes, default ``K``; a wider ``k`` (a
-    weight padded at pack time, :func:`padded_groups`) gets zeros past ``x``'s columns."""
+def _one_row(x: torch.Tensor, group: int, k: int | None) -> tuple[int, int]:
+    """``(K, k)``: the columns of one row ``x[1, K]`` and the planes' width ``k`` (default ``K``) of its
+    preparation at ``group``, each argument checked by name."""
     if x.dim() != 2 or x.shape[0] != 1:
         raise ValueError(f"x must be one row [1, K], got shape {tuple(x.shape)}")
+    if isinstance(group, bool) or not isinstance(group, int) or group < 8 or group % 8:
+        raise ValueError(f"group must be a positive multiple of 8 (the words' 8 codes), got {group!r}")
     kx = x.shape[1]
     k = kx if k is None else k
     if isinstance(k, bool) or not isinstance(k, int):
         raise ValueError(f"k must be an int (the planes' width), got {k!r}")
     if kx % 8 or k < kx:
         raise ValueError(f"x has K = {kx} columns: a multiple of 8, at most k = {k} (the planes' width)")
+    if k % group:
+        raise ValueError(f"k = {k} (the planes' width) must be a multiple of the group {group}")
+    return kx, k
+
+
+def prepare_x(x: torch.Tensor, group: int, out: PreparedX | None = None, k: int | None = None) -> PreparedX:
+    """Run :func:`_prepare_x_kernel` on one row ``x[1, K]``, one program per :data:`CHUNK_WORDS` word columns
+    (into ``out`` when given: no allocation). ``k``: the width of the planes, default ``K``; a wider ``k`` (a
+    weight padded at pack time, :func:`padded_groups`) gets zeros past ``x``'s columns."""
+    kx, k = _one_row(x, group, k)
     out = out or PreparedX(k, group, x.device)
     if (out.k, out.group) != (k, group):
         raise ValueError(f"out was made for K = {out.k}, group {out.group}; asked for K = {k}, group {group}")
@@ -896,18 +907,7 @@ def prepare_x_torch(x: torch.Tensor, group: int, k: int | None = None) -> tuple[
     ``inv_j = 1/shrink_j``, ``xs_j = Σ x_j`` (fp32, summed in another order than the kernel's); per word column
     ``c`` the fp16 pairs ``(x₀, x₄)``, ``(x₁/16, x₅/16)``, ``(x₂, x₆)``, ``(x₃/16, x₇/16)`` of ``x[8c + i]·shrink``
     as int32 planes, zeros past ``x``'s columns up to ``k``."""
-    if x.dim() != 2 or x.shape[0] != 1:
-        raise ValueError(f"x must be one row [1, K], got shape {tuple(x.shape)}")
-    if isinstance(group, bool) or not isinstance(group, int) or group < 8 or group % 8:
-        raise ValueError(f"group must be a positive multiple of 8 (the words' 8 codes), got {group!r}")
-    kx = x.shape[1]
-    k = kx if k is None else k
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise ValueError(f"k must be an int (the planes' width), got {k!r}")
-    if kx % 8 or k < kx:
-        raise ValueError(f"x has K = {kx} columns: a multiple of 8, at most k = {k} (the planes' width)")
-    if k % group:
-        raise ValueError(f"k = {k} (the planes' width) must be a multiple of the group {group}")
+    kx, k = _one_row(x, group, k)
     xf = torch.nn.functional.pad(x.float(), (0, k - kx)).view(k // group, group)
     most = xf.abs().amax(1, keepdim=True)
     e = torch.floor(torch.log2(acc16_x_limit(group) / most.clamp_min(1e-30))).clamp(-126.0, 100.0)

@@ -88,7 +88,7 @@
 #      biases, another width) ours with and without FUSED_PREP, then its bf16
 #   34 round 15's question in a short budget (call 33 found inductor's kernels around a per-group preparation in torch
 #      ops, family FUSED_PREP since removed, to be more, not fewer): benchmarks.prep_fusion (the kernels and µs of
-#      RMSNorm / SiLU·mul followed by each way of writing the preparation), test_x_side.py on the GPU, then
+#      RMSNorm / SiLU·mul followed by each way of writing the preparation) after test_x_side.py on the GPU, then
 #      T4-sized (COURSE_GPU_GIB=15) notebooks 08 and 09 as long as the call lasts (CALL_BUDGET, default 380 s)
 #   35 where the prepared loop's fixed microseconds go (#31's next round): Nsight Compute on one row at the default
 #      (prepare_x, then the loop; the regex of `gpu.sh ncu` catches the loop) on three ≥ 16 MB weights at g128
@@ -273,9 +273,9 @@ notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/10_mu
 --family $FUSED" PART_TIMEOUT=$(left 530 30) gpu decode; keep_decode decode_qwen_fused
      DECODE_FORMATS="bf16" DECODE_ARGS="--arch Qwen2.5-1.5B --batches 1 --eager= --compile 1 --recipes fused+attn" \
        PART_TIMEOUT=$(left 585 20) gpu decode; keep_decode decode_qwen_bf16 ;;
-  34) timeout 150 env PYTHONPATH="/tmp/site:$PWD" python3 -m benchmarks.prep_fusion --out "$OUT/prep_fusion.json" 2>&1 \
-       | grep -v -E "Warning|warn" | tail -12
-     TESTS="tests/test_x_side.py" PART_TIMEOUT=$(left 240 30) gpu pytest
+  34) TESTS="tests/test_x_side.py" PART_TIMEOUT=90 gpu pytest   # installs the wheels into /tmp/site first
+     timeout $(left 240 30) env PYTHONPATH="/tmp/site:$PWD" python3 -m benchmarks.prep_fusion --out "$OUT/prep_fusion.json" \
+       2>&1 | grep -v -E "Warning|warn" | tail -12
      NOTEBOOKS="notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb" COURSE_GPU_GIB=15 \
        PART_TIMEOUT=$(left "${CALL_BUDGET:-380}" 20) gpu notebooks ;;
   35) NCU_CASES="8B gate/up 4096x14336:128:1;8B down 14336x4096:128:1;14B-class 5120x13824:128:1" PART_TIMEOUT=420 gpu ncu ;;
