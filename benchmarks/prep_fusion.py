@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import torch
@@ -35,19 +34,13 @@ PRODUCERS = {"RMSNorm": 4096, "SiLU·mul": 14336}   # Llama-3.1-8B's hidden and 
 
 def row_shrink_planes(x: torch.Tensor, group: int, sums: bool = True):
     """The planes of :func:`~helpers.w4_kernel.prepare_x_torch` with one power-of-two shrink for the whole row
-    (``2^⌊log2(LIMIT / max|x|)⌋``, which keeps every group under the limit), ``inv`` repeated per group; with
-    ``sums`` the per-group Σx too (else None)."""
+    (:func:`~helpers.w4_kernel.pow2_shrink` of its largest ``|x|``, which keeps every group under the limit),
+    ``inv`` repeated per group; with ``sums`` the per-group Σx too (else None)."""
     k = x.shape[1]
     xf = x.float()
-    most = xf.abs().amax(1, keepdim=True)
-    e = torch.floor(torch.log2(w4_kernel.acc16_x_limit(group) / most.clamp_min(1e-30))).clamp(-126.0, 100.0)
-    shrink = torch.where(most > 0, torch.exp2(e), torch.ones_like(most))
-    cols = (xf * shrink).view(k // 8, 8) * torch.tensor([1, 1 / 16, 1, 1 / 16] * 2, device=x.device)
-    lo, hi = (c.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF for c in (cols[:, :4], cols[:, 4:]))
-    stride = math.ceil(k // 8 / w4_kernel.PLANE_ALIGN) * w4_kernel.PLANE_ALIGN
-    planes = torch.nn.functional.pad((lo | (hi << 16)).T, (0, stride - k // 8)).reshape(-1)
+    shrink = w4_kernel.pow2_shrink(xf.abs().amax(1, keepdim=True), group)
     inv = (1 / shrink).expand(1, k // group).reshape(-1)
-    return planes, (xf.view(k // group, group).sum(1) if sums else None), inv
+    return w4_kernel.shrunk_planes(xf * shrink), (xf.view(k // group, group).sum(1) if sums else None), inv
 
 
 def producer(name: str, k: int, device):

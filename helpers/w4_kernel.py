@@ -835,6 +835,34 @@ PLANE_ALIGN = 16     # int32 entries: each plane of the prepared activations sta
 CHUNK_WORDS = 64     # word columns (512 activations) each preparing program handles
 
 
+def plane_stride(k: int) -> int:
+    """int32 entries from one plane of a prepared row of ``K = k`` to the next: its ``K/8`` word columns rounded up
+    to :data:`PLANE_ALIGN` (each plane starts 64-byte aligned)."""
+    return math.ceil(k // 8 / PLANE_ALIGN) * PLANE_ALIGN
+
+
+def pow2_shrink(most: torch.Tensor, group: int) -> torch.Tensor:
+    """``2^⌊log2(LIMIT / most)⌋`` (exponent clamped to [−126, 100]; 1 where ``most`` is 0): the power of two
+    that puts the largest ``|x|`` ``most`` of a span in ``(LIMIT/2, LIMIT]``, ``LIMIT`` = :func:`acc16_x_limit`
+    — as :func:`_prepare_x_kernel` computes it per group."""
+    e = torch.floor(torch.log2(acc16_x_limit(group) / most.clamp_min(1e-30))).clamp(-126.0, 100.0)
+    return torch.where(most > 0, torch.exp2(e), torch.ones_like(most))
+
+
+def shrunk_planes(shrunk: torch.Tensor) -> torch.Tensor:
+    """The four int32 planes of one row already multiplied by its shrinks (``shrunk``, fp32, ``K`` values), as
+    :func:`_prepare_x_kernel` writes them: per word column ``c`` the fp16 pairs ``(x₀, x₄)``, ``(x₁/16, x₅/16)``,
+    ``(x₂, x₆)``, ``(x₃/16, x₇/16)`` of ``shrunk[8c + i]`` (low half first), :func:`plane_stride` apart."""
+    k = shrunk.numel()
+    if k % 8 or not shrunk.is_floating_point():
+        raise ValueError(f"shrunk must be one row of floats whose K is a multiple of 8 (whole words), got "
+                         f"{k} values of {shrunk.dtype}")
+    cols = shrunk.reshape(k // 8, 8) * torch.tensor([1, 1 / 16, 1, 1 / 16] * 2, device=shrunk.device)
+    # the fp16 halves' bits put together in int32 arithmetic (same-width bitcasts: one fusable pointwise kernel)
+    lo, hi = (c.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF for c in (cols[:, :4], cols[:, 4:]))
+    return torch.nn.functional.pad((lo | (hi << 16)).T, (0, plane_stride(k) - k // 8)).reshape(-1)
+
+
 class PreparedX:
     """The activation side of one row ``x[1, K]`` for one group size, as :func:`prepare_x` writes it: four planes
     of fp16 pairs (``plane_stride`` int32 apart), and per group ``Σx`` (``xs``) and ``1/shrink`` (``inv``)."""
@@ -843,7 +871,7 @@ class PreparedX:
         if k % 8 or k % group:
             raise ValueError(f"K = {k} must be a multiple of 8 and of the group size {group}")
         self.k, self.group = k, group
-        self.plane_stride = math.ceil(k // 8 / PLANE_ALIGN) * PLANE_ALIGN
+        self.plane_stride = plane_stride(k)
         self.planes = torch.empty(4 * self.plane_stride, dtype=torch.int32, device=device)
         self.xs = torch.empty(k // group, dtype=torch.float32, device=device)
         self.inv = torch.empty(k // group, dtype=torch.float32, device=device)
@@ -854,7 +882,7 @@ class PreparedX:
         k = xs.numel() * group
         prep = cls.__new__(cls)
         prep.k, prep.group = k, group
-        prep.plane_stride = math.ceil(k // 8 / PLANE_ALIGN) * PLANE_ALIGN
+        prep.plane_stride = plane_stride(k)
         if planes.dtype != torch.int32 or planes.numel() != 4 * prep.plane_stride or inv.numel() != xs.numel():
             raise ValueError(f"planes must be int32 [{4 * prep.plane_stride}] and inv [{xs.numel()}] for K = {k}, "
                              f"group {group}; got {planes.dtype} [{planes.numel()}], inv [{inv.numel()}]")
@@ -909,15 +937,8 @@ def prepare_x_torch(x: torch.Tensor, group: int, k: int | None = None) -> tuple[
     as int32 planes, zeros past ``x``'s columns up to ``k``."""
     kx, k = _one_row(x, group, k)
     xf = torch.nn.functional.pad(x.float(), (0, k - kx)).view(k // group, group)
-    most = xf.abs().amax(1, keepdim=True)
-    e = torch.floor(torch.log2(acc16_x_limit(group) / most.clamp_min(1e-30))).clamp(-126.0, 100.0)
-    shrink = torch.where(most > 0, torch.exp2(e), torch.ones_like(most))
-    cols = (xf * shrink).view(k // 8, 8) * torch.tensor([1, 1 / 16, 1, 1 / 16] * 2, device=x.device)
-    # the fp16 halves' bits put together in int32 arithmetic (same-width bitcasts: one fusable pointwise kernel)
-    lo, hi = (c.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF for c in (cols[:, :4], cols[:, 4:]))
-    stride = math.ceil(k // 8 / PLANE_ALIGN) * PLANE_ALIGN
-    planes = torch.nn.functional.pad((lo | (hi << 16)).T, (0, stride - k // 8)).reshape(-1)
-    return planes, xf.sum(1), (1 / shrink).view(-1)
+    shrink = pow2_shrink(xf.abs().amax(1, keepdim=True), group)
+    return shrunk_planes(xf * shrink), xf.sum(1), (1 / shrink).view(-1)
 
 
 def gemv_prepared(prep: PreparedX, p: W4Weight, cfg: dict, locks: torch.Tensor | None = None,

@@ -281,6 +281,10 @@ def test_prepare_x_torch_writes_what_the_preparing_kernel_writes(group, k, k_out
         w4_kernel.prepare_x_torch(x, 0)
     with pytest.raises(ValueError, match="xs and inv must be float32"):
         w4_kernel.PreparedX.of(planes, xs.double(), inv, group)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        w4_kernel.shrunk_planes(torch.ones(12))
+    assert w4_kernel.plane_stride(k_out or k) == want.plane_stride
+    assert w4_kernel.pow2_shrink(torch.tensor([0.0, w4_kernel.acc16_x_limit(group)]), group).tolist() == [1.0, 1.0]
 
 
 def test_prep_fusions_row_variant_is_the_group_one_where_every_group_has_the_rows_largest_value():
