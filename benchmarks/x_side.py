@@ -2,6 +2,7 @@
 
     python -m benchmarks.x_side --out results/h100/x_side.json
     python -m benchmarks.x_side --pad --out /tmp/x_pad.json    # round 13: K padded to the candidate tile's step
+    python -m benchmarks.x_side --pdl --out /tmp/x_pdl.json    # round 16: both launches with PDL
 
 Every step of :func:`helpers.w4_kernel._w4a16_gemv_kernel` (the narrow rule's tile: 32 rows, 2 warps,
 fp16-pair sums kept per group) does the work of ``x`` again in every program: eight scalar loads of
@@ -29,6 +30,11 @@ Round 13 (``--pad``): where the candidate tile's step does not divide ``K`` its 
 44–52 % of the copy bandwidth. :func:`padded_rows` pads ``K`` with zero columns to a whole number of a wider
 step instead (:func:`helpers.w4_kernel.padded_groups`, at most :data:`MAX_PAD` more bytes) and times the candidate rule there,
 its GB/s counted on the weight's own bytes.
+
+Round 16 (``--pdl``): the candidate rule with its preparation, launched plainly and with programmatic dependent
+launch (``prepare_x(..., pdl=True)`` and config ``PDL``: the loop launches while its preparation runs and asks L2
+for its first step of the weight before it waits for the planes), timed in turn twice each (the faster of each
+kept, both written), beside tinygemm; PDL's output is compared with the plain one's bit for bit.
 """
 from __future__ import annotations
 
@@ -136,6 +142,28 @@ def padded_rows(x: torch.Tensor, w: torch.Tensor, g: int, sms: int, copies: int 
             "rel_err": ((got - ref).abs().max() / ref.abs().max()).item()}
 
 
+def pdl_rows(x: torch.Tensor, ps: list, g: int, sms: int, prep, locks: torch.Tensor, add) -> None:
+    """Round 16 on one weight × group (``ps``: its copies): the candidate rule with its preparation, plain and with
+    PDL on both launches, timed in turn twice each under graph replay (``ms`` the faster, ``ms_each`` both), and
+    PDL's output against the plain one's (``same_as_plain``: bit for bit) and the reference (``rel_err``)."""
+    plain = prepared_config(ps[0], sms)
+    pdl = {**plain, "PDL": True}
+    ref = w4_format.reference_matmul(x.float(), ps[0]).float()
+    want = gemv_prepared(prepare_x(x, g, prep), ps[0], plain, locks, out_dtype=torch.float32)
+    got = gemv_prepared(prepare_x(x, g, prep, pdl=True), ps[0], pdl, locks, out_dtype=torch.float32)
+    err = ((got - ref).abs().max() / ref.abs().max()).item()
+    times = {"plain": [], "pdl": []}
+    for _ in range(2):
+        for what, cfg in (("plain", plain), ("pdl", pdl)):
+            on = what == "pdl"
+            calls = [lambda p=p, cfg=cfg, on=on: gemv_prepared(prepare_x(x, g, prep, pdl=on), p, cfg, locks)
+                     for p in ps]
+            times[what].append(timing.graph_ms(calls))
+    add(kernel_runs.X_CAND_PAID, min(times["plain"]), config=plain, ms_each=times["plain"])
+    add(kernel_runs.X_PDL_PAID, min(times["pdl"]), config=pdl, ms_each=times["pdl"], rel_err=err, exact=err <= 2e-3,
+        same_as_plain=bool(torch.equal(got, want)))
+
+
 def main():
     ap = argparse.ArgumentParser(prog="python -m benchmarks.x_side")
     ap.add_argument("--out", required=True)
@@ -144,7 +172,12 @@ def main():
     ap.add_argument("--pad", action="store_true",
                     help="round 13: only the weights whose K the candidate tile's step does not divide, the candidate "
                          "rule unpadded and on K padded with zero columns (padded_rows), beside the rule and tinygemm")
+    ap.add_argument("--pdl", action="store_true",
+                    help="round 16: the candidate rule with its preparation, plain and with PDL (both launches), "
+                         "beside tinygemm, on every weight")
     args = ap.parse_args()
+    if args.pad and args.pdl:
+        ap.error("--pad and --pdl are two runs: give one")
     if not torch.cuda.is_available():
         sys.exit("x_side.py times CUDA kernels; there is no CUDA device here")
     from benchmarks.kernels import FRESH, HELD_OUT, Shape, ours_ms, tinygemm_row
@@ -181,6 +214,13 @@ def main():
             rule = w4_kernel.narrow_gemv_config(ps[0], sms=sms)
             locks = torch.zeros(math.ceil(n / min(t[0] for t in TILES)), dtype=torch.int32, device="cuda")
             prep = prepare_x(x, g)
+            if args.pdl:
+                pdl_rows(x, ps, g, sms, prep, locks, lambda kernel, ms, **extra: add(kernel, label, k, n, g, ms, nbytes,
+                                                                                       **extra))
+                tinygemm_row(sh, label, g, x, "X", label in HELD_OUT or label in FRESH,
+                             lambda kernel, fmt, lab, k_, n_, m, g_, ms, nb, tk, **e: add(kernel, lab, k_, n_, g_, ms, nb))
+                save()
+                continue
             if args.pad:
                 pad = padded_rows(x, sh.w[0], g, sms, copies=len(ps))
                 if pad is None:

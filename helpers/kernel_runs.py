@@ -82,6 +82,7 @@ X_CONTROL = "in-kernel x (the rule's kernel) at the best tile"
 X_CAND, X_CAND_PAID = "prepared x: the candidate rule, loop alone", "prepared x: the candidate rule with its preparation"
 X_PAD, X_PAD_PAID = ("prepared x: padded K, the candidate rule, loop alone",
                      "prepared x: padded K, the candidate rule with its preparation")
+X_PDL_PAID = "prepared x: the candidate rule with its preparation, both launched with PDL"
 
 
 def _kernels(case, needed: set) -> object:
@@ -137,6 +138,19 @@ def x_side_padded(case) -> dict:
             "exact": bool(pad.exact)}
 
 
+def x_side_pdl(case) -> dict:
+    """One weight × group of an x_side run with PDL (``benchmarks/x_side.py --pdl``, round 16): the candidate rule
+    with its preparation, launched plainly and with programmatic dependent launch (the loop launched while its
+    preparation runs) — each as a share of the copy bandwidth and tinygemm's time ÷ its own —, the time with PDL ÷
+    without, and whether PDL's output equals the plain one's bit for bit."""
+    one = _kernels(case, {X_TINY, X_CAND_PAID, X_PDL_PAID})
+    plain, pdl, tiny = one.loc[X_CAND_PAID], one.loc[X_PDL_PAID], one.loc[X_TINY]
+    return {"shape": pdl["shape"], "group": int(pdl.group), "plain": plain.GBps / plain.copy_GBps,
+            "PDL": pdl.GBps / pdl.copy_GBps, "PDL time ÷ plain": pdl.ms / plain.ms,
+            "plain ÷ tinygemm": tiny.ms / plain.ms, "PDL ÷ tinygemm": tiny.ms / pdl.ms,
+            "same output": bool(pdl.same_as_plain)}
+
+
 def x_side_control(rows) -> dict | None:
     """The control of the first x_side run that timed it (run X3): per weight × group, the rule's own kernel
     at the best prepared tile ÷ the best prepared loop (``control_vs_loop``: what the activation side in the
@@ -154,7 +168,8 @@ def x_side_control(rows) -> dict | None:
 
 
 def per_weight(rows, view) -> object:
-    """A table of ``view(case)`` (:func:`x_side_best`, :func:`x_side_candidate`, :func:`x_side_padded`) for each
+    """A table of ``view(case)`` (:func:`x_side_best`, :func:`x_side_candidate`, :func:`x_side_padded`,
+    :func:`x_side_pdl`) for each
     weight × group of ``rows`` (one x_side run's), in the run's order."""
     import pandas as pd
     return pd.DataFrame([view(case) for _, case in rows.groupby(["shape", "group"], sort=False)])

@@ -354,13 +354,18 @@ def _unpack_pair(p):
 
 
 def _prepare_x_kernel(x_ptr, planes_ptr, xs_ptr, inv_ptr, K, K_OUT, plane_stride, GROUP: tl.constexpr,
-                      LIMIT: tl.constexpr, CW: tl.constexpr):
+                      LIMIT: tl.constexpr, CW: tl.constexpr, PDL: tl.constexpr):
     """``CW`` word columns (``8·CW`` activations) a program. Per group ``j``: ``shrink_j = 2^e`` putting the
     group's largest ``|x|`` in ``(LIMIT/2, LIMIT]`` (:func:`acc16_x_limit`: no fp16 sum of
     the group can overflow), written as ``1/shrink_j``, and ``Σx`` over the group (fp32, unshrunk); per word
     column ``c`` the fp16 pairs ``(x₀, x₄)``, ``(x₁/16, x₅/16)``, ``(x₂, x₆)``, ``(x₃/16, x₇/16)`` of
     ``x[8c + j]·shrink`` (planes 0–3: the second operands of :func:`_word_pairs_half2`). ``x`` has ``K``
-    columns, the planes ``K_OUT ≥ K``: the columns past ``K`` are written as zeros (a weight padded at pack time)."""
+    columns, the planes ``K_OUT ≥ K``: the columns past ``K`` are written as zeros (a weight padded at pack time).
+    ``PDL`` (launched with programmatic dependent launch, round 16): the loop after it may launch at once — it
+    waits for these writes itself — and this kernel waits for the previous one's ``x``."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     WPG: tl.constexpr = GROUP // 8
     G: tl.constexpr = CW // WPG
     K8 = K_OUT // 8
@@ -394,12 +399,14 @@ def _prepare_x_kernel(x_ptr, planes_ptr, xs_ptr, inv_ptr, K, K_OUT, plane_stride
 
 def _gemv_prepared_kernel(planes_ptr, xs_ptr, inv_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K, SPLIT_K,
                           plane_stride, stride_wn, stride_sn, GROUP: tl.constexpr, GROUPS: tl.constexpr,
-                          BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, PLAIN: tl.constexpr):
+                          BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, PLAIN: tl.constexpr, PDL: tl.constexpr):
     """The narrow GEMV's loop with the activation side prepared (:func:`prepare_x`): per step, the words
     [BN, WPS] and four planes of fp16 pairs [WPS]; per group ``acc += s·(Σ (q−8)·x·shrink / shrink − (z−8)·Σx)``.
     ``K`` split ``SPLIT_K`` ways (``⌈steps/SPLIT_K⌉`` steps a program, the last fewer), the partials summed by
     the last program to finish, as the GEMV's. ``PREFETCH``: the next step's words are loaded before this
-    step's are summed (two steps of words in registers: loads in flight while the codes are summed)."""
+    step's are summed (two steps of words in registers: loads in flight while the codes are summed). ``PDL``
+    (round 16): launched while its preparation runs, the program asks L2 for its first step of the weight, then
+    waits for the planes (:func:`_pdl_prologue`) — the launch and the first loads off the critical path."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     WPG: tl.constexpr = GROUP // 8
@@ -414,6 +421,8 @@ def _gemv_prepared_kernel(planes_ptr, xs_ptr, inv_ptr, w_ptr, s_ptr, z_ptr, y_pt
     start = pid_k * span
     end = tl.minimum(start + span, steps)
     w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :]
+    if PDL:   # the weight does not depend on the preparation: its first step asked of L2 before waiting for it
+        _pdl_prologue(w_ptr + tl.where(mask_n, offs_n, 0) * stride_wn + start * WPS, WPS * 4, 4)
     if PREFETCH:
         w_next = tl.load(w_ptrs + tl.minimum(start, steps - 1) * WPS, mask=mask_n[:, None], other=0,
                          eviction_policy="evict_first")
@@ -690,6 +699,8 @@ def _check_prepared(cfg: dict, p: W4Weight, m: int) -> dict:
     if not _pow2(p.group_size) or p.group_size < 8:
         raise ValueError(f"KERNEL='prepared' needs a power-of-2 group_size ≥ 8, got {p.group_size}")
     cfg = dict(cfg, PREFETCH=v.flag(cfg.get("PREFETCH", False), "config PREFETCH"))
+    if "PDL" in cfg:   # optional: both launches with programmatic dependent launch (round 16; sm_90+)
+        cfg["PDL"] = v.flag(cfg["PDL"], "config PDL")
     for key in ("BLOCK_N", "GROUPS", "num_warps"):
         if not _pow2(cfg[key]):
             raise ValueError(f"config {key} must be a power of 2, got {cfg[key]!r}")
@@ -911,18 +922,23 @@ def _one_row(x: torch.Tensor, group: int, k: int | None) -> tuple[int, int]:
     return kx, k
 
 
-def prepare_x(x: torch.Tensor, group: int, out: PreparedX | None = None, k: int | None = None) -> PreparedX:
+def prepare_x(x: torch.Tensor, group: int, out: PreparedX | None = None, k: int | None = None,
+              pdl: bool = False) -> PreparedX:
     """Run :func:`_prepare_x_kernel` on one row ``x[1, K]``, one program per :data:`CHUNK_WORDS` word columns
     (into ``out`` when given: no allocation). ``k``: the width of the planes, default ``K``; a wider ``k`` (a
-    weight padded at pack time, :func:`padded_groups`) gets zeros past ``x``'s columns."""
+    weight padded at pack time, :func:`padded_groups`) gets zeros past ``x``'s columns. ``pdl``: launched with
+    programmatic dependent launch (a CUDA device of compute capability ≥ 9.0; ignored in the interpreter), so a
+    loop launched the same way (config ``PDL``) starts while this runs."""
     kx, k = _one_row(x, group, k)
+    pdl = _pdl_launch(v.flag(pdl, "pdl"), x.device)
     out = out or PreparedX(k, group, x.device)
     if (out.k, out.group) != (k, group):
         raise ValueError(f"out was made for K = {out.k}, group {out.group}; asked for K = {k}, group {group}")
     cw = max(CHUNK_WORDS, group // 8)
     _kernel("prepare")[(triton.cdiv(k // 8, cw),)](x.contiguous(), out.planes, out.xs, out.inv, kx, k,
                                                    out.plane_stride, GROUP=group, LIMIT=acc16_x_limit(group), CW=cw,
-                                                   **({} if _interpreted() else {"num_warps": 2}))
+                                                   PDL=pdl, **({} if _interpreted() else {"num_warps": 2}),
+                                                   **({"launch_pdl": True} if pdl else {}))
     return out
 
 
@@ -956,16 +972,19 @@ def gemv_prepared(prep: PreparedX, p: W4Weight, cfg: dict, locks: torch.Tensor |
     ws = torch.empty(split, n, dtype=torch.float32, device=y.device) if split > 1 else y
     locks = (_locks(locks, grid[0], y.device) if split > 1 else y)
     extra = {} if _interpreted() else {"num_warps": cfg["num_warps"]}
+    pdl = _pdl_launch(bool(cfg.get("PDL")), y.device)
+    if pdl:
+        extra["launch_pdl"] = True
     _kernel("prepared")[grid](prep.planes, prep.xs, prep.inv, p.words, p.scale, p.zero, y, ws, locks, n, k, split,
                               prep.plane_stride, p.words.stride(0), p.scale.stride(0), GROUP=p.group_size,
                               GROUPS=cfg["GROUPS"], BLOCK_N=cfg["BLOCK_N"], PREFETCH=bool(cfg.get("PREFETCH")),
-                              PLAIN=_interpreted(), **extra)
+                              PLAIN=_interpreted(), PDL=pdl, **extra)
     return y
 
 
 PREPARED_TILE = (8, 2048, 2)   # rows per program, codes of a row per step (at most), warps
 PREPARED_FLIGHT = 16384        # codes of each row in flight per SM (warps × codes per step) below which K is split
-PREPARED_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "num_warps", "PREFETCH"}
+PREPARED_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "num_warps", "PREFETCH", "PDL"}
 
 
 PREPARED_MAX_PAD = 0.05       # the most extra bytes padded_groups adds to a weight (round 13, run X4)
@@ -1047,8 +1066,8 @@ def one_row_prepared(family: dict | None) -> bool:
     """Whether one row runs the prepared path (:func:`prepared_config`, two launches) under the kernel
     ``family``: its ``PREPARED`` where given (else its ``KERNEL``), else yes — unless the family names the GEMV
     by one of its own switches (:data:`GEMV_SWITCHES`), which the prepared loop does not have. With ``PREPARED``
-    true, ``PDL`` is kept for the tensor-core kernel's rows (the prepared loop has none); the GEMV's other
-    switches are refused. The default since round 14 (README, "Quantized inference for real", its round-14
+    true, ``PDL`` is kept, for both launches of the prepared path (round 16) and the tensor-core kernel's rows;
+    the GEMV's other switches are refused. The default since round 14 (README, "Quantized inference for real", its round-14
     bullet: the measurements)."""
     family = family or {}
     if not isinstance(family, dict):
@@ -1071,15 +1090,16 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     the GEMV's switches), whose rule is :func:`narrow_gemv_config` (phases N and V of
     ``results/h100/kernels.json``; ``family`` may set ``UNEVEN=False`` — the nearest divisor,
     :func:`narrow_split` — ``ACC16=False`` — fp16-pair sums per word — or ``HALF2=False``: the fp32 GEMV of
-    :func:`gemv_config`, 128 rows per program; ``PDL`` passes to the GEMV and the tensor-core kernel, the
-    prepared loop has none; ``PAD`` is the layer's, read at pack time); more rows run the tensor-core kernel with
+    :func:`gemv_config`, 128 rows per program; ``PDL`` passes to every kernel — with ``PREPARED`` true, to both
+    launches of the prepared path; ``PAD`` is the layer's, read at pack time); more rows run the tensor-core kernel with
     :data:`TC_GROUPS` groups per step (fewer where they do not divide ``K``), ``K`` split by
     :func:`tc_split`. ``family`` overrides :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is
     lowered until it divides ``K``)."""
     n, k = p.shape
     sms = _sms(p)
     if m == 1 and _pow2(p.group_size) and p.group_size >= 8 and one_row_prepared(family):
-        return prepared_config(p, sms=sms)
+        cfg = prepared_config(p, sms=sms)
+        return {**cfg, "PDL": family["PDL"]} if family and "PDL" in family else cfg
     if m == 1 and _pow2(p.group_size) and (family is None or family.get("KERNEL", "gemv") == "gemv"):
         family = family or {}
         pdl = {"PDL": family["PDL"]} if "PDL" in family else {}
@@ -1095,6 +1115,18 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
         cfg["DEQUANT"] = "shift"
     cfg["SPLIT_K"] = tc_split(n, k, p.group_size, m, sms, groups, cfg["BLOCK_N"])
     return cfg
+
+
+def _pdl_launch(pdl: bool, device) -> bool:
+    """Whether a kernel asked for programmatic dependent launch gets it: on a CUDA device (the interpreter has
+    none: the same kernel runs without), refused below compute capability 9.0 (Hopper's ``griddepcontrol``)."""
+    if not pdl or device.type != "cuda":
+        return False
+    if torch.cuda.get_device_capability(device) < (9, 0):
+        raise ValueError(f"config PDL (programmatic dependent launch) needs compute capability ≥ 9.0; "
+                         f"{torch.cuda.get_device_name(device)} has {torch.cuda.get_device_capability(device)}:"
+                         " leave PDL out")
+    return True
 
 
 def _locks(locks: torch.Tensor | None, tiles: int, device) -> torch.Tensor:
@@ -1149,15 +1181,11 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
     x = x.contiguous()
     extra = {key: cfg[key] for key in ("num_warps", "num_stages", "maxnreg")
              if cfg.get(key) is not None and x.device.type == "cuda"}
-    pdl = bool(cfg.get("PDL")) and x.device.type == "cuda"
+    pdl = _pdl_launch(bool(cfg.get("PDL")), x.device)
     if pdl:
-        if torch.cuda.get_device_capability(x.device) < (9, 0):
-            raise ValueError(f"config PDL (programmatic dependent launch) needs compute capability ≥ 9.0; "
-                             f"{torch.cuda.get_device_name(x.device)} has {torch.cuda.get_device_capability(x.device)}:"
-                             " leave PDL out")
         extra["launch_pdl"] = True
     if cfg["KERNEL"] == "prepared":   # two launches: the activation side once, then the loop that reads it
-        return gemv_prepared(prepare_x(x, p.group_size, k=k), p, cfg, locks=locks, out_dtype=out_dtype)
+        return gemv_prepared(prepare_x(x, p.group_size, k=k, pdl=pdl), p, cfg, locks=locks, out_dtype=out_dtype)
     if cfg["KERNEL"] == "gemv":
         split = cfg["SPLIT_K"]
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)

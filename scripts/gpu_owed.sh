@@ -92,6 +92,12 @@
 #      T4-sized (COURSE_GPU_GIB=15) notebooks 08 and 09 as long as the call lasts (CALL_BUDGET, default 380 s)
 #   35 where the prepared loop's fixed microseconds go (#31's next round): Nsight Compute on one row at the default
 #      (prepare_x, then the loop; the regex of `gpu.sh ncu` catches the loop) on three ≥ 16 MB weights at g128
+#   36 round 16 (PDL on the prepared path: the loop launched while its preparation runs, its first step of the weight
+#      asked of L2 before it waits for the planes): the kernel and x-side tests on the GPU (the PDL test's prepared
+#      configs: exact, and equal to the plain launch, under graph replay too), then Llama-3.1-8B decode, batch 1
+#      compiled, fused+head+attn, ours prepared with and without PDL in one process (compiled-step profiles), then
+#      benchmarks.x_side --pdl (the candidate rule with its preparation, plain and with PDL, beside tinygemm, on the
+#      >= 16 MB weights as long as the call lasts)
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -279,6 +285,12 @@ notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/10_mu
      NOTEBOOKS="notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb" COURSE_GPU_GIB=15 \
        PART_TIMEOUT=$(left "${CALL_BUDGET:-380}" 20) gpu notebooks ;;
   35) NCU_CASES="8B gate/up 4096x14336:128:1;8B down 14336x4096:128:1;14B-class 5120x13824:128:1" PART_TIMEOUT=420 gpu ncu ;;
+  36) TESTS="tests/test_x_side.py tests/test_w4_kernel.py" PART_TIMEOUT=160 gpu pytest
+     mv "$OUT/pytest_part.txt" "$OUT/pytest_pdl.txt"
+     DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--batches 1 --eager= --compile 1 --recipes fused+head+attn \
+--family [{\"PREPARED\":true},{\"PREPARED\":true,\"PDL\":true}] --profile compiled" PART_TIMEOUT=$(left 400 60) \
+       gpu decode; keep_decode decode_8B_pdl
+     XSIDE_ARGS=--pdl PART_TIMEOUT=$(left 585 30) gpu xside ;;
   25) bf16_8b "200"
      w4_8b "$(left 585 30)" ;;
   26) TESTS="tests/test_x_side.py tests/test_decode_bench.py" PART_TIMEOUT=150 gpu pytest
@@ -302,6 +314,6 @@ tests/test_kernel_once.py" PART_TIMEOUT=$(left 585 30) gpu pytest
        PART_TIMEOUT=580 gpu notebooks ;;
   32) NOTEBOOKS="notebooks/05_awq.ipynb notebooks/06_perplexity.ipynb" PART_TIMEOUT=400 gpu notebooks
      PART_TIMEOUT=$(left 585 30) gpu suite ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|32 (see the header)"; exit 2 ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|36 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"

@@ -124,14 +124,16 @@ PREPARED_DIVISIBLE = ("planes_ptr", "xs_ptr", "w_ptr", "s_ptr", "z_ptr", "y_ptr"
                       "plane_stride", "stride_wn")
 
 
-def prepared_sass(group: int = 128, groups: int = 4, block_n: int = 32, warps: int = 2, arch: int = 90) -> str:
+def prepared_sass(group: int = 128, groups: int = 4, block_n: int = 32, warps: int = 2, arch: int = 90,
+                  pdl: bool = False) -> str:
     """The SASS of :func:`helpers.w4_kernel._gemv_prepared_kernel` (``KERNEL="prepared"``: the one-row loop with
-    the activation side prepared, round 12) for ``sm_{arch}``."""
+    the activation side prepared, round 12; ``pdl``: launched with programmatic dependent launch, round 16) for
+    ``sm_{arch}``."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return _in_child(["--print-sass", "--kernel", "prepared", "--group", str(group), "--groups", str(groups), "--block-n",
-                          str(block_n), "--warps", str(warps), "--arch", str(arch)])
+                          str(block_n), "--warps", str(warps), "--arch", str(arch)] + (["--pdl"] if pdl else []))
     from helpers import w4_kernel
-    constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_N=block_n, PREFETCH=False, PLAIN=False)
+    constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_N=block_n, PREFETCH=False, PLAIN=False, PDL=pdl)
     return _sass_of(w4_kernel._gemv_prepared_kernel, PREPARED_SIGNATURE, constexprs, PREPARED_DIVISIBLE, arch,
                     dict(num_warps=warps, num_stages=1))
 
@@ -207,6 +209,7 @@ def main():
     ap.add_argument("--on", action="append", default=[], choices=sorted(SWITCHES), help="gemv: switch one on (repeatable)")
     ap.add_argument("--off", action="append", default=[], choices=sorted(SWITCHES), help="gemv: switch one off")
     ap.add_argument("--maxnreg", type=int, help="gemv: cap the registers per thread (ptxas spills the rest)")
+    ap.add_argument("--pdl", action="store_true", help="prepared: with programmatic dependent launch (config PDL)")
     ap.add_argument("--print-sass", action="store_true", help="print the whole SASS only")
     ap.add_argument("--many", action="store_true",
                     help="read a JSON list of [kernel, keywords] requests on stdin, print their SASS as a JSON list")
@@ -219,9 +222,11 @@ def main():
         ap.error(f"switched both on and off: {both} (give each switch once, with --on or --off)")
     if args.kernel != "gemv" and (args.on or args.off or args.maxnreg):
         ap.error("--on, --off and --maxnreg are the GEMV's (--kernel gemv)")
+    if args.pdl and args.kernel != "prepared":
+        ap.error("--pdl is the prepared loop's (--kernel prepared); the GEMV's is --on=PDL")
     block_n = args.block_n or {"gemv": 128, "tc": 64, "prepared": 32}[args.kernel]
     if args.kernel == "prepared":
-        sass = prepared_sass(args.group, args.groups, block_n, args.warps, args.arch)
+        sass = prepared_sass(args.group, args.groups, block_n, args.warps, args.arch, pdl=args.pdl)
     elif args.kernel == "gemv":
         sass = gemv_sass(args.group, args.groups, block_n, args.warps, args.arch, args.maxnreg,
                          **{name: True for name in args.on}, **{name: False for name in args.off})

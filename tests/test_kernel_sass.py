@@ -22,6 +22,7 @@ REQUESTS = {   # every kernel this module reads, compiled together in one child 
     **{f"tc{i}": ("tc", kw) for i, kw in enumerate(TC_CASES)},
     "prepared narrow": ("prepared", dict(group=128, groups=16, block_n=8, warps=2)),
     "prepared wide": ("prepared", dict(group=128, groups=4, block_n=32, warps=2)),
+    "prepared narrow pdl": ("prepared", dict(group=128, groups=16, block_n=8, warps=2, pdl=True)),
 }
 
 
@@ -125,6 +126,17 @@ def test_pdl_asks_l2_for_one_step_then_waits_for_the_previous_kernel():
     assert ks.memory_ops(ks.inner_loop(on)) == ks.memory_ops(ks.inner_loop(off))
     n_on, n_off = sum(ks.opcodes(ks.inner_loop(on)).values()), sum(ks.opcodes(ks.inner_loop(off)).values())
     assert abs(n_on - n_off) <= 0.01 * n_off
+    for op in ("CCTL.E.PF2", "PREEXIT", "ACQBULK"):
+        assert op in on and op not in off, op
+
+
+def test_the_prepared_loop_with_pdl_asks_l2_for_its_first_step_then_waits_for_its_planes():
+    """Round 16: the prepared loop with PDL does before its loop what the GEMV's does (an L2 prefetch, then
+    ``griddepcontrol.launch_dependents`` and ``.wait``), and its loop is the same loads and about the same work."""
+    on, off = sass_of("prepared narrow pdl"), sass_of("prepared narrow")
+    assert ks.memory_ops(ks.inner_loop(on)) == ks.memory_ops(ks.inner_loop(off))
+    n_on, n_off = sum(ks.opcodes(ks.inner_loop(on)).values()), sum(ks.opcodes(ks.inner_loop(off)).values())
+    assert abs(n_on - n_off) <= 0.02 * n_off
     for op in ("CCTL.E.PF2", "PREEXIT", "ACQBULK"):
         assert op in on and op not in off, op
 

@@ -189,18 +189,22 @@ def test_tensor_core_kernel_matches_reference_every_group_and_row_count(group, m
 
 @pytest.mark.parametrize("cfg", [dict(KERNEL="gemv", BLOCK_N=16, SPLIT_K=2, GROUPS=2, PDL=True),
                                  dict(KERNEL="gemv", BLOCK_N=64, SPLIT_K=4, HALF2=True, ACC16=True, num_warps=2, PDL=True),
-                                 dict(KERNEL="tc", BLOCK_N=16, GROUPS=2, SPLIT_K=2, PDL=True)])
+                                 dict(KERNEL="tc", BLOCK_N=16, GROUPS=2, SPLIT_K=2, PDL=True),
+                                 dict(KERNEL="prepared", BLOCK_N=8, GROUPS=2, SPLIT_K=1, num_warps=2, PDL=True),
+                                 dict(KERNEL="prepared", BLOCK_N=8, GROUPS=1, SPLIT_K=3, num_warps=2, PREFETCH=True,
+                                      PDL=True)])
 def test_programmatic_dependent_launch_changes_no_output(cfg):
     """PDL (the weight asked of L2 before waiting for the previous kernel) computes the same product,
     one call after another on one stream — and, on a GPU, replayed from a CUDA graph, where the next
-    call launches while this one finishes."""
+    call launches while this one finishes (the prepared path: its loop while its preparation runs, and the
+    next call's preparation after the loop before it)."""
     if DEV == "cuda" and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs compute capability ≥ 9.0")
     ps = [w4_format.pack_w4(weight(40, 512, seed=s).to(DEV), 128) for s in (1, 2)]
-    m = 1 if cfg["KERNEL"] == "gemv" else 3
+    m = 3 if cfg["KERNEL"] == "tc" else 1
     x = torch.randn(m, 512, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16).to(DEV)
     refs = [w4_format.reference_matmul(x.float(), p) for p in ps]
-    tol = 2e-3 if cfg.get("HALF2") else 1e-5
+    tol = 2e-3 if cfg.get("HALF2") or cfg["KERNEL"] == "prepared" else 1e-5
     for p, ref in zip(ps, refs):
         got = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
         assert (got - ref).abs().max() <= tol * ref.abs().max()
@@ -237,8 +241,9 @@ def test_one_row_runs_the_prepared_path_unless_the_family_asks_for_the_gemv():
     for key in ("UNEVEN", "ACC16", "HALF2"):             # a GEMV switch the prepared loop does not have: refused
         with pytest.raises(ValueError, match=f"{key} is a switch of the CUDA-core GEMV"):
             w4_kernel.auto_config(p, 1, {"PREPARED": True, key: False})
-    both = {"PREPARED": True, "PDL": True}               # PDL: the tensor-core rows keep it, one row has none
-    assert w4_kernel.auto_config(p, 1, both) == w4_kernel.prepared_config(p)
+    both = {"PREPARED": True, "PDL": True}               # PDL: both launches of one row keep it (round 16), as the
+    assert w4_kernel.auto_config(p, 1, both) == {**w4_kernel.prepared_config(p), "PDL": True}   # tensor-core rows
+    assert w4_kernel.auto_config(p, 1, {"KERNEL": "prepared", "PDL": False})["PDL"] is False
     assert w4_kernel.auto_config(p, 8, both)["PDL"] is True
     assert w4_kernel.auto_config(p, 1, {"PREPARED": False, "UNEVEN": False})["KERNEL"] == "gemv"
 
@@ -250,6 +255,10 @@ def test_pdl_is_a_flag_passed_through_auto_config():
     assert "PDL" not in w4_kernel.auto_config(p, 1) and "PDL" not in w4_kernel.auto_config(p, 8)
     with pytest.raises(TypeError, match="config PDL must be True or False"):
         w4_kernel.w4a16_matmul(torch.randn(1, 1024), p, dict(KERNEL="gemv", PDL="yes"))
+    with pytest.raises(TypeError, match="config PDL must be True or False"):
+        w4_kernel.w4a16_matmul(torch.randn(1, 1024), p, {**w4_kernel.prepared_config(p), "PDL": 1})
+    with pytest.raises(TypeError, match="pdl must be True or False"):
+        w4_kernel.prepare_x(torch.randn(1, 1024), 128, pdl="yes")
 
 
 def test_serial_reduction_leaves_its_counters_at_zero():

@@ -305,3 +305,37 @@ def test_prep_fusions_row_variant_is_the_group_one_where_every_group_has_the_row
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="run it where CUDA is"):
             prep_fusion.main(["--out", "/tmp/never.json"])
+
+
+def test_pdl_rows_time_both_launch_modes_and_compare_their_outputs(monkeypatch):
+    """Round 16 (``x_side --pdl``): the candidate rule with its preparation, plain and with PDL on both launches,
+    each timed twice in turn (the faster kept), PDL's output compared with the plain one's and the reference —
+    read back by ``kernel_runs.x_side_pdl``. Without a GPU the timings are stand-ins and PDL is not launched (the
+    interpreter has none); on a GPU both are real."""
+    import pandas as pd
+
+    from helpers import kernel_runs
+    if DEV == "cpu":
+        fake = iter([4.0, 3.0, 2.0, 5.0])   # plain, PDL, plain, PDL
+        monkeypatch.setattr(x_side.timing, "graph_ms", lambda calls: ([c() for c in calls], next(fake))[1])
+    torch.manual_seed(5)
+    ps = [w4_format.pack_w4((torch.randn(24, 1024) * 0.02).to(DEV), 128) for _ in range(2)]
+    x = torch.randn(1, 1024, dtype=torch.bfloat16, device=DEV)
+    rows = []
+    locks = torch.zeros(8, dtype=torch.int32, device=DEV)
+    x_side.pdl_rows(x, ps, 128, 2, w4_kernel.prepare_x(x, 128), locks,
+                    lambda kernel, ms, **extra: rows.append({"kernel": kernel, "ms": ms, "shape": "s", "group": 128,
+                                                             "GBps": 1.0 / ms, "copy_GBps": 1.0, **extra}))
+    plain, pdl = rows
+    assert (plain["kernel"], pdl["kernel"]) == (kernel_runs.X_CAND_PAID, kernel_runs.X_PDL_PAID)
+    assert pdl["config"] == {**plain["config"], "PDL": True} and pdl["exact"] and pdl["same_as_plain"]
+    assert len(plain["ms_each"]) == len(pdl["ms_each"]) == 2
+    assert plain["ms"] == min(plain["ms_each"]) and pdl["ms"] == min(pdl["ms_each"])
+    if DEV == "cpu":
+        assert plain["ms_each"] == [4.0, 2.0] and pdl["ms_each"] == [3.0, 5.0]
+    tiny = {"kernel": kernel_runs.X_TINY, "ms": 6.0, "shape": "s", "group": 128, "GBps": 1 / 6, "copy_GBps": 1.0}
+    view = kernel_runs.x_side_pdl(pd.DataFrame(rows + [tiny]))
+    assert view["PDL time ÷ plain"] == pytest.approx(pdl["ms"] / plain["ms"]) and view["same output"]
+    assert view["PDL ÷ tinygemm"] == pytest.approx(6.0 / pdl["ms"])
+    with pytest.raises(ValueError, match="has no rows"):
+        kernel_runs.x_side_pdl(pd.DataFrame(rows))
