@@ -98,6 +98,9 @@
 #      compiled, fused+head+attn, ours prepared with and without PDL in one process (compiled-step profiles), then
 #      benchmarks.x_side --pdl (the candidate rule with its preparation, plain and with PDL, beside tinygemm, on the
 #      >= 16 MB weights as long as the call lasts)
+#   37 round 16 where it was not tried first: decode, batch 1 compiled, fused+head+attn, ours prepared with and
+#      without PDL in one process per architecture — Llama-2-7B (its down projection's step holds few codes), then
+#      Qwen2.5-1.5B (biases, another width, small weights: where fixed costs weigh most)
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -291,6 +294,11 @@ notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/10_mu
 --family [{\"PREPARED\":true},{\"PREPARED\":true,\"PDL\":true}] --profile compiled" PART_TIMEOUT=$(left 400 60) \
        gpu decode; keep_decode decode_8B_pdl
      XSIDE_ARGS=--pdl PART_TIMEOUT=$(left 585 30) gpu xside ;;
+  37) PDLS='[{"PREPARED":true},{"PREPARED":true,"PDL":true}]'
+     DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 --recipes fused+head+attn \
+--family $PDLS" PART_TIMEOUT=$(left 330 60) gpu decode; keep_decode decode_Llama-2-7B_pdl
+     DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--arch Qwen2.5-1.5B --batches 1 --eager= --compile 1 --recipes fused+head+attn \
+--family $PDLS" PART_TIMEOUT=$(left 585 30) gpu decode; keep_decode decode_qwen_pdl ;;
   25) bf16_8b "200"
      w4_8b "$(left 585 30)" ;;
   26) TESTS="tests/test_x_side.py tests/test_decode_bench.py" PART_TIMEOUT=150 gpu pytest
