@@ -1840,3 +1840,54 @@ else:
 # experiment, `benchmarks/prep_fusion.py`, counts which way of writing it fuses). The ceiling the table prints
 # in kernel time is small either way: about a thirteenth of this step's (fewer launches would also close some
 # of the gaps between kernels, which the profile's kernel time does not count).
+
+# %% [markdown]
+# That experiment ran on a lent H100 (2026-12-07, `results/h100/prep_fusion_e6e91b9.json`): RMSNorm and
+# SiLU·mul each compiled with `torch.compile`, followed by every way of writing the preparation — `prepare_x`
+# (its own launch), the torch ops per group (`prepare_x_torch`), one shrink per row, and one shrink per row with
+# only the planes (no `Σx`) — each call's kernels counted with the profiler and timed under graph replay:
+
+# %%
+pf_file = H100 / "prep_fusion_e6e91b9.json"
+if pf_file.exists():
+    pf = pd.DataFrame(json.loads(pf_file.read_text())["rows"])
+    pf_t = pf.pivot_table(index="variant", columns="producer", values=["n_kernels", "us"], sort=False)
+    display(pf_t)
+    fused = pf[(pf.variant != "producer") & (pf.n_kernels == 1)]
+    print("ways of writing the preparation that fused into the producer's one kernel:",
+          len(fused) or "none", "| what prepare_x adds to the producer alone:",
+          ", ".join(f"{p} {pf_t.loc['prepare_x', ('us', p)] - pf_t.loc['producer', ('us', p)]:.2f} µs"
+                    for p in pf.producer.unique()))
+else:
+    print(f"{pf_file.name} is not in this checkout")
+
+# %% [markdown]
+# None of them fused into one kernel: even the preparation with one shrink per row and no `Σx` — the
+# version whose only reduction is the row's own, as RMSNorm's is — came out as a kernel (or more) of its own, at
+# about `prepare_x`'s cost. So inductor will not remove the launch for us; a kernel written for the purpose
+# would. What is left to win is the table's difference above: about two microseconds per weight matmul.
+#
+# Nsight Compute saw where the loop itself spends them (`results/h100/ncu_prepared_e6e91b9.txt`, one call each, not
+# graphed, the card's clocks locked by the profiler): on the 8B gate/up weight the loop streams at 61 % of the
+# DRAM's peak with 1.36 waves of programs (the last third of a wave runs on a partly idle card), the 8B down weight
+# at 55 % with only 0.39 of a wave — 512 programs of 2 warps, about 8 warps per multiprocessor —, and the
+# schedulers issue an instruction on about half their cycles in both: the loop is as short of warps in flight as
+# of bandwidth.
+
+# %%
+ncu_file = H100 / "ncu_prepared_e6e91b9.txt"
+if ncu_file.exists():
+    wanted = ("Duration", "DRAM Throughput", "Waves Per SM", "Achieved Occupancy", "Issued Warp Per Scheduler",
+              "Registers Per Thread")
+    cases, cur = [], None
+    for line in ncu_file.read_text().splitlines():
+        if line.startswith("{"):
+            cur = {"weight": json.loads(line)["shape"]}
+            cases.append(cur)
+        elif cur is not None:
+            for name in wanted:
+                if line.strip().startswith(name + " "):
+                    cur[name] = float(line.split()[-1].replace(",", ""))
+    display(pd.DataFrame(cases).set_index("weight"))
+else:
+    print(f"{ncu_file.name} is not in this checkout")
