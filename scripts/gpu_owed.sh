@@ -95,9 +95,9 @@
 #   36 round 16 (PDL on the prepared path: the loop launched while its preparation runs, its first step of the weight
 #      asked of L2 before it waits for the planes): the kernel and x-side tests on the GPU (the PDL test's prepared
 #      configs: exact, and equal to the plain launch, under graph replay too), then Llama-3.1-8B decode, batch 1
-#      compiled, fused+head+attn, ours prepared with and without PDL in one process (compiled-step profiles), then
+#      compiled, fused+head+attn, ours prepared with and without PDL in one process (compiled-step profiles), after
 #      benchmarks.x_side --pdl (the candidate rule with its preparation, plain and with PDL, beside tinygemm, on the
-#      >= 16 MB weights as long as the call lasts)
+#      >= 16 MB weights for about 200 s); CALL_BUDGET (default 585 s) bounds the whole call
 #   37 round 16 where it was not tried first: decode, batch 1 compiled, fused+head+attn, ours prepared with and
 #      without PDL in one process per architecture — Llama-2-7B (its down projection's step holds few codes), then
 #      Qwen2.5-1.5B (biases, another width, small weights: where fixed costs weigh most)
@@ -288,12 +288,13 @@ notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/10_mu
      NOTEBOOKS="notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb" COURSE_GPU_GIB=15 \
        PART_TIMEOUT=$(left "${CALL_BUDGET:-380}" 20) gpu notebooks ;;
   35) NCU_CASES="8B gate/up 4096x14336:128:1;8B down 14336x4096:128:1;14B-class 5120x13824:128:1" PART_TIMEOUT=420 gpu ncu ;;
-  36) TESTS="tests/test_x_side.py tests/test_w4_kernel.py" PART_TIMEOUT=160 gpu pytest
+  36) TESTS="tests/test_x_side.py tests/test_w4_kernel.py::test_programmatic_dependent_launch_changes_no_output" \
+       PART_TIMEOUT=120 gpu pytest
      mv "$OUT/pytest_part.txt" "$OUT/pytest_pdl.txt"
+     XSIDE_ARGS=--pdl PART_TIMEOUT=$(left 260 45) gpu xside
      DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--batches 1 --eager= --compile 1 --recipes fused+head+attn \
---family [{\"PREPARED\":true},{\"PREPARED\":true,\"PDL\":true}] --profile compiled" PART_TIMEOUT=$(left 400 60) \
-       gpu decode; keep_decode decode_8B_pdl
-     XSIDE_ARGS=--pdl PART_TIMEOUT=$(left 585 30) gpu xside ;;
+--family [{\"PREPARED\":true},{\"PREPARED\":true,\"PDL\":true}] --profile compiled" \
+       PART_TIMEOUT=$(left "${CALL_BUDGET:-585}" 30) gpu decode; keep_decode decode_8B_pdl ;;
   37) PDLS='[{"PREPARED":true},{"PREPARED":true,"PDL":true}]'
      DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 --recipes fused+head+attn \
 --family $PDLS" PART_TIMEOUT=$(left 330 60) gpu decode; keep_decode decode_Llama-2-7B_pdl
