@@ -1891,3 +1891,34 @@ if ncu_file.exists():
     display(pd.DataFrame(cases).set_index("weight"))
 else:
     print(f"{ncu_file.name} is not in this checkout")
+
+# %% [markdown]
+# ### Round 16: let the loop launch while its preparation runs (PDL)
+# If the preparation cannot disappear into its producer, its launch can at least stop costing a gap. With
+# *programmatic dependent launch* (Hopper's `griddepcontrol`, the `PDL` switch the GEMV already has) the loop is
+# launched while `prepare_x` is still running: `prepare_x` lets it launch at once, and the loop asks L2 for its
+# first step of the weight — which does not depend on the preparation — before it waits for the planes
+# (`w4_kernel.prepare_x(..., pdl=True)` and config `PDL`; a layer asks with `family={"PREPARED": True, "PDL": True}`).
+# The output must not change by a bit; only the time between the two kernels may. `benchmarks/x_side.py --pdl`
+# times the candidate rule with its preparation both ways, in turn, twice each, on the ≥ 16 MB weights:
+
+# %%
+if (H100 / "x_side.json").exists() and "2026-12-07 X5" in xmeta["runs"]:
+    x5 = xs_[xs_.run == "2026-12-07 X5"]
+    pdl16 = kernel_runs.per_weight(x5, kernel_runs.x_side_pdl)
+    ratio = pdl16["PDL time ÷ plain"]
+    print(f"run X5 ({len(pdl16)} weights × groups): PDL's output equal to the plain launch's on "
+          f"{int(pdl16['same output'].sum())} of {len(pdl16)}; PDL's time ÷ plain {ratio.min():.3f}–{ratio.max():.3f} "
+          f"(median {ratio.median():.3f}); both targets met plain on "
+          f"{int(kernel_runs.meets_targets(pdl16.plain, pdl16['plain ÷ tinygemm']).sum())}, with PDL on "
+          f"{int(kernel_runs.meets_targets(pdl16.PDL, pdl16['PDL ÷ tinygemm']).sum())}")
+    display(pdl16.round(3))
+else:
+    print("run X5 (round 16) is not in this checkout's results/h100/x_side.json")
+
+# %% [markdown]
+# What to look for when the run is in: the ratio can only be below 1 by the part of each call that PDL hides — the
+# loop's launch and its first loads, both behind the preparation's run — so at most about the two microseconds the
+# preparation costs beside its producer; on the 30 MB weights that is the difference between the targets' 70 % and
+# the 60-odd per cent the loop reaches now. A ratio near 1 would say the gap was not where the time is, and the next
+# round would have to make the loop itself keep more loads in flight (fewer registers, more warps: the waves above).
