@@ -122,10 +122,15 @@ def test_pdl_asks_l2_for_one_step_then_waits_for_the_previous_kernel():
     """PDL: before the loop, an L2 prefetch (``CCTL.E.PF2``), ``griddepcontrol.launch_dependents``
     (``PREEXIT``) and ``griddepcontrol.wait`` (``ACQBULK``); the loop loads the same and does the same
     work (a few compares and moves of difference); without PDL none of the three."""
-    on, off = sass_of("pdl"), sass_of("gemv")
+    _pdl_before_the_same_loop(sass_of("pdl"), sass_of("gemv"), 0.01)
+
+
+def _pdl_before_the_same_loop(on: str, off: str, share: float) -> None:
+    """The kernel with PDL (``on``) has the L2 prefetch, ``PREEXIT`` and ``ACQBULK``, the one without none of
+    them, and their inner loops load the same and differ by at most ``share`` of the instructions."""
     assert ks.memory_ops(ks.inner_loop(on)) == ks.memory_ops(ks.inner_loop(off))
     n_on, n_off = sum(ks.opcodes(ks.inner_loop(on)).values()), sum(ks.opcodes(ks.inner_loop(off)).values())
-    assert abs(n_on - n_off) <= 0.01 * n_off
+    assert abs(n_on - n_off) <= share * n_off
     for op in ("CCTL.E.PF2", "PREEXIT", "ACQBULK"):
         assert op in on and op not in off, op
 
@@ -133,12 +138,7 @@ def test_pdl_asks_l2_for_one_step_then_waits_for_the_previous_kernel():
 def test_the_prepared_loop_with_pdl_asks_l2_for_its_first_step_then_waits_for_its_planes():
     """Round 16: the prepared loop with PDL does before its loop what the GEMV's does (an L2 prefetch, then
     ``griddepcontrol.launch_dependents`` and ``.wait``), and its loop is the same loads and about the same work."""
-    on, off = sass_of("prepared narrow pdl"), sass_of("prepared narrow")
-    assert ks.memory_ops(ks.inner_loop(on)) == ks.memory_ops(ks.inner_loop(off))
-    n_on, n_off = sum(ks.opcodes(ks.inner_loop(on)).values()), sum(ks.opcodes(ks.inner_loop(off)).values())
-    assert abs(n_on - n_off) <= 0.02 * n_off
-    for op in ("CCTL.E.PF2", "PREEXIT", "ACQBULK"):
-        assert op in on and op not in off, op
+    _pdl_before_the_same_loop(sass_of("prepared narrow pdl"), sass_of("prepared narrow"), 0.02)
 
 
 def test_the_prepared_loop_at_a_narrow_tile_loads_its_planes_where_they_are_used():
