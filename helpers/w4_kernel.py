@@ -1058,16 +1058,18 @@ def prepared_config(p: W4Weight, sms: int | None = None) -> dict:
     return dict(KERNEL="prepared", BLOCK_N=rows, GROUPS=groups, SPLIT_K=split, num_warps=warps, PREFETCH=False)
 
 
-GEMV_SWITCHES = ("UNEVEN", "ACC16", "HALF2", "PDL")   # family keys of the CUDA-core GEMV's loop alone
+# family keys that, without PREPARED, ask for the CUDA-core GEMV: its loop's own switches, and PDL (which since
+# round 16 the prepared path also takes, when the family says PREPARED=True)
+GEMV_SWITCHES = ("UNEVEN", "ACC16", "HALF2", "PDL")
 GEMV_RULE = {"PREPARED": False}   # the family that asks auto_config for the GEMV's rule at one row (not to be changed)
 
 
 def one_row_prepared(family: dict | None) -> bool:
     """Whether one row runs the prepared path (:func:`prepared_config`, two launches) under the kernel
     ``family``: its ``PREPARED`` where given (else its ``KERNEL``), else yes — unless the family names the GEMV
-    by one of its own switches (:data:`GEMV_SWITCHES`), which the prepared loop does not have. With ``PREPARED``
-    true, ``PDL`` is kept, for both launches of the prepared path (round 16) and the tensor-core kernel's rows;
-    the GEMV's other switches are refused. The default since round 14 (README, "Quantized inference for real", its round-14
+    by one of :data:`GEMV_SWITCHES` (``PDL`` alone included, as before round 16). With ``PREPARED`` true,
+    ``PDL`` is kept, for both launches of the prepared path (round 16) and the tensor-core kernel's rows; the
+    GEMV's other switches, which the prepared loop does not have, are refused. The default since round 14 (README, "Quantized inference for real", its round-14
     bullet: the measurements)."""
     family = family or {}
     if not isinstance(family, dict):
