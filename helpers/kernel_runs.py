@@ -92,7 +92,7 @@ def _kernels(case, needed: set) -> object:
     if missing:
         raise ValueError(f"case (one weight × group of results/CARD/x_side.json) has no rows {missing}, only "
                          f"{sorted(one.index)}: pass a case of a run that timed them (run X2 or later for x_side_best, "
-                         "X3 or later for x_side_candidate, X4 for x_side_padded)")
+                         "X3 or later for x_side_candidate, X4 for x_side_padded, X5 — x_side --pdl — for x_side_pdl)")
     return one
 
 

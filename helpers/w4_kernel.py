@@ -422,7 +422,7 @@ def _gemv_prepared_kernel(planes_ptr, xs_ptr, inv_ptr, w_ptr, s_ptr, z_ptr, y_pt
     end = tl.minimum(start + span, steps)
     w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :]
     if PDL:   # the weight does not depend on the preparation: its first step asked of L2 before waiting for it
-        _pdl_prologue(w_ptr + tl.where(mask_n, offs_n, 0) * stride_wn + start * WPS, WPS * 4, 4)
+        _pdl_prologue(w_ptr + tl.where(mask_n, offs_n, 0) * stride_wn + tl.minimum(start, steps - 1) * WPS, WPS * 4, 4)
     if PREFETCH:
         w_next = tl.load(w_ptrs + tl.minimum(start, steps - 1) * WPS, mask=mask_n[:, None], other=0,
                          eviction_policy="evict_first")
@@ -930,7 +930,7 @@ def prepare_x(x: torch.Tensor, group: int, out: PreparedX | None = None, k: int 
     programmatic dependent launch (a CUDA device of compute capability ≥ 9.0; ignored in the interpreter), so a
     loop launched the same way (config ``PDL``) starts while this runs."""
     kx, k = _one_row(x, group, k)
-    pdl = _pdl_launch(v.flag(pdl, "pdl"), x.device)
+    pdl = _pdl_launch(v.flag(pdl, "pdl"), x.device, "pdl")
     out = out or PreparedX(k, group, x.device)
     if (out.k, out.group) != (k, group):
         raise ValueError(f"out was made for K = {out.k}, group {out.group}; asked for K = {k}, group {group}")
@@ -960,9 +960,10 @@ def prepare_x_torch(x: torch.Tensor, group: int, k: int | None = None) -> tuple[
 def gemv_prepared(prep: PreparedX, p: W4Weight, cfg: dict, locks: torch.Tensor | None = None,
                   out_dtype=torch.bfloat16) -> torch.Tensor:
     """``x @ dequantize(p).T`` for the row ``prep`` was made from (:func:`prepare_x`), by
-    :func:`_gemv_prepared_kernel` with ``cfg``'s ``BLOCK_N``, ``GROUPS``, ``SPLIT_K``, ``num_warps`` and
-    ``PREFETCH`` (default off; :func:`prepared_config` chooses them). :func:`w4a16_matmul` runs both for a
-    ``KERNEL="prepared"`` config."""
+    :func:`_gemv_prepared_kernel` with ``cfg``'s ``BLOCK_N``, ``GROUPS``, ``SPLIT_K``, ``num_warps``,
+    ``PREFETCH`` and ``PDL`` (both default off; :func:`prepared_config` chooses the others; ``PDL``: launched with
+    programmatic dependent launch, for a ``prep`` made with ``prepare_x(..., pdl=True)`` just before).
+    :func:`w4a16_matmul` runs both for a ``KERNEL="prepared"`` config."""
     n, k = p.shape
     if (prep.k, prep.group) != (k, p.group_size):
         raise ValueError(f"prep is for K = {prep.k}, group {prep.group}; the weight has K = {k}, group {p.group_size}")
@@ -972,7 +973,7 @@ def gemv_prepared(prep: PreparedX, p: W4Weight, cfg: dict, locks: torch.Tensor |
     ws = torch.empty(split, n, dtype=torch.float32, device=y.device) if split > 1 else y
     locks = (_locks(locks, grid[0], y.device) if split > 1 else y)
     extra = {} if _interpreted() else {"num_warps": cfg["num_warps"]}
-    pdl = _pdl_launch(bool(cfg.get("PDL")), y.device)
+    pdl = _pdl_launch(v.flag(cfg.get("PDL", False), "config PDL"), y.device)
     if pdl:
         extra["launch_pdl"] = True
     _kernel("prepared")[grid](prep.planes, prep.xs, prep.inv, p.words, p.scale, p.zero, y, ws, locks, n, k, split,
@@ -1119,15 +1120,16 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     return cfg
 
 
-def _pdl_launch(pdl: bool, device) -> bool:
-    """Whether a kernel asked for programmatic dependent launch gets it: on a CUDA device (the interpreter has
-    none: the same kernel runs without), refused below compute capability 9.0 (Hopper's ``griddepcontrol``)."""
-    if not pdl or device.type != "cuda":
+def _pdl_launch(pdl: bool, device, name: str = "config PDL") -> bool:
+    """Whether a kernel asked for programmatic dependent launch gets it: on a CUDA device, compiled (Triton's
+    interpreter has none: the same kernel runs without), refused below compute capability 9.0 (Hopper's
+    ``griddepcontrol``), the error naming the argument ``name`` that asked for it."""
+    if not pdl or device.type != "cuda" or _interpreted():
         return False
     if torch.cuda.get_device_capability(device) < (9, 0):
-        raise ValueError(f"config PDL (programmatic dependent launch) needs compute capability ≥ 9.0; "
+        raise ValueError(f"{name} (programmatic dependent launch) needs compute capability ≥ 9.0; "
                          f"{torch.cuda.get_device_name(device)} has {torch.cuda.get_device_capability(device)}:"
-                         " leave PDL out")
+                         f" leave {name.split()[-1]} out")
     return True
 
 

@@ -1862,10 +1862,12 @@ else:
     print(f"{pf_file.name} is not in this checkout")
 
 # %% [markdown]
-# None of them fused into one kernel: even the preparation with one shrink per row and no `Σx` — the
-# version whose only reduction is the row's own, as RMSNorm's is — came out as a kernel (or more) of its own, at
-# about `prepare_x`'s cost. So inductor will not remove the launch for us; a kernel written for the purpose
-# would. What is left to win is the table's difference above: about two microseconds per weight matmul.
+# None of them came out as one kernel with its producer: even the preparation with one shrink per row and no
+# `Σx` — the version whose only reduction is the row's own, as RMSNorm's is — kept at least a second kernel (by
+# the kernels' names, inductor took the row's maximum into RMSNorm's reduction and left the packing of the planes
+# to a kernel of its own), at about `prepare_x`'s cost after RMSNorm and at more than twice it after SiLU·mul (the
+# table). So inductor will not remove the launch for us; a kernel written for the purpose would. What is left to
+# win is the table's difference above: about two microseconds per weight matmul.
 #
 # Nsight Compute saw where the loop itself spends them (`results/h100/ncu_prepared_e6e91b9.txt`, one call each, not
 # graphed, the card's clocks locked by the profiler): on the 8B gate/up weight the loop streams at 61 % of the
@@ -1917,8 +1919,11 @@ else:
     print("run X5 (round 16) is not in this checkout's results/h100/x_side.json")
 
 # %% [markdown]
-# What to look for when the run is in: the ratio can only be below 1 by the part of each call that PDL hides — the
-# loop's launch and its first loads, both behind the preparation's run — so at most about the two microseconds the
-# preparation costs beside its producer; on the 30 MB weights that is the difference between the targets' 70 % and
-# the 60-odd per cent the loop reaches now. A ratio near 1 would say the gap was not where the time is, and the next
-# round would have to make the loop itself keep more loads in flight (fewer registers, more warps: the waves above).
+# This section has only the question so far: the code is tested on the CPU (where Triton's interpreter runs it
+# without PDL) and its SASS compiled for sm_90, but it has not yet run on a GPU. What to look for when the run is
+# in: the ratio can only be below 1 by the part of each call that PDL hides — the loop's launch and its first
+# loads, behind the preparation's run — so by at most about the two microseconds the preparation costs beside its
+# producer. On a 30 MB weight that is worth several points of the copy bandwidth, enough to move the weights just
+# under the target over it, not the ones whose loop alone is already under it (the 8B down's, run X3 above). A
+# ratio near 1 would say the gap was not where the time is, and the next round would have to make the loop itself
+# keep more loads in flight (fewer registers, more warps: the waves above).

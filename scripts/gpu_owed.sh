@@ -323,6 +323,6 @@ tests/test_kernel_once.py" PART_TIMEOUT=$(left 585 30) gpu pytest
        PART_TIMEOUT=580 gpu notebooks ;;
   32) NOTEBOOKS="notebooks/05_awq.ipynb notebooks/06_perplexity.ipynb" PART_TIMEOUT=400 gpu notebooks
      PART_TIMEOUT=$(left 585 30) gpu suite ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|36 (see the header)"; exit 2 ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|37 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"

@@ -126,18 +126,21 @@ def test_pdl_asks_l2_for_one_step_then_waits_for_the_previous_kernel():
 
 
 def _pdl_before_the_same_loop(on: str, off: str, share: float) -> None:
-    """The kernel with PDL (``on``) has the L2 prefetch, ``PREEXIT`` and ``ACQBULK``, the one without none of
-    them, and their inner loops load the same and differ by at most ``share`` of the instructions."""
+    """The kernel with PDL (``on``) has the L2 prefetch, then ``PREEXIT`` and ``ACQBULK``, all before its inner
+    loop (so every load of what the previous kernel wrote, in the loop, comes after the wait), the one without none
+    of them, and their inner loops load the same and differ by at most ``share`` of the instructions."""
     assert ks.memory_ops(ks.inner_loop(on)) == ks.memory_ops(ks.inner_loop(off))
     n_on, n_off = sum(ks.opcodes(ks.inner_loop(on)).values()), sum(ks.opcodes(ks.inner_loop(off)).values())
     assert abs(n_on - n_off) <= share * n_off
     for op in ("CCTL.E.PF2", "PREEXIT", "ACQBULK"):
         assert op in on and op not in off, op
+    assert on.index("CCTL.E.PF2") < on.index("PREEXIT") < on.index("ACQBULK") < on.index(ks.inner_loop(on))
 
 
 def test_the_prepared_loop_with_pdl_asks_l2_for_its_first_step_then_waits_for_its_planes():
     """Round 16: the prepared loop with PDL does before its loop what the GEMV's does (an L2 prefetch, then
-    ``griddepcontrol.launch_dependents`` and ``.wait``), and its loop is the same loads and about the same work."""
+    ``griddepcontrol.launch_dependents`` and ``.wait``, in that order: the planes, loaded in the loop, only after the
+    wait), and its loop is the same loads and about the same work."""
     _pdl_before_the_same_loop(sass_of("prepared narrow pdl"), sass_of("prepared narrow"), 0.02)
 
 

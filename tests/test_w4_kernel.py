@@ -223,6 +223,53 @@ def test_programmatic_dependent_launch_changes_no_output(cfg):
         assert (outs[1] - (refs[0] + refs[1])).abs().max() <= 2 * tol * (refs[0] + refs[1]).abs().max()
 
 
+@pytest.mark.parametrize("cfg", [dict(KERNEL="prepared", BLOCK_N=8, GROUPS=2, SPLIT_K=1, num_warps=2, PDL=True),
+                                 dict(KERNEL="prepared", BLOCK_N=8, GROUPS=1, SPLIT_K=3, num_warps=2, PDL=True)])
+def test_pdl_prepared_calls_back_to_back_share_their_buffers_safely(cfg):
+    """The prepared path with PDL where a race would show: two calls back to back with *different* rows of x
+    through one PreparedX (the second preparation overwrites the planes the first loop reads, unless it waits for
+    that loop) and one set of split-K counters, each loop launched while its preparation runs — one after the
+    other on the stream and, on a GPU, replayed from a CUDA graph. Each output is its own row's product."""
+    if DEV == "cuda" and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs compute capability ≥ 9.0")
+    ps = [w4_format.pack_w4(weight(40, 512, seed=s).to(DEV), 128) for s in (4, 5)]
+    gen = torch.Generator().manual_seed(6)
+    xs = [torch.randn(1, 512, generator=gen).to(torch.bfloat16).to(DEV) for _ in ps]
+    refs = [w4_format.reference_matmul(x.float(), p) for x, p in zip(xs, ps)]
+    prep = w4_kernel.PreparedX(512, 128, DEV)
+    locks = torch.zeros(8, dtype=torch.int32, device=DEV)
+
+    def both():
+        return [w4_kernel.gemv_prepared(w4_kernel.prepare_x(x, 128, prep, pdl=True), p, cfg, locks,
+                                        out_dtype=torch.float32) for x, p in zip(xs, ps)]
+
+    outs = both()
+    if DEV == "cuda":
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = both()
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+    for got, ref in zip(outs, refs):
+        assert (got - ref).abs().max() <= 2e-3 * ref.abs().max()
+    assert not locks.any()                                   # the counters left at zero for the next call
+
+
+def test_pdl_is_refused_below_compute_capability_9_by_the_argument_that_asked(monkeypatch):
+    """Programmatic dependent launch needs Hopper's griddepcontrol: on an older card the config key or prepare_x's
+    argument that asked for it is named (checked here with the card's answers stood in for)."""
+    monkeypatch.setattr(w4_kernel, "_interpreted", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "an A100")
+    cuda = torch.device("cuda")
+    with pytest.raises(ValueError, match=r"config PDL \(programmatic dependent launch\) needs compute capability"):
+        w4_kernel._pdl_launch(True, cuda)
+    with pytest.raises(ValueError, match=r"^pdl \(programmatic.*leave pdl out"):
+        w4_kernel._pdl_launch(True, cuda, "pdl")
+    assert w4_kernel._pdl_launch(False, cuda) is False and w4_kernel._pdl_launch(True, torch.device("cpu")) is False
+
+
 def test_one_row_runs_the_prepared_path_unless_the_family_asks_for_the_gemv():
     """auto_config's one-row default is the prepared path (round 14); PREPARED=False, a GEMV switch or KERNEL
     asks for another kernel; more rows, a group the prepared loop cannot take, or a family that is not a dict
@@ -259,6 +306,9 @@ def test_pdl_is_a_flag_passed_through_auto_config():
         w4_kernel.w4a16_matmul(torch.randn(1, 1024), p, {**w4_kernel.prepared_config(p), "PDL": 1})
     with pytest.raises(TypeError, match="pdl must be True or False"):
         w4_kernel.prepare_x(torch.randn(1, 1024), 128, pdl="yes")
+    with pytest.raises(TypeError, match="config PDL must be True or False"):
+        w4_kernel.gemv_prepared(w4_kernel.prepare_x(torch.randn(1, 1024), 128), p,
+                                {**w4_kernel.prepared_config(p), "PDL": "no"})
 
 
 def test_serial_reduction_leaves_its_counters_at_zero():
