@@ -61,7 +61,7 @@ def run(shape: str, group: int, rows: int, config: dict | None = None, calls: in
     grid = [tiles, cfg["SPLIT_K"]] + ([] if cfg["KERNEL"] in ("gemv", "prepared")   # the prepared loop's grid
                                       else [-(-rows // w4_kernel.block_rows(rows))])
     return {"shape": shape, "K": k, "N": n, "group": group, "M": rows, "config": cfg, "grid": grid,
-            "device": dev, "rel_err": ((y.float() - ref).abs().max() / ref.abs().max()).item()}
+            "device": dev, "rel_err": w4_format.max_rel_err(y, ref)}
 
 
 def main(argv=None):

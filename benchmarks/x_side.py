@@ -46,6 +46,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.kernels import FP16_SUMS_EXACT
 from helpers import kernel_runs, timing, w4_format, w4_kernel
 from helpers.config import write_json
 from helpers.w4_kernel import acc16_x_limit, gemv_prepared, prepare_x, prepared_config
@@ -139,7 +140,7 @@ def padded_rows(x: torch.Tensor, w: torch.Tensor, g: int, sms: int, copies: int 
     ref = w4_format.reference_matmul(x.float(), w4_format.pack_w4(w, g)).float()
     got = gemv_prepared(prep, ps[0], cfg, out_dtype=torch.float32)
     return {"packed": ps, "x": xp, "prep": prep, "config": cfg, "K_padded": kp, "pad_share": kp / k - 1,
-            "rel_err": ((got - ref).abs().max() / ref.abs().max()).item()}
+            "rel_err": w4_format.max_rel_err(got, ref)}
 
 
 def pdl_rows(x: torch.Tensor, ps: list, g: int, sms: int, prep, locks: torch.Tensor, add) -> None:
@@ -151,7 +152,7 @@ def pdl_rows(x: torch.Tensor, ps: list, g: int, sms: int, prep, locks: torch.Ten
     ref = w4_format.reference_matmul(x.float(), ps[0]).float()
     want = gemv_prepared(prepare_x(x, g, prep), ps[0], plain, locks, out_dtype=torch.float32)
     got = gemv_prepared(prepare_x(x, g, prep, pdl=True), ps[0], pdl, locks, out_dtype=torch.float32)
-    err = ((got - ref).abs().max() / ref.abs().max()).item()
+    err = w4_format.max_rel_err(got, ref)
     times = {"plain": [], "pdl": []}
     for _ in range(2):
         for what, cfg in (("plain", plain), ("pdl", pdl)):
@@ -160,8 +161,8 @@ def pdl_rows(x: torch.Tensor, ps: list, g: int, sms: int, prep, locks: torch.Ten
                      for p in ps]
             times[what].append(timing.graph_ms(calls))
     add(kernel_runs.X_CAND_PAID, min(times["plain"]), config=plain, ms_each=times["plain"])
-    add(kernel_runs.X_PDL_PAID, min(times["pdl"]), config=pdl, ms_each=times["pdl"], rel_err=err, exact=err <= 2e-3,
-        same_as_plain=bool(torch.equal(got, want)))
+    add(kernel_runs.X_PDL_PAID, min(times["pdl"]), config=pdl, ms_each=times["pdl"], rel_err=err,
+        exact=err <= FP16_SUMS_EXACT, same_as_plain=bool(torch.equal(got, want)))
 
 
 def main():
@@ -232,7 +233,7 @@ def main():
                     nbytes, config=cand)
                 pcfg, pps, pprep, xp = pad["config"], pad["packed"], pad["prep"], pad["x"]
                 extra = dict(config=pcfg, K_padded=pad["K_padded"], pad_share=pad["pad_share"], rel_err=pad["rel_err"],
-                             exact=pad["rel_err"] <= 2e-3)   # GB/s of the weight's own bytes (the padding is overhead)
+                             exact=pad["rel_err"] <= FP16_SUMS_EXACT)   # GB/s of the weight's own bytes (padding: overhead)
                 add(kernel_runs.X_PAD, label, k, n, g,
                     timing.graph_ms([lambda p=p: gemv_prepared(pprep, p, pcfg, locks) for p in pps]), nbytes, **extra)
                 add(kernel_runs.X_PAD_PAID, label, k, n, g,
@@ -253,21 +254,21 @@ def main():
                     best = (cfg, ms)
             cfg = best[0]
             got = gemv_prepared(prep, ps[0], cfg, out_dtype=torch.float32)
-            err = ((got - ref).abs().max() / ref.abs().max()).item()
+            err = w4_format.max_rel_err(got, ref)
             add(kernel_runs.X_BEST, label, k, n, g, best[1], nbytes, config=cfg, rel_err=err,
-                exact=err <= 2e-3)
+                exact=err <= FP16_SUMS_EXACT)
             ctrl = dict(cfg, PREFETCH=False)
             got = in_kernel_x(x, ps[0], ctrl, locks).float()
-            cerr = ((got - ref).abs().max() / ref.abs().max()).item()
+            cerr = w4_format.max_rel_err(got, ref)
             add(kernel_runs.X_CONTROL, label, k, n, g,
                 timing.graph_ms([lambda p=p: in_kernel_x(x, p, ctrl, locks) for p in ps]), nbytes, config=ctrl,
-                rel_err=cerr, exact=cerr <= 2e-3)
+                rel_err=cerr, exact=cerr <= FP16_SUMS_EXACT)
             cand = prepared_config(ps[0], sms)
             got = gemv_prepared(prep, ps[0], cand, out_dtype=torch.float32)
-            aerr = ((got - ref).abs().max() / ref.abs().max()).item()
+            aerr = w4_format.max_rel_err(got, ref)
             add(kernel_runs.X_CAND, label, k, n, g,
                 timing.graph_ms([lambda p=p: gemv_prepared(prep, p, cand, locks) for p in ps]), nbytes, config=cand,
-                rel_err=aerr, exact=aerr <= 2e-3)
+                rel_err=aerr, exact=aerr <= FP16_SUMS_EXACT)
             add(kernel_runs.X_CAND_PAID, label, k, n, g,
                 timing.graph_ms([lambda p=p: gemv_prepared(prepare_x(x, g, prep), p, cand, locks) for p in ps]),
                 nbytes, config=cand)

@@ -109,3 +109,14 @@ def dequantize_w4(p: W4Weight, dtype=torch.float16) -> torch.Tensor:
 def reference_matmul(x: torch.Tensor, p: W4Weight) -> torch.Tensor:
     """The readable version: dequantize the whole weight, then ``x @ W.T`` in fp32."""
     return (x.float() @ dequantize_w4(p, torch.float32).T).to(x.dtype)
+
+
+def max_rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """``max |got − ref| / max |ref|``: a kernel's largest error against :func:`reference_matmul`'s product,
+    relative to the product's largest value — the ``rel_err`` every kernel benchmark row reports."""
+    if got.shape != ref.shape:
+        raise ValueError(f"got {tuple(got.shape)} and ref {tuple(ref.shape)} must have one shape")
+    top = ref.float().abs().max()
+    if not top > 0:
+        raise ValueError("ref is all zeros (or not finite): a relative error against it means nothing")
+    return ((got.float() - ref.float()).abs().max() / top).item()

@@ -26,6 +26,16 @@ def test_the_kernels_packing_is_notebook_03s_packing():
     assert torch.allclose(w4_format.dequantize_w4(p, torch.float32), q.dequantize(), atol=1e-2, rtol=1e-3)
 
 
+def test_max_rel_err_is_the_largest_error_over_the_largest_value_and_refuses_what_means_nothing():
+    ref = torch.tensor([[2.0, -4.0, 1.0]])
+    assert w4_format.max_rel_err(torch.tensor([[2.5, -4.0, 0.0]]), ref) == pytest.approx(1.0 / 4.0)
+    assert w4_format.max_rel_err(ref.to(torch.bfloat16), ref) == 0.0
+    with pytest.raises(ValueError, match="one shape"):
+        w4_format.max_rel_err(torch.zeros(1, 2), ref)
+    with pytest.raises(ValueError, match="all zeros"):
+        w4_format.max_rel_err(torch.zeros(1, 3), torch.zeros(1, 3))
+
+
 def test_bytes_are_half_a_byte_plus_group_params():
     p = w4_format.pack_w4(weight(64, 1024), 128)
     assert p.nbytes == 64 * 1024 // 2 + 2 * (64 * 1024 // 128) * 2
