@@ -167,6 +167,29 @@ def x_side_control(rows) -> dict | None:
     return {"run": run, "control_vs_loop": loop.ms / loop.ms_p, "rule_vs_control": rule.ms / rule.ms_c}
 
 
+def ncu_cases(text: str, metrics) -> list[dict]:
+    """The Nsight Compute report of ``scripts/gpu.sh ncu`` (``results/CARD/ncu_*.txt``: each profiled case opens with
+    ``benchmarks.kernel_once``'s JSON line, then ncu's sections) as one dict per case: ``weight`` (the JSON's
+    ``shape``) and the value of each of ``metrics`` — ncu's metric names, e.g. ``"Waves Per SM"`` — read from its
+    line (name, unit or none, value; thousands' commas dropped). A metric a case's report lacks is refused by name."""
+    import json
+    cases = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            cases.append({"weight": json.loads(line)["shape"]})
+        elif cases:
+            for name in metrics:
+                if name not in cases[-1] and line.strip().startswith(name + " "):
+                    cases[-1][name] = float(line.split()[-1].replace(",", ""))
+    if not cases:
+        raise ValueError("no profiled case in this report (no kernel_once JSON line): is it a gpu.sh ncu report?")
+    for case in cases:
+        missing = [m for m in metrics if m not in case]
+        if missing:
+            raise ValueError(f"the report of {case['weight']} has no {missing} (ncu's section names, as it prints them)")
+    return cases
+
+
 def per_weight(rows, view) -> object:
     """A table of ``view(case)`` (:func:`x_side_best`, :func:`x_side_candidate`, :func:`x_side_padded`,
     :func:`x_side_pdl`) for each

@@ -1409,18 +1409,15 @@ if (H100 / "decode.json").exists() and "2026-12-05 N2" in k100["meta"]["runs"]:
           "nearest split and at the largest divisor below:")
     display(llama2.round(3))
     ncu = (H100 / "ncu_narrow_a3a5c04.txt").read_text()
-
-    def ncu_values(metric):
-        """Each profiled case's value of one Nsight Compute metric (a line: name, unit or none, value)."""
-        return [float(v.replace(",", "")) for v in re.findall(metric + r"\s+(?:\S+\s+)?([\d.,]+)\n", ncu)]
+    shown = {"registers per thread": "Registers Per Thread",
+             "blocks of 2 warps an SM holds, by registers": "Block Limit Registers",
+             "theoretical occupancy, %": "Theoretical Occupancy",
+             "instructions issued per scheduler per cycle": "Issued Warp Per Scheduler"}
+    ncu_n = kernel_runs.ncu_cases(ncu, shown.values())
     on_loads = re.findall(r"This stall type represents about ([\d.]+)%", ncu)
-    profiled = ", ".join(re.findall(r'"shape": "([^"]+)"', ncu))
-    print(f"Nsight Compute, the rule's kernel at M = 1, g128 ({profiled}):")
-    for label, metric in (("registers per thread", "Registers Per Thread"),
-                          ("blocks of 2 warps an SM holds, by registers", "Block Limit Registers"),
-                          ("theoretical occupancy, %", "Theoretical Occupancy"),
-                          ("instructions issued per scheduler per cycle", "Issued Warp Per Scheduler")):
-        print(f"  {label}: {ncu_values(metric)}")
+    print(f"Nsight Compute, the rule's kernel at M = 1, g128 ({', '.join(c['weight'] for c in ncu_n)}):")
+    for label, metric in shown.items():
+        print(f"  {label}: {[c[metric] for c in ncu_n]}")
     print(f"  share of a warp's stall spent waiting on its loads (L1TEX), %: {on_loads}")
 else:
     print("results/h100 holds no run N2 (the check of the nearest divisor) in this checkout")
@@ -1879,18 +1876,9 @@ else:
 # %%
 ncu_file = H100 / "ncu_prepared_e6e91b9.txt"
 if ncu_file.exists():
-    wanted = ("Duration", "DRAM Throughput", "Waves Per SM", "Achieved Occupancy", "Issued Warp Per Scheduler",
-              "Registers Per Thread")
-    cases, cur = [], None
-    for line in ncu_file.read_text().splitlines():
-        if line.startswith("{"):
-            cur = {"weight": json.loads(line)["shape"]}
-            cases.append(cur)
-        elif cur is not None:
-            for name in wanted:
-                if line.strip().startswith(name + " "):
-                    cur[name] = float(line.split()[-1].replace(",", ""))
-    display(pd.DataFrame(cases).set_index("weight"))
+    display(pd.DataFrame(kernel_runs.ncu_cases(ncu_file.read_text(), (
+        "Duration", "DRAM Throughput", "Waves Per SM", "Achieved Occupancy", "Issued Warp Per Scheduler",
+        "Registers Per Thread"))).set_index("weight"))
 else:
     print(f"{ncu_file.name} is not in this checkout")
 

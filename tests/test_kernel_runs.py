@@ -160,3 +160,19 @@ def test_time_line_on_run_x3_on_both_cards():
         rows, kernel_runs.X_RULE, share=1.0)                                     # NaN: no weight at the copy's speed
     with pytest.raises(ValueError, match="'nope' has no rows"):
         kernel_runs.smallest_measured(rows, "nope")
+
+
+def test_ncu_cases_reads_each_profiled_case_of_the_committed_reports():
+    """The prepared loop's report (results/h100/ncu_prepared_e6e91b9.txt): three cases, the values its lines print;
+    the first value of a metric a case repeats is kept; a report without cases, or a metric it lacks, is refused."""
+    from pathlib import Path
+    text = (Path(__file__).resolve().parent.parent / "results" / "h100" / "ncu_prepared_e6e91b9.txt").read_text()
+    cases = kernel_runs.ncu_cases(text, ("Waves Per SM", "Grid Size", "DRAM Throughput"))
+    assert [c["weight"] for c in cases] == ["8B gate/up 4096x14336", "8B down 14336x4096", "14B-class 5120x13824"]
+    assert [c["Waves Per SM"] for c in cases] == [1.36, 0.39, 0.94]
+    assert [c["Grid Size"] for c in cases] == [1792.0, 512.0, 1728.0]          # "1,792": the comma dropped
+    assert cases[1]["DRAM Throughput"] == 55.34
+    with pytest.raises(ValueError, match="no profiled case"):
+        kernel_runs.ncu_cases("Waves Per SM   1.0\n", ("Waves Per SM",))
+    with pytest.raises(ValueError, match=r"has no \['Stalls On Nothing'\]"):
+        kernel_runs.ncu_cases(text, ("Stalls On Nothing",))
