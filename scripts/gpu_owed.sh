@@ -288,7 +288,8 @@ notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/10_mu
      NOTEBOOKS="notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb" COURSE_GPU_GIB=15 \
        PART_TIMEOUT=$(left "${CALL_BUDGET:-380}" 20) gpu notebooks ;;
   35) NCU_CASES="8B gate/up 4096x14336:128:1;8B down 14336x4096:128:1;14B-class 5120x13824:128:1" PART_TIMEOUT=420 gpu ncu ;;
-  36) TESTS="tests/test_x_side.py tests/test_w4_kernel.py::test_programmatic_dependent_launch_changes_no_output" \
+  36) TESTS="tests/test_x_side.py tests/test_w4_kernel.py::test_programmatic_dependent_launch_changes_no_output \
+tests/test_w4_kernel.py::test_pdl_prepared_calls_back_to_back_share_their_buffers_safely" \
        PART_TIMEOUT=120 gpu pytest
      mv "$OUT/pytest_part.txt" "$OUT/pytest_pdl.txt"
      XSIDE_ARGS=--pdl PART_TIMEOUT=$(left 260 45) gpu xside
