@@ -324,6 +324,11 @@ tests/test_kernel_once.py" PART_TIMEOUT=$(left 585 30) gpu pytest
        PART_TIMEOUT=580 gpu notebooks ;;
   32) NOTEBOOKS="notebooks/05_awq.ipynb notebooks/06_perplexity.ipynb" PART_TIMEOUT=400 gpu notebooks
      PART_TIMEOUT=$(left 585 30) gpu suite ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|37 (see the header)"; exit 2 ;;
+  38) TESTS="tests/test_w4_kernel.py tests/test_stream_read.py tests/test_decode_bench.py tests/test_decode_attention.py \
+tests/test_kernel_once.py" PART_TIMEOUT=300 gpu pytest
+     mv "$OUT/pytest_part.txt" "$OUT/pytest_kernels.txt"
+     NOTEBOOKS="notebooks/10_multi_gpu.ipynb notebooks/07_kv_cache_ab.ipynb" COURSE_GPU_GIB=15 \
+       PART_TIMEOUT=$(left "${CALL_BUDGET:-585}" 30) gpu notebooks ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|38 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"
