@@ -931,6 +931,7 @@ def prepare_x(x: torch.Tensor, group: int, out: PreparedX | None = None, k: int 
     loop launched the same way (config ``PDL``) starts while this runs."""
     kx, k = _one_row(x, group, k)
     pdl = _pdl_launch(v.flag(pdl, "pdl"), x.device, "pdl")
+    _runs_here(x.device, "x")
     out = out or PreparedX(k, group, x.device)
     if (out.k, out.group) != (k, group):
         raise ValueError(f"out was made for K = {out.k}, group {out.group}; asked for K = {k}, group {group}")
@@ -967,6 +968,10 @@ def gemv_prepared(prep: PreparedX, p: W4Weight, cfg: dict, locks: torch.Tensor |
     n, k = p.shape
     if (prep.k, prep.group) != (k, p.group_size):
         raise ValueError(f"prep is for K = {prep.k}, group {prep.group}; the weight has K = {k}, group {p.group_size}")
+    if prep.planes.device != p.words.device:
+        raise ValueError(f"prep is on {prep.planes.device} but the packed weight on {p.words.device}: move one "
+                         "(p.to(device), or prepare_x of x on the weight's device)")
+    _runs_here(p.words.device, "p")
     split = cfg["SPLIT_K"]
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)
     y = torch.empty(1, n, dtype=out_dtype, device=p.words.device)
@@ -1120,6 +1125,16 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     return cfg
 
 
+def _runs_here(device: torch.device, name: str) -> None:
+    """Refuse a tensor the kernels cannot read: compiled Triton reads CUDA memory only, its interpreter (chosen
+    before triton is imported) CPU memory; the error names the argument ``name`` and what to do."""
+    if device.type != "cuda" and not _interpreted():
+        raise RuntimeError(f"{name} is on {device}: compiled, the kernels read CUDA tensors only — move it to the "
+                           "GPU; without CUDA they run only in Triton's interpreter, chosen before triton is "
+                           "imported: restart, and call helpers.device.use_triton_interpreter_without_gpu() first "
+                           "(or export TRITON_INTERPRET=1); or call reference_matmul")
+
+
 def _pdl_launch(pdl: bool, device, name: str = "config PDL") -> bool:
     """Whether a kernel asked for programmatic dependent launch gets it: on a CUDA device, compiled (Triton's
     interpreter has none: the same kernel runs without), refused below compute capability 9.0 (Hopper's
@@ -1177,10 +1192,7 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
                          "(or one row of float32 with KERNEL='gemv')")
     if x.device != p.words.device:
         raise ValueError(f"x is on {x.device} but the packed weight on {p.words.device}: move one (p.to(device))")
-    if x.device.type != "cuda" and not _interpreted():
-        raise RuntimeError("without CUDA the kernels run only in Triton's interpreter, chosen before triton is "
-                           "imported: restart, and call helpers.device.use_triton_interpreter_without_gpu() first "
-                           "(or export TRITON_INTERPRET=1); or call reference_matmul")
+    _runs_here(x.device, "x")
     out_dtype = out_dtype or x.dtype
     x = x.contiguous()
     extra = {key: cfg[key] for key in ("num_warps", "num_stages", "maxnreg")

@@ -1902,16 +1902,38 @@ if (H100 / "x_side.json").exists() and "2026-12-07 X5" in xmeta["runs"]:
           f"(median {ratio.median():.3f}); both targets met plain on "
           f"{int(kernel_runs.meets_targets(pdl16.plain, pdl16['plain ÷ tinygemm']).sum())}, with PDL on "
           f"{int(kernel_runs.meets_targets(pdl16.PDL, pdl16['PDL ÷ tinygemm']).sum())}")
+    repeats = x5[x5.kernel != kernel_runs.X_TINY].ms_each.map(lambda t: max(t) / min(t) - 1)
+    print(f"the two timings of each launch differ by a median {repeats.median():.1%} (at most {repeats.max():.1%})")
     display(pdl16.round(3))
 else:
     print("run X5 (round 16) is not in this checkout's results/h100/x_side.json")
 
 # %% [markdown]
-# This section has only the question so far: the code is tested on the CPU (where Triton's interpreter runs it
-# without PDL) and its SASS compiled for sm_90, but it has not yet run on a GPU. What to look for when the run is
-# in: the ratio can only be below 1 by the part of each call that PDL hides — the loop's launch and its first
-# loads, behind the preparation's run — so by at most about the two microseconds the preparation costs beside its
-# producer. On a 30 MB weight that is worth several points of the copy bandwidth, enough to move the weights just
-# under the target over it, not the ones whose loop alone is already under it (the 8B down's, run X3 above). A
-# ratio near 1 would say the gap was not where the time is, and the next round would have to make the loop itself
-# keep more loads in flight (fewer registers, more warps: the waves above).
+# What to look for: the ratio can only be below 1 by the part of each call that PDL hides — the loop's launch
+# and its first loads, behind the preparation's run — so by at most about the two microseconds the preparation
+# costs beside its producer. A ratio near 1 or above says the gap was not where the time is.
+#
+# The answer (run X5, an H100, at 01c34f0): PDL changed no output by a bit, and it made the pair *slower* on most
+# weights — the median ratio above is above 1, and fewer weights meet both targets with it than without. It won
+# only on a few: the weights of K = 3584 (Qwen2.5-7B's and Gemma-2-9B's gate|up, the 7B-class) and the two downs
+# whose K the tile's step does not divide (Llama-2-7B's, Qwen2.5-72B's) — the table's `PDL time ÷ plain`. The two
+# timings of each launch differ far less than most ratios do (the line above), so these are not noise. A plausible
+# reading, not measured here: a loop launched early holds its multiprocessors' slots while it waits for the planes,
+# and its first loads compete with the preparation's own. Whole-model decode says the same:
+
+# %%
+if (H100 / "decode.json").exists() and {"2026-12-07e", "2026-12-07f"} <= set(kernel_runs.load("h100", "decode.json")[0]["runs"]):
+    _, d16 = kernel_runs.load("h100", "decode.json", runs=["2026-12-07e", "2026-12-07f"])
+    for run, arch in (("2026-12-07e", "Llama-3.1-8B"), ("2026-12-07f", "Llama-2-7B")):
+        plain = kernel_runs.decode_tok_s(d16, run, "W4A16 ours", "fused+head+attn", flag="PREPARED")
+        with_pdl = kernel_runs.decode_tok_s(d16, run, "W4A16 ours", "fused+head+attn", flag=("PREPARED", "PDL"))
+        print(f"{arch} (random weights, batch 1 compiled, fused+head+attn, prepared path): {plain:.1f} tok/s plain, "
+              f"{with_pdl:.1f} with PDL ({with_pdl / plain - 1:+.1%}); run {run}")
+else:
+    print("runs 2026-12-07e/f (round 16's decode) are not in this checkout's results/h100/decode.json")
+
+# %% [markdown]
+# So PDL stays off by default on the prepared path, as it did on the GEMV (round 10). The launch gap is not where
+# the loop's time goes; the instructions per word are (the SASS count above). The next round's lever is the loop
+# itself: the multiply-adds and group sums on tensor cores at one row, as Marlin does, or fewer registers and more
+# warps in flight (the waves above).

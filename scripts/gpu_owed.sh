@@ -100,7 +100,9 @@
 #      >= 16 MB weights for about 200 s); CALL_BUDGET (default 585 s) bounds the whole call
 #   37 round 16 where it was not tried first: decode, batch 1 compiled, fused+head+attn, ours prepared with and
 #      without PDL in one process per architecture — Llama-2-7B (its down projection's step holds few codes), then
-#      Qwen2.5-1.5B (biases, another width, small weights: where fixed costs weigh most)
+#      Qwen2.5-1.5B (biases, another width, small weights: where fixed costs weigh most; head+attn: fused_projections
+#      takes no biases — the first run at 01c34f0 asked for fused+head+attn and got nothing for Qwen)
+#   38 the kernel test files on the GPU (call 11's and test_stream_read.py), then T4-sized (COURSE_GPU_GIB=15) 10 and 07
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -278,9 +280,9 @@ notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/10_mu
 --family $FUSED --profile compiled" PART_TIMEOUT=$(left 340 60) gpu decode; keep_decode decode_8B_fused
      DECODE_FORMATS="bf16" DECODE_ARGS="--batches 1 --eager= --compile 1 --recipes fused+attn" PART_TIMEOUT=$(left 420 30) \
        gpu decode; keep_decode decode_8B_bf16
-     DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--arch Qwen2.5-1.5B --batches 1 --eager= --compile 1 --recipes fused+head+attn \
+     DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--arch Qwen2.5-1.5B --batches 1 --eager= --compile 1 --recipes head+attn \
 --family $FUSED" PART_TIMEOUT=$(left 530 30) gpu decode; keep_decode decode_qwen_fused
-     DECODE_FORMATS="bf16" DECODE_ARGS="--arch Qwen2.5-1.5B --batches 1 --eager= --compile 1 --recipes fused+attn" \
+     DECODE_FORMATS="bf16" DECODE_ARGS="--arch Qwen2.5-1.5B --batches 1 --eager= --compile 1 --recipes attn" \
        PART_TIMEOUT=$(left 585 20) gpu decode; keep_decode decode_qwen_bf16 ;;
   34) TESTS="tests/test_x_side.py" PART_TIMEOUT=90 gpu pytest   # installs the wheels into /tmp/site first
      timeout $(left 240 30) env PYTHONPATH="/tmp/site:$PWD" python3 -m benchmarks.prep_fusion --out "$OUT/prep_fusion.json" \
@@ -299,7 +301,7 @@ tests/test_w4_kernel.py::test_pdl_prepared_calls_back_to_back_share_their_buffer
   37) PDLS='[{"PREPARED":true},{"PREPARED":true,"PDL":true}]'
      DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 --recipes fused+head+attn \
 --family $PDLS" PART_TIMEOUT=$(left 330 60) gpu decode; keep_decode decode_Llama-2-7B_pdl
-     DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--arch Qwen2.5-1.5B --batches 1 --eager= --compile 1 --recipes fused+head+attn \
+     DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--arch Qwen2.5-1.5B --batches 1 --eager= --compile 1 --recipes head+attn \
 --family $PDLS" PART_TIMEOUT=$(left 585 30) gpu decode; keep_decode decode_qwen_pdl ;;
   25) bf16_8b "200"
      w4_8b "$(left 585 30)" ;;

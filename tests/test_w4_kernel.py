@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from helpers import measure, quant, w4_format, w4_kernel, w4_linear
+from helpers import kernel_runs, measure, quant, w4_format, w4_kernel, w4_linear
 
 pytestmark = pytest.mark.skipif(w4_kernel.triton is None, reason="triton is not installed")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -306,19 +306,36 @@ def test_one_row_runs_the_prepared_path_unless_the_family_asks_for_the_gemv():
 
 
 def test_pdl_is_a_flag_passed_through_auto_config():
-    p = w4_format.pack_w4(weight(64, 1024), 128)
+    p = w4_format.pack_w4(weight(64, 1024).to(DEV), 128)
+    x = torch.randn(1, 1024, device=DEV)
     assert w4_kernel.auto_config(p, 1, {"PDL": True})["PDL"] is True
     assert w4_kernel.auto_config(p, 8, {"PDL": True})["PDL"] is True
     assert "PDL" not in w4_kernel.auto_config(p, 1) and "PDL" not in w4_kernel.auto_config(p, 8)
     with pytest.raises(TypeError, match="config PDL must be True or False"):
-        w4_kernel.w4a16_matmul(torch.randn(1, 1024), p, dict(KERNEL="gemv", PDL="yes"))
+        w4_kernel.w4a16_matmul(x, p, dict(KERNEL="gemv", PDL="yes"))
     with pytest.raises(TypeError, match="config PDL must be True or False"):
-        w4_kernel.w4a16_matmul(torch.randn(1, 1024), p, {**w4_kernel.prepared_config(p), "PDL": 1})
+        w4_kernel.w4a16_matmul(x, p, {**w4_kernel.prepared_config(p), "PDL": 1})
     with pytest.raises(TypeError, match="pdl must be True or False"):
-        w4_kernel.prepare_x(torch.randn(1, 1024), 128, pdl="yes")
+        w4_kernel.prepare_x(x, 128, pdl="yes")
     with pytest.raises(TypeError, match="config PDL must be True or False"):
-        w4_kernel.gemv_prepared(w4_kernel.prepare_x(torch.randn(1, 1024), 128), p,
-                                {**w4_kernel.prepared_config(p), "PDL": "no"})
+        w4_kernel.gemv_prepared(w4_kernel.prepare_x(x, 128), p, {**w4_kernel.prepared_config(p), "PDL": "no"})
+
+
+def test_compiled_kernels_refuse_a_cpu_tensor_by_its_argument(monkeypatch):
+    # On a GPU machine a CPU tensor reached Triton's launcher ("Pointer argument (at 0) cannot be accessed from
+    # Triton", H100, 2026-12-07): every entry point names the argument instead, here and there.
+    monkeypatch.setattr(w4_kernel, "_interpreted", lambda: False)
+    p = w4_format.pack_w4(weight(64, 1024), 128)
+    x = torch.randn(1, 1024)
+    with pytest.raises(RuntimeError, match="x is on cpu: compiled, the kernels read CUDA tensors only"):
+        w4_kernel.prepare_x(x, 128)
+    with pytest.raises(RuntimeError, match="x is on cpu"):
+        w4_kernel.w4a16_matmul(x, p, w4_kernel.prepared_config(p))
+    with pytest.raises(RuntimeError, match="p is on cpu"):
+        w4_kernel.gemv_prepared(w4_kernel.PreparedX(1024, 128, "cpu"), p, w4_kernel.prepared_config(p))
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="prep is on cpu but the packed weight on cuda"):
+            w4_kernel.gemv_prepared(w4_kernel.PreparedX(1024, 128, "cpu"), p.to("cuda"), w4_kernel.prepared_config(p))
 
 
 def test_serial_reduction_leaves_its_counters_at_zero():
@@ -443,6 +460,27 @@ def test_pdl_did_not_pay_in_decode_on_the_h100():
            if r.get("run") in ("2026-12-05e", "2026-12-05f") and "decode_tok_s" in r}
     assert len(tok) == 8 and tok[("2026-12-05f", 1, True)] < tok[("2026-12-05e", 1, True)]
     assert "PDL" not in w4_kernel.auto_config(w4_format.pack_w4(weight(64, 1024), 128), 1)
+
+
+def test_pdl_on_the_prepared_path_did_not_pay_on_the_h100():
+    """Round 16 (results/h100, 01c34f0): run X5 of x_side.json — PDL's output equal to the plain launch's, its
+    time above the plain one's in the median — and decode runs 2026-12-07e/f, the prepared path slower with PDL
+    on both architectures; why auto_config leaves PDL off on the prepared path too."""
+    import json
+    from pathlib import Path
+    res = Path(__file__).resolve().parents[1] / "results/h100"
+    xs = [r for r in json.loads((res / "x_side.json").read_text())["rows"] if r["run"] == "2026-12-07 X5"]
+    plain = {(r["shape"], r["group"]): r["ms"] for r in xs if r["kernel"] == kernel_runs.X_CAND_PAID}
+    pdl = {(r["shape"], r["group"]): r for r in xs if r["kernel"] == kernel_runs.X_PDL_PAID}
+    assert len(plain) == len(pdl) == 44 and all(r["same_as_plain"] and r["exact"] for r in pdl.values())
+    ratios = sorted(pdl[c]["ms"] / plain[c] for c in plain)
+    assert ratios[len(ratios) // 2] > 1.02 and sum(x > 1 for x in ratios) == 33
+    dec = [r for r in json.loads((res / "decode.json").read_text())["rows"]
+           if r.get("run") in ("2026-12-07e", "2026-12-07f") and r.get("compiled") is True]
+    tok = {(r["run"], bool(r["family"].get("PDL"))): r["decode_tok_s"] for r in dec}
+    assert len(tok) == 4 and all(tok[(run, True)] < tok[(run, False)] for run in ("2026-12-07e", "2026-12-07f"))
+    p = w4_format.pack_w4(weight(64, 1024), 128)
+    assert "PDL" not in w4_kernel.auto_config(p, 1, {"PREPARED": True})
 
 
 def test_w4linear_swaps_and_matches():
