@@ -107,6 +107,9 @@ def rel_err(x: torch.Tensor, p, cfg: dict, ref: torch.Tensor | None = None) -> f
 
 
 FP16_SUMS_EXACT = 2e-3   # the relative error a kernel summing codes in fp16 pairs stays within (is_exact)
+# round 17's subnormal codes (config SUBNORMAL) sum uncentred codes, q in [0, 15]: fp16 group sums about twice as
+# large as the centred ones' (0.9–3.4e-3 in Triton's interpreter, tests/test_w4_kernel.py), so 2.5 times the bound
+SUBNORMAL_SUMS_EXACT = 2.5 * FP16_SUMS_EXACT
 
 
 def is_exact(err: float, cfg: dict) -> bool:

@@ -35,6 +35,11 @@ Round 16 (``--pdl``): the candidate rule with its preparation, launched plainly 
 launch (``prepare_x(..., pdl=True)`` and config ``PDL``: the loop launches while its preparation runs and asks L2
 for its first step of the weight before it waits for the planes), timed in turn twice each (the faster of each
 kept, both written), beside tinygemm; PDL's output is compared with the plain one's bit for bit.
+
+Round 17 (``--subnormal``): the candidate rule's loop alone and with its preparation, with the centred codes and
+with the codes as fp16 subnormals (config ``SUBNORMAL``, four instructions a word fewer), timed in turn twice each,
+beside tinygemm; the subnormal loop's error against the reference (``exact``: within
+:data:`~benchmarks.kernels.SUBNORMAL_SUMS_EXACT`).
 """
 from __future__ import annotations
 
@@ -46,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.kernels import FP16_SUMS_EXACT
+from benchmarks.kernels import FP16_SUMS_EXACT, SUBNORMAL_SUMS_EXACT
 from helpers import kernel_runs, timing, w4_format, w4_kernel
 from helpers.config import write_json
 from helpers.w4_kernel import acc16_x_limit, gemv_prepared, prepare_x, prepared_config
@@ -165,6 +170,31 @@ def pdl_rows(x: torch.Tensor, ps: list, g: int, sms: int, prep, locks: torch.Ten
         exact=err <= FP16_SUMS_EXACT, same_as_plain=bool(torch.equal(got, want)))
 
 
+def subnormal_rows(x: torch.Tensor, ps: list, g: int, sms: int, prep, locks: torch.Tensor, add) -> None:
+    """Round 17 on one weight × group (``ps``: its copies): the candidate rule's loop alone (on ``prep``, and on the
+    row prepared for subnormal codes) and with its preparation, centred and subnormal codes in turn, twice each
+    under graph replay (``ms`` the faster, ``ms_each`` both); the subnormal loop against the reference."""
+    plain = prepared_config(ps[0], sms)
+    sub = {**plain, "SUBNORMAL": True}
+    sprep = prepare_x(x, g, subnormal=True)
+    ref = w4_format.reference_matmul(x.float(), ps[0]).float()
+    err = w4_format.max_rel_err(gemv_prepared(sprep, ps[0], sub, locks, out_dtype=torch.float32), ref)
+    cases = {kernel_runs.X_CAND: (prep, plain, None), kernel_runs.X_SUB: (sprep, sub, None),
+             kernel_runs.X_CAND_PAID: (prep, plain, False), kernel_runs.X_SUB_PAID: (sprep, sub, True)}
+    times = {name: [] for name in cases}
+    for _ in range(2):
+        for name, (pr, cfg, paid) in cases.items():
+            if paid is None:
+                calls = [lambda p=p, pr=pr, cfg=cfg: gemv_prepared(pr, p, cfg, locks) for p in ps]
+            else:
+                calls = [lambda p=p, pr=pr, cfg=cfg, s=paid: gemv_prepared(prepare_x(x, g, pr, subnormal=s), p, cfg,
+                                                                            locks) for p in ps]
+            times[name].append(timing.graph_ms(calls))
+    for name, (_, cfg, _) in cases.items():
+        mine = {"rel_err": err, "exact": err <= SUBNORMAL_SUMS_EXACT} if cfg.get("SUBNORMAL") else {}
+        add(name, min(times[name]), config=cfg, ms_each=times[name], **mine)
+
+
 def main():
     ap = argparse.ArgumentParser(prog="python -m benchmarks.x_side")
     ap.add_argument("--out", required=True)
@@ -176,9 +206,12 @@ def main():
     ap.add_argument("--pdl", action="store_true",
                     help="round 16: the candidate rule with its preparation, plain and with PDL (both launches), "
                          "beside tinygemm, on every weight")
+    ap.add_argument("--subnormal", action="store_true",
+                    help="round 17: the candidate rule's loop alone and with its preparation, centred and subnormal "
+                         "codes (config SUBNORMAL), beside tinygemm, on every weight")
     args = ap.parse_args()
-    if args.pad and args.pdl:
-        ap.error("--pad and --pdl are two runs: give one")
+    if sum((args.pad, args.pdl, args.subnormal)) > 1:
+        ap.error("--pad, --pdl and --subnormal are three runs: give one")
     if not torch.cuda.is_available():
         sys.exit("x_side.py times CUDA kernels; there is no CUDA device here")
     from benchmarks.kernels import FRESH, HELD_OUT, Shape, ours_ms, tinygemm_row
@@ -215,9 +248,9 @@ def main():
             rule = w4_kernel.narrow_gemv_config(ps[0], sms=sms)
             locks = torch.zeros(math.ceil(n / min(t[0] for t in TILES)), dtype=torch.int32, device="cuda")
             prep = prepare_x(x, g)
-            if args.pdl:
-                pdl_rows(x, ps, g, sms, prep, locks, lambda kernel, ms, **extra: add(kernel, label, k, n, g, ms, nbytes,
-                                                                                       **extra))
+            if args.pdl or args.subnormal:
+                (pdl_rows if args.pdl else subnormal_rows)(
+                    x, ps, g, sms, prep, locks, lambda kernel, ms, **extra: add(kernel, label, k, n, g, ms, nbytes, **extra))
                 tinygemm_row(sh, label, g, x, "X", label in HELD_OUT or label in FRESH,
                              lambda kernel, fmt, lab, k_, n_, m, g_, ms, nb, tk, **e: add(kernel, lab, k_, n_, g_, ms, nb))
                 save()

@@ -83,6 +83,8 @@ X_CAND, X_CAND_PAID = "prepared x: the candidate rule, loop alone", "prepared x:
 X_PAD, X_PAD_PAID = ("prepared x: padded K, the candidate rule, loop alone",
                      "prepared x: padded K, the candidate rule with its preparation")
 X_PDL_PAID = "prepared x: the candidate rule with its preparation, both launched with PDL"
+X_SUB, X_SUB_PAID = ("prepared x: the candidate rule, subnormal codes, loop alone",
+                     "prepared x: the candidate rule, subnormal codes, with its preparation")
 
 
 def _kernels(case, needed: set) -> object:
@@ -92,7 +94,8 @@ def _kernels(case, needed: set) -> object:
     if missing:
         raise ValueError(f"case (one weight × group of results/CARD/x_side.json) has no rows {missing}, only "
                          f"{sorted(one.index)}: pass a case of a run that timed them (run X2 or later for x_side_best, "
-                         "X3 or later for x_side_candidate, X4 for x_side_padded, X5 — x_side --pdl — for x_side_pdl)")
+                         "X3 or later for x_side_candidate, X4 for x_side_padded, X5 — x_side --pdl — for x_side_pdl, "
+                         "x_side --subnormal for x_side_subnormal)")
     return one
 
 
@@ -149,6 +152,20 @@ def x_side_pdl(case) -> dict:
             "PDL": pdl.GBps / pdl.copy_GBps, "PDL time ÷ plain": pdl.ms / plain.ms,
             "plain ÷ tinygemm": tiny.ms / plain.ms, "PDL ÷ tinygemm": tiny.ms / pdl.ms,
             "same output": bool(pdl.same_as_plain)}
+
+
+def x_side_subnormal(case) -> dict:
+    """One weight × group of an x_side run with subnormal codes (``benchmarks/x_side.py --subnormal``, round 17):
+    the candidate rule's loop alone and with its preparation, with the centred codes and with the subnormal ones
+    (config ``SUBNORMAL``) — each as a share of the copy bandwidth —, the subnormal time ÷ the centred one (loop
+    alone, and with the preparation), tinygemm's time ÷ the subnormal pair's, and the subnormal loop's error."""
+    one = _kernels(case, {X_TINY, X_CAND, X_CAND_PAID, X_SUB, X_SUB_PAID})
+    loop, paid, sub, sub_paid, tiny = (one.loc[k] for k in (X_CAND, X_CAND_PAID, X_SUB, X_SUB_PAID, X_TINY))
+    return {"shape": sub["shape"], "group": int(sub.group), "centred loop": loop.GBps / loop.copy_GBps,
+            "subnormal loop": sub.GBps / sub.copy_GBps, "loop time ÷ centred": sub.ms / loop.ms,
+            "centred with prep": paid.GBps / paid.copy_GBps, "subnormal with prep": sub_paid.GBps / sub_paid.copy_GBps,
+            "with prep time ÷ centred": sub_paid.ms / paid.ms, "subnormal with prep ÷ tinygemm": tiny.ms / sub_paid.ms,
+            "rel_err": float(sub.rel_err), "exact": bool(sub.exact)}
 
 
 def x_side_control(rows) -> dict | None:

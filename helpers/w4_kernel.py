@@ -42,7 +42,9 @@ step of each, ``benchmarks/kernels.py``):
   ``auto_config``'s one-row default since round 14 (:data:`GEMV_RULE` asks for the GEMV). Where the tile's step does
   not divide ``K`` and holds few codes, :func:`pack_width` gives the ``K'`` a layer pads its weight to at pack time (round 13;
   ``W4Linear(..., family={"PREPARED": True, "PAD": True})``): one row of ``x`` with ``K`` columns then meets
-  a weight of ``K'``, and :func:`prepare_x` writes zeros past ``K``.
+  a weight of ``K'``, and :func:`prepare_x` writes zeros past ``K``. Config ``SUBNORMAL`` (round 17, off by
+  default, not yet timed): the codes read as fp16 subnormals, ``w & 0x000F000F`` = ``(q₀, q₄)·2⁻²⁴``
+  (:func:`_word_pairs_subnormal`: no magic number to subtract), for a row prepared with ``subnormal=True``.
 
 The readable reference is :func:`helpers.w4_format.reference_matmul` (dequantize, then matmul); both kernels are
 tested against it on small shapes in Triton's interpreter on CPU (``TRITON_INTERPRET=1``, read when
@@ -69,6 +71,16 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
 HALF2_X_LIMIT = 2047.0   # |x| up to which the fp16 pair sums cannot overflow: 4 products of |q − 8| ≤ 8 per half
 # the same number as the kernels read it (a jit'ed function reads module globals only as constexprs)
 _X_LIMIT = tl.constexpr(HALF2_X_LIMIT) if triton is not None else HALF2_X_LIMIT
+
+
+SUBNORMAL_X_LIMIT = 32768.0   # round 17: the largest |x·shrink| of a group on the subnormal path (a power of two)
+
+
+def prepared_x_limit(group: int, subnormal: bool = False) -> float:
+    """The ``LIMIT`` a row is prepared at (:func:`_prepare_x_kernel`): :func:`acc16_x_limit` for the centred
+    codes' fp16 sums, :data:`SUBNORMAL_X_LIMIT` for the subnormal codes (``SUBNORMAL``, round 17: their products
+    are ``q·x·2⁻²⁴``, so ``x`` is brought as high as fp16 allows, each product and group sum far from overflow)."""
+    return SUBNORMAL_X_LIMIT if subnormal else acc16_x_limit(group)
 
 
 def acc16_x_limit(group: int) -> float:
@@ -165,6 +177,51 @@ def _pair_sum_f32(a):
     return tl.inline_asm_elementwise(
         "{ .reg .f16 lo, hi; .reg .f32 f0, f1; mov.b32 {lo, hi}, $1; cvt.f32.f16 f0, lo; cvt.f32.f16 f1, hi;"
         " add.f32 $0, f0, f1; }", "=r,r", [a], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@_device
+def _word_pairs_subnormal(w, p04, p15, p26, p37):
+    """``(Σ_{j<4} q_j·X_j, Σ_{j≥4} q_j·X_j)·2⁻²⁴`` of each int32 word ``w`` [BN, W] as one fp16 pair (an int32),
+    ``X`` the prepared planes (:func:`prepare_x` with ``subnormal=True``). Round 17: ``w & 0x000F000F`` *is* the
+    fp16 pair ``(q_0·2⁻²⁴, q_4·2⁻²⁴)`` — fp16's subnormals, exponent field 0, value = mantissa·2⁻²⁴ — and
+    ``w & 0x00F000F0`` is ``(16q_1·2⁻²⁴, 16q_5·2⁻²⁴)``, met by ``X/16``: the codes need no subtraction of the magic
+    number (:func:`_word_pairs_half2`'s four ``sub.f16x2``), only an ``AND``; fp16 arithmetic keeps subnormals
+    (PTX ISA: ``mul``/``fma`` ``.f16x2`` without ``.ftz``). The ``2²⁴`` and the codes' offset (``z``, not
+    ``z − 8``) are applied once per group in fp32 by the loop."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 h, c0, c1, c2, c3; shr.b32 h, $1, 8;"
+        " and.b32 c0, $1, 0x000F000F; and.b32 c1, $1, 0x00F000F0; and.b32 c2, h, 0x000F000F; and.b32 c3, h, 0x00F000F0;"
+        " mul.rn.f16x2 $0, c0, $2; fma.rn.f16x2 $0, c1, $3, $0; fma.rn.f16x2 $0, c2, $4, $0;"
+        " fma.rn.f16x2 $0, c3, $5, $0; }",
+        "=r,r,r,r,r,r", [w, tl.broadcast_to(p04[None, :], w.shape), tl.broadcast_to(p15[None, :], w.shape),
+                         tl.broadcast_to(p26[None, :], w.shape), tl.broadcast_to(p37[None, :], w.shape)],
+        dtype=tl.int32, is_pure=True, pack=1)
+
+
+@_device
+def _subnormal_products(c, p):
+    """The fp16 products, low halves and high halves, of the masked code pairs ``c`` [BN, W] (int32 of two fp16
+    subnormals) and one plane ``p`` [W] of the prepared row."""
+    c_lo, c_hi = _unpack_pair(c)
+    x_lo, x_hi = _unpack_pair(p)
+    return c_lo * x_lo[None, :], c_hi * x_hi[None, :]
+
+
+@_device
+def _group_dot_subnormal_plain(w, p04, p15, p26, p37, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+                               WPG: tl.constexpr):
+    """:func:`_word_pairs_subnormal`'s group sums in plain Triton (the interpreter runs no PTX): the same masked
+    bits viewed as fp16 subnormals, multiplied by the planes' halves and summed in fp16 (one rounding more per
+    product than ``fma``), the two halves added in fp32 — ``Σ_{k ∈ group} q_k·X_k·2⁻²⁴`` per row and group."""
+    h = w >> 8
+    lo, hi = _subnormal_products(w & 0x000F000F, p04)
+    lo1, hi1 = _subnormal_products(w & 0x00F000F0, p15)
+    lo2, hi2 = _subnormal_products(h & 0x000F000F, p26)
+    lo3, hi3 = _subnormal_products(h & 0x00F000F0, p37)
+    lo, hi = ((lo + lo1) + lo2) + lo3, ((hi + hi1) + hi2) + hi3
+    lo = tl.reduce(tl.reshape(lo, (BLOCK_N, GROUPS, WPG)), 2, _add)
+    hi = tl.reduce(tl.reshape(hi, (BLOCK_N, GROUPS, WPG)), 2, _add)
+    return lo.to(tl.float32) + hi.to(tl.float32)
 
 
 @_device
@@ -399,14 +456,18 @@ def _prepare_x_kernel(x_ptr, planes_ptr, xs_ptr, inv_ptr, K, K_OUT, plane_stride
 
 def _gemv_prepared_kernel(planes_ptr, xs_ptr, inv_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K, SPLIT_K,
                           plane_stride, stride_wn, stride_sn, GROUP: tl.constexpr, GROUPS: tl.constexpr,
-                          BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, PLAIN: tl.constexpr, PDL: tl.constexpr):
+                          BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, PLAIN: tl.constexpr, PDL: tl.constexpr,
+                          SUBNORMAL: tl.constexpr):
     """The narrow GEMV's loop with the activation side prepared (:func:`prepare_x`): per step, the words
     [BN, WPS] and four planes of fp16 pairs [WPS]; per group ``acc += s·(Σ (q−8)·x·shrink / shrink − (z−8)·Σx)``.
     ``K`` split ``SPLIT_K`` ways (``⌈steps/SPLIT_K⌉`` steps a program, the last fewer), the partials summed by
     the last program to finish, as the GEMV's. ``PREFETCH``: the next step's words are loaded before this
     step's are summed (two steps of words in registers: loads in flight while the codes are summed). ``PDL``
     (round 16): launched while its preparation runs, the program asks L2 for its first step of the weight, then
-    waits for the planes (:func:`_pdl_prologue`) — the launch and the first loads off the critical path."""
+    waits for the planes (:func:`_pdl_prologue`) — the launch and the first loads off the critical path.
+    ``SUBNORMAL`` (round 17): the codes as fp16 subnormals (:func:`_word_pairs_subnormal`, four instructions a word
+    fewer), per group ``acc += s·(Σ q·X·2⁻²⁴ · 2²⁴/shrink − z·Σx)``, for planes prepared at
+    :data:`SUBNORMAL_X_LIMIT`."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     WPG: tl.constexpr = GROUP // 8
@@ -439,7 +500,13 @@ def _gemv_prepared_kernel(planes_ptr, xs_ptr, inv_ptr, w_ptr, s_ptr, z_ptr, y_pt
         p15 = tl.load(planes_ptr + plane_stride + xo)
         p26 = tl.load(planes_ptr + 2 * plane_stride + xo)
         p37 = tl.load(planes_ptr + 3 * plane_stride + xo)
-        if PLAIN:   # the interpreter runs no PTX: the planes back to x·shrink, summed as the GEMV's ACC16 sums them
+        if SUBNORMAL:
+            if PLAIN:
+                dot = _group_dot_subnormal_plain(w, p04, p15, p26, p37, BLOCK_N, GROUPS, WPG)
+            else:
+                pairs = _word_pairs_subnormal(w, p04, p15, p26, p37)
+                dot = _pair_sum_f32(tl.reduce(tl.reshape(pairs, (BLOCK_N, GROUPS, WPG)), 2, _add_pairs))
+        elif PLAIN:   # the interpreter runs no PTX: the planes back to x·shrink, summed as the GEMV's ACC16 sums them
             a0, b0 = _unpack_pair(p04)
             a1, b1 = _unpack_pair(p15)
             a2, b2 = _unpack_pair(p26)
@@ -454,7 +521,10 @@ def _gemv_prepared_kernel(planes_ptr, xs_ptr, inv_ptr, w_ptr, s_ptr, z_ptr, y_pt
         inv = tl.load(inv_ptr + g)
         sc = tl.load(s_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
         z = tl.load(z_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
-        acc += tl.sum(sc * (dot * inv[None, :] - (z - 8.0) * xs[None, :]), axis=1)
+        if SUBNORMAL:
+            acc += tl.sum(sc * (dot * (inv * 16777216.0)[None, :] - z * xs[None, :]), axis=1)
+        else:
+            acc += tl.sum(sc * (dot * inv[None, :] - (z - 8.0) * xs[None, :]), axis=1)
     if SPLIT_K == 1:
         tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mask_n)
     else:   # as the GEMV's
@@ -852,11 +922,12 @@ def plane_stride(k: int) -> int:
     return math.ceil(k // 8 / PLANE_ALIGN) * PLANE_ALIGN
 
 
-def pow2_shrink(most: torch.Tensor, group: int) -> torch.Tensor:
+def pow2_shrink(most: torch.Tensor, group: int, limit: float | None = None) -> torch.Tensor:
     """``2^⌊log2(LIMIT / most)⌋`` (exponent clamped to [−126, 100]; 1 where ``most`` is 0): the power of two
     that puts the largest ``|x|`` ``most`` of a span in ``(LIMIT/2, LIMIT]``, ``LIMIT`` = :func:`acc16_x_limit`
-    — as :func:`_prepare_x_kernel` computes it per group."""
-    e = torch.floor(torch.log2(acc16_x_limit(group) / most.clamp_min(1e-30))).clamp(-126.0, 100.0)
+    — as :func:`_prepare_x_kernel` computes it per group (``limit``: another ``LIMIT``, :func:`prepared_x_limit`)."""
+    limit = acc16_x_limit(group) if limit is None else limit
+    e = torch.floor(torch.log2(limit / most.clamp_min(1e-30))).clamp(-126.0, 100.0)
     return torch.where(most > 0, torch.exp2(e), torch.ones_like(most))
 
 
@@ -876,23 +947,28 @@ def shrunk_planes(shrunk: torch.Tensor) -> torch.Tensor:
 
 class PreparedX:
     """The activation side of one row ``x[1, K]`` for one group size, as :func:`prepare_x` writes it: four planes
-    of fp16 pairs (``plane_stride`` int32 apart), and per group ``Σx`` (``xs``) and ``1/shrink`` (``inv``)."""
+    of fp16 pairs (``plane_stride`` int32 apart), and per group ``Σx`` (``xs``) and ``1/shrink`` (``inv``);
+    ``limit``: the ``LIMIT`` its shrinks were chosen for (:func:`prepared_x_limit`; default the centred codes')."""
 
-    def __init__(self, k: int, group: int, device):
+    def __init__(self, k: int, group: int, device, limit: float | None = None):
         if k % 8 or k % group:
             raise ValueError(f"K = {k} must be a multiple of 8 and of the group size {group}")
         self.k, self.group = k, group
+        self.limit = acc16_x_limit(group) if limit is None else limit
         self.plane_stride = plane_stride(k)
         self.planes = torch.empty(4 * self.plane_stride, dtype=torch.int32, device=device)
         self.xs = torch.empty(k // group, dtype=torch.float32, device=device)
         self.inv = torch.empty(k // group, dtype=torch.float32, device=device)
 
     @classmethod
-    def of(cls, planes: torch.Tensor, xs: torch.Tensor, inv: torch.Tensor, group: int) -> PreparedX:
-        """The activation side from tensors written elsewhere (:func:`prepare_x_torch`), checked for size."""
+    def of(cls, planes: torch.Tensor, xs: torch.Tensor, inv: torch.Tensor, group: int,
+           limit: float | None = None) -> PreparedX:
+        """The activation side from tensors written elsewhere (:func:`prepare_x_torch`, with the same ``limit``),
+        checked for size."""
         k = xs.numel() * group
         prep = cls.__new__(cls)
         prep.k, prep.group = k, group
+        prep.limit = acc16_x_limit(group) if limit is None else limit
         prep.plane_stride = plane_stride(k)
         if planes.dtype != torch.int32 or planes.numel() != 4 * prep.plane_stride or inv.numel() != xs.numel():
             raise ValueError(f"planes must be int32 [{4 * prep.plane_stride}] and inv [{xs.numel()}] for K = {k}, "
@@ -923,38 +999,41 @@ def _one_row(x: torch.Tensor, group: int, k: int | None) -> tuple[int, int]:
 
 
 def prepare_x(x: torch.Tensor, group: int, out: PreparedX | None = None, k: int | None = None,
-              pdl: bool = False) -> PreparedX:
+              pdl: bool = False, subnormal: bool = False) -> PreparedX:
     """Run :func:`_prepare_x_kernel` on one row ``x[1, K]``, one program per :data:`CHUNK_WORDS` word columns
     (into ``out`` when given: no allocation). ``k``: the width of the planes, default ``K``; a wider ``k`` (a
     weight padded at pack time, :func:`padded_groups`) gets zeros past ``x``'s columns. ``pdl``: launched with
     programmatic dependent launch (a CUDA device of compute capability ≥ 9.0; ignored in the interpreter), so a
-    loop launched the same way (config ``PDL``) starts while this runs."""
+    loop launched the same way (config ``PDL``) starts while this runs. ``subnormal``: prepared at
+    :data:`SUBNORMAL_X_LIMIT` for the loop with config ``SUBNORMAL`` (round 17; :func:`prepared_x_limit`)."""
     kx, k = _one_row(x, group, k)
     pdl = _pdl_launch(v.flag(pdl, "pdl"), x.device, "pdl")
+    limit = prepared_x_limit(group, v.flag(subnormal, "subnormal"))
     _runs_here(x.device, "x")
-    out = out or PreparedX(k, group, x.device)
-    if (out.k, out.group) != (k, group):
-        raise ValueError(f"out was made for K = {out.k}, group {out.group}; asked for K = {k}, group {group}")
+    out = out or PreparedX(k, group, x.device, limit)
+    if (out.k, out.group, out.limit) != (k, group, limit):
+        raise ValueError(f"out was made for K = {out.k}, group {out.group}, limit {out.limit}; asked for K = {k}, "
+                         f"group {group}, limit {limit} (subnormal={subnormal})")
     cw = max(CHUNK_WORDS, group // 8)
     _kernel("prepare")[(triton.cdiv(k // 8, cw),)](x.contiguous(), out.planes, out.xs, out.inv, kx, k,
-                                                   out.plane_stride, GROUP=group, LIMIT=acc16_x_limit(group), CW=cw,
+                                                   out.plane_stride, GROUP=group, LIMIT=limit, CW=cw,
                                                    PDL=pdl, **({} if _interpreted() else {"num_warps": 2}),
                                                    **({"launch_pdl": True} if pdl else {}))
     return out
 
 
-def prepare_x_torch(x: torch.Tensor, group: int, k: int | None = None) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                  torch.Tensor]:
+def prepare_x_torch(x: torch.Tensor, group: int, k: int | None = None,
+                    subnormal: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`prepare_x`'s activation side in torch operations — ``(planes, xs, inv)``, the tensors of a
     :class:`PreparedX` (:meth:`PreparedX.of`) — the readable statement of :func:`_prepare_x_kernel`, and what
     ``torch.compile`` sees when the preparation is written in its ops (round 15, ``benchmarks/prep_fusion.py``).
     Per group ``j``: ``shrink_j = 2^⌊log2(LIMIT / max|x_j|)⌋`` (1 for a group of zeros; :func:`acc16_x_limit`),
     ``inv_j = 1/shrink_j``, ``xs_j = Σ x_j`` (fp32, summed in another order than the kernel's); per word column
     ``c`` the fp16 pairs ``(x₀, x₄)``, ``(x₁/16, x₅/16)``, ``(x₂, x₆)``, ``(x₃/16, x₇/16)`` of ``x[8c + i]·shrink``
-    as int32 planes, zeros past ``x``'s columns up to ``k``."""
+    as int32 planes, zeros past ``x``'s columns up to ``k``. ``subnormal``: ``LIMIT`` = :data:`SUBNORMAL_X_LIMIT`."""
     kx, k = _one_row(x, group, k)
     xf = torch.nn.functional.pad(x.float(), (0, k - kx)).view(k // group, group)
-    shrink = pow2_shrink(xf.abs().amax(1, keepdim=True), group)
+    shrink = pow2_shrink(xf.abs().amax(1, keepdim=True), group, prepared_x_limit(group, v.flag(subnormal, "subnormal")))
     return shrunk_planes(xf * shrink), xf.sum(1), (1 / shrink).view(-1)
 
 
@@ -972,6 +1051,11 @@ def gemv_prepared(prep: PreparedX, p: W4Weight, cfg: dict, locks: torch.Tensor |
         raise ValueError(f"prep is on {prep.planes.device} but the packed weight on {p.words.device}: move one "
                          "(p.to(device), or prepare_x of x on the weight's device)")
     _runs_here(p.words.device, "p")
+    subnormal = v.flag(cfg.get("SUBNORMAL", False), "config SUBNORMAL")
+    if prep.limit != prepared_x_limit(p.group_size, subnormal):
+        raise ValueError(f"prep was prepared at limit {prep.limit}, the loop with config SUBNORMAL={subnormal} reads "
+                         f"planes prepared at {prepared_x_limit(p.group_size, subnormal)}: call "
+                         f"prepare_x(..., subnormal={subnormal})")
     split = cfg["SPLIT_K"]
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)
     y = torch.empty(1, n, dtype=out_dtype, device=p.words.device)
@@ -984,13 +1068,13 @@ def gemv_prepared(prep: PreparedX, p: W4Weight, cfg: dict, locks: torch.Tensor |
     _kernel("prepared")[grid](prep.planes, prep.xs, prep.inv, p.words, p.scale, p.zero, y, ws, locks, n, k, split,
                               prep.plane_stride, p.words.stride(0), p.scale.stride(0), GROUP=p.group_size,
                               GROUPS=cfg["GROUPS"], BLOCK_N=cfg["BLOCK_N"], PREFETCH=bool(cfg.get("PREFETCH")),
-                              PLAIN=_interpreted(), PDL=pdl, **extra)
+                              PLAIN=_interpreted(), PDL=pdl, SUBNORMAL=subnormal, **extra)
     return y
 
 
 PREPARED_TILE = (8, 2048, 2)   # rows per program, codes of a row per step (at most), warps
 PREPARED_FLIGHT = 16384        # codes of each row in flight per SM (warps × codes per step) below which K is split
-PREPARED_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "num_warps", "PREFETCH", "PDL"}
+PREPARED_KEYS = {"KERNEL", "BLOCK_N", "GROUPS", "SPLIT_K", "num_warps", "PREFETCH", "PDL", "SUBNORMAL"}
 
 
 PREPARED_MAX_PAD = 0.05       # the most extra bytes padded_groups adds to a weight (round 13, run X4)
@@ -1099,7 +1183,8 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     ``results/h100/kernels.json``; ``family`` may set ``UNEVEN=False`` — the nearest divisor,
     :func:`narrow_split` — ``ACC16=False`` — fp16-pair sums per word — or ``HALF2=False``: the fp32 GEMV of
     :func:`gemv_config`, 128 rows per program; ``PDL`` passes to every kernel — with ``PREPARED`` true, to both
-    launches of the prepared path; ``PAD`` is the layer's, read at pack time); more rows run the tensor-core kernel with
+    launches of the prepared path; ``SUBNORMAL`` to the prepared path only (round 17); ``PAD`` is the layer's,
+    read at pack time); more rows run the tensor-core kernel with
     :data:`TC_GROUPS` groups per step (fewer where they do not divide ``K``), ``K`` split by
     :func:`tc_split`. ``family`` overrides :data:`TC_DEFAULTS` for the tensor-core kernel (its ``GROUPS`` is
     lowered until it divides ``K``)."""
@@ -1107,7 +1192,7 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     sms = _sms(p)
     if m == 1 and _pow2(p.group_size) and p.group_size >= 8 and one_row_prepared(family):
         cfg = prepared_config(p, sms=sms)
-        return {**cfg, "PDL": family["PDL"]} if family and "PDL" in family else cfg
+        return {**cfg, **{key: family[key] for key in ("PDL", "SUBNORMAL") if family and key in family}}
     if m == 1 and _pow2(p.group_size) and (family is None or family.get("KERNEL", "gemv") == "gemv"):
         family = family or {}
         pdl = {"PDL": family["PDL"]} if "PDL" in family else {}
@@ -1116,7 +1201,7 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
         return narrow_gemv_config(p, sms=sms, uneven=bool(family.get("UNEVEN", True)),
                                   ACC16=bool(family.get("ACC16", True)), **pdl)
     family = {key: v for key, v in (family or {}).items()
-              if key not in ("SPLIT_K", "KERNEL", "HALF2", "ACC16", "UNEVEN", "PREPARED", "PAD")}
+              if key not in ("SPLIT_K", "KERNEL", "HALF2", "ACC16", "UNEVEN", "PREPARED", "PAD", "SUBNORMAL")}
     groups = _fitting_groups(p, family.pop("GROUPS", TC_GROUPS))
     cfg = dict(TC_DEFAULTS, **family, GROUPS=groups)
     if _interpreted():
@@ -1201,7 +1286,8 @@ def w4a16_matmul(x: torch.Tensor, p: W4Weight, config: dict | None = None, out_d
     if pdl:
         extra["launch_pdl"] = True
     if cfg["KERNEL"] == "prepared":   # two launches: the activation side once, then the loop that reads it
-        return gemv_prepared(prepare_x(x, p.group_size, k=k, pdl=pdl), p, cfg, locks=locks, out_dtype=out_dtype)
+        return gemv_prepared(prepare_x(x, p.group_size, k=k, pdl=pdl, subnormal=bool(cfg.get("SUBNORMAL"))), p, cfg,
+                             locks=locks, out_dtype=out_dtype)
     if cfg["KERNEL"] == "gemv":
         split = cfg["SPLIT_K"]
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)

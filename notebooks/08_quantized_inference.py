@@ -1934,6 +1934,38 @@ else:
 
 # %% [markdown]
 # So PDL stays off by default on the prepared path, as it did on the GEMV (round 10). The launch gap is not where
-# the loop's time goes; the instructions per word are (the SASS count above). The next round's lever is the loop
-# itself: the multiply-adds and group sums on tensor cores at one row, as Marlin does, or fewer registers and more
-# warps in flight (the waves above).
+# the loop's time goes; the instructions per word are (README, "Where the loop's time goes": the loop's sm_90
+# machine code, counted by `scripts/kernel_sass.py`). The next round's lever is the loop itself.
+#
+# ### Round 17: codes that need no subtraction (fp16 subnormals)
+# Of the loop's instructions per word, four are the `sub.f16x2` that take the magic number off the codes:
+# `(w & 0x000F000F) | 0x64006400` is the fp16 pair `(1024 + q₀, 1024 + q₄)`, and `1024 + 8` must go before the
+# products are summed in fp16 — the offset would swamp the codes. Drop the `| 0x64006400` instead: with the
+# exponent field left at zero, the 16 bits are an fp16 **subnormal**, whose value is its mantissa times 2⁻²⁴. So
+# `w & 0x000F000F` *is* `(q₀·2⁻²⁴, q₄·2⁻²⁴)` — every code exactly, no offset — and GPUs multiply fp16 subnormals
+# at full speed. Scale `x` up by the same power of two in the preparation (the shrink's limit goes from the
+# centred sums' to 2¹⁵) and take `2²⁴` and the codes' offset `z` out once per group, in fp32:
+
+# %%
+q = torch.arange(16, dtype=torch.int32)
+word = q | (q.flip(0) << 16)                        # q in the low half, 15 − q in the high half
+as_fp16 = (word & 0x000F000F).view(torch.int16).view(torch.float16).view(16, 2).float()
+print("the masked halves × 2²⁴:", (as_fp16 * 2.0 ** 24).T.int().tolist())
+
+# %% [markdown]
+# The price is precision, not speed: the codes are no longer centred (0…15 instead of −8…7), so the fp16 sums of a
+# group are about twice as large and round about twice as coarsely; `w4a16_matmul` with config `SUBNORMAL` is tested
+# against the reference within 2.5 times the centred loop's bound (`benchmarks.kernels.SUBNORMAL_SUMS_EXACT`). The
+# loop's machine code has four instructions a word fewer (README, round 17). Whether that buys time on a card is
+# `benchmarks/x_side.py --subnormal`'s question, beside tinygemm, with the loop alone and with its preparation:
+
+# %%
+if (H100 / "x_side.json").exists() and any(r.startswith("2026-12-07 X6") for r in xmeta["runs"]):
+    x6 = xs_[xs_.run.str.startswith("2026-12-07 X6")]
+    sub17 = kernel_runs.per_weight(x6, kernel_runs.x_side_subnormal)
+    print(f"subnormal loop time ÷ centred: median {sub17['loop time ÷ centred'].median():.3f}; with the preparation "
+          f"{sub17['with prep time ÷ centred'].median():.3f}; within its bound on {int(sub17.exact.sum())} of "
+          f"{len(sub17)} (largest error {sub17.rel_err.max():.2e})")
+    display(sub17.round(3))
+else:
+    print("round 17 (x_side --subnormal) has not run on a GPU yet: scripts/gpu_owed.sh 39 times it")

@@ -103,6 +103,13 @@
 #      Qwen2.5-1.5B (biases, another width, small weights: where fixed costs weigh most; head+attn: fused_projections
 #      takes no biases — the first run at 01c34f0 asked for fused+head+attn and got nothing for Qwen)
 #   38 the kernel test files on the GPU (call 11's and test_stream_read.py), then T4-sized (COURSE_GPU_GIB=15) 10 and 07
+#   39 round 17 (the codes as fp16 subnormals, config SUBNORMAL: four instructions a word fewer, 19.4 -> 15.3 in the
+#      sm_90 SASS): tests/test_w4_kernel.py and test_x_side.py on the GPU (the PTX path's error, the refusals; the
+#      CPU-tensor refusal found at 291bce0), then benchmarks.x_side --subnormal (the candidate rule's loop alone and
+#      with its preparation, centred and subnormal codes, beside tinygemm, >= 16 MB weights), then Llama-3.1-8B
+#      decode, batch 1 compiled, fused+head+attn, ours prepared with and without SUBNORMAL (compiled-step profiles)
+#   40 round 17 where it was not tried first, then round 16's owed Qwen: Llama-2-7B decode prepared with and without
+#      SUBNORMAL (fused+head+attn), then Qwen2.5-1.5B (head+attn) prepared, with PDL, with SUBNORMAL, then its bf16
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -331,6 +338,20 @@ tests/test_kernel_once.py" PART_TIMEOUT=300 gpu pytest
      mv "$OUT/pytest_part.txt" "$OUT/pytest_kernels.txt"
      NOTEBOOKS="notebooks/10_multi_gpu.ipynb notebooks/07_kv_cache_ab.ipynb" COURSE_GPU_GIB=15 \
        PART_TIMEOUT=$(left "${CALL_BUDGET:-585}" 30) gpu notebooks ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|38 (see the header)"; exit 2 ;;
+  39) TESTS="tests/test_w4_kernel.py tests/test_x_side.py" PART_TIMEOUT=200 gpu pytest
+     mv "$OUT/pytest_part.txt" "$OUT/pytest_subnormal.txt"
+     XSIDE_ARGS=--subnormal PART_TIMEOUT=$(left 330 45) gpu xside
+     DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--batches 1 --eager= --compile 1 --recipes fused+head+attn \
+--family [{\"PREPARED\":true},{\"PREPARED\":true,\"SUBNORMAL\":true}] --profile compiled" \
+       PART_TIMEOUT=$(left "${CALL_BUDGET:-585}" 30) gpu decode; keep_decode decode_8B_subnormal ;;
+  40) SUBS='[{"PREPARED":true},{"PREPARED":true,"SUBNORMAL":true}]'
+     DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 --recipes fused+head+attn \
+--family $SUBS" PART_TIMEOUT=$(left 250 60) gpu decode; keep_decode decode_Llama-2-7B_subnormal
+     DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--arch Qwen2.5-1.5B --batches 1 --eager= --compile 1 --recipes head+attn \
+--family [{\"PREPARED\":true},{\"PREPARED\":true,\"PDL\":true},{\"PREPARED\":true,\"SUBNORMAL\":true}]" \
+       PART_TIMEOUT=$(left 450 60) gpu decode; keep_decode decode_qwen_w4
+     DECODE_FORMATS="bf16" DECODE_ARGS="--arch Qwen2.5-1.5B --batches 1 --eager= --compile 1 --recipes attn" \
+       PART_TIMEOUT=$(left "${CALL_BUDGET:-585}" 20) gpu decode; keep_decode decode_qwen_bf16 ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|40 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"

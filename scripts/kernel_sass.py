@@ -125,15 +125,17 @@ PREPARED_DIVISIBLE = ("planes_ptr", "xs_ptr", "w_ptr", "s_ptr", "z_ptr", "y_ptr"
 
 
 def prepared_sass(group: int = 128, groups: int = 4, block_n: int = 32, warps: int = 2, arch: int = 90,
-                  pdl: bool = False) -> str:
+                  pdl: bool = False, subnormal: bool = False) -> str:
     """The SASS of :func:`helpers.w4_kernel._gemv_prepared_kernel` (``KERNEL="prepared"``: the one-row loop with
-    the activation side prepared, round 12; ``pdl``: launched with programmatic dependent launch, round 16) for
-    ``sm_{arch}``."""
+    the activation side prepared, round 12; ``pdl``: launched with programmatic dependent launch, round 16;
+    ``subnormal``: the codes as fp16 subnormals, config ``SUBNORMAL``, round 17) for ``sm_{arch}``."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return _in_child(["--print-sass", "--kernel", "prepared", "--group", str(group), "--groups", str(groups), "--block-n",
-                          str(block_n), "--warps", str(warps), "--arch", str(arch)] + (["--pdl"] if pdl else []))
+                          str(block_n), "--warps", str(warps), "--arch", str(arch)] + (["--pdl"] if pdl else [])
+                         + (["--subnormal"] if subnormal else []))
     from helpers import w4_kernel
-    constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_N=block_n, PREFETCH=False, PLAIN=False, PDL=pdl)
+    constexprs = dict(GROUP=group, GROUPS=groups, BLOCK_N=block_n, PREFETCH=False, PLAIN=False, PDL=pdl,
+                      SUBNORMAL=subnormal)
     return _sass_of(w4_kernel._gemv_prepared_kernel, PREPARED_SIGNATURE, constexprs, PREPARED_DIVISIBLE, arch,
                     dict(num_warps=warps, num_stages=1))
 
@@ -210,6 +212,8 @@ def main():
     ap.add_argument("--off", action="append", default=[], choices=sorted(SWITCHES), help="gemv: switch one off")
     ap.add_argument("--maxnreg", type=int, help="gemv: cap the registers per thread (ptxas spills the rest)")
     ap.add_argument("--pdl", action="store_true", help="prepared: with programmatic dependent launch (config PDL)")
+    ap.add_argument("--subnormal", action="store_true",
+                    help="prepared: the codes as fp16 subnormals (config SUBNORMAL, round 17)")
     ap.add_argument("--print-sass", action="store_true", help="print the whole SASS only")
     ap.add_argument("--many", action="store_true",
                     help="read a JSON list of [kernel, keywords] requests on stdin, print their SASS as a JSON list")
@@ -224,9 +228,12 @@ def main():
         ap.error("--on, --off and --maxnreg are the GEMV's (--kernel gemv)")
     if args.pdl and args.kernel != "prepared":
         ap.error("--pdl is the prepared loop's (--kernel prepared); the GEMV's is --on=PDL")
+    if args.subnormal and args.kernel != "prepared":
+        ap.error("--subnormal is the prepared loop's (--kernel prepared)")
     block_n = args.block_n or {"gemv": 128, "tc": 64, "prepared": 32}[args.kernel]
     if args.kernel == "prepared":
-        sass = prepared_sass(args.group, args.groups, block_n, args.warps, args.arch, pdl=args.pdl)
+        sass = prepared_sass(args.group, args.groups, block_n, args.warps, args.arch, pdl=args.pdl,
+                             subnormal=args.subnormal)
     elif args.kernel == "gemv":
         sass = gemv_sass(args.group, args.groups, block_n, args.warps, args.arch, args.maxnreg,
                          **{name: True for name in args.on}, **{name: False for name in args.off})

@@ -251,24 +251,27 @@ def test_pack_width_pads_only_where_the_step_held_few_codes():
         w4_kernel.pack_width(0, 128)
 
 
-@pytest.mark.parametrize("group,k,k_out", [(64, 1536, None), (128, 2048, None), (64, 4032, 4096)])
-def test_prepare_x_torch_writes_what_the_preparing_kernel_writes(group, k, k_out):
+@pytest.mark.parametrize("group,k,k_out,subnormal", [(64, 1536, None, False), (128, 2048, None, False),
+                                                     (64, 4032, 4096, False), (128, 2048, None, True)])
+def test_prepare_x_torch_writes_what_the_preparing_kernel_writes(group, k, k_out, subnormal):
     """Round 15: the activation side in torch operations (for torch.compile to fuse into the kernel that writes
-    x) is the preparing kernel's: the same planes and 1/shrink bit for bit, Σx to fp32 rounding; zeros past K."""
+    x) is the preparing kernel's: the same planes and 1/shrink bit for bit, Σx to fp32 rounding; zeros past K;
+    at either limit (round 17's ``subnormal``)."""
     torch.manual_seed(3)
     x = torch.randn(1, k, dtype=torch.bfloat16, device=DEV) * 3
     x[0, 9] = -1500.0
     x[0, group:2 * group] = 0.0
-    want = w4_kernel.prepare_x(x, group, k=k_out)
-    planes, xs, inv = w4_kernel.prepare_x_torch(x, group, k=k_out)
+    want = w4_kernel.prepare_x(x, group, k=k_out, subnormal=subnormal)
+    planes, xs, inv = w4_kernel.prepare_x_torch(x, group, k=k_out, subnormal=subnormal)
+    assert want.limit == (w4_kernel.SUBNORMAL_X_LIMIT if subnormal else w4_kernel.acc16_x_limit(group))
     assert planes.dtype == torch.int32 and planes.numel() == want.planes.numel()
     for j in range(4):
         sl = slice(j * want.plane_stride, j * want.plane_stride + want.k // 8)
         assert torch.equal(planes[sl].cpu(), want.planes[sl].cpu()), f"plane {j}"
     assert torch.equal(inv.cpu(), want.inv.cpu())
     torch.testing.assert_close(xs.cpu(), want.xs.cpu(), rtol=1e-6, atol=1e-4)
-    prep = w4_kernel.PreparedX.of(planes, xs, inv, group)
-    assert (prep.k, prep.plane_stride) == (want.k, want.plane_stride)
+    prep = w4_kernel.PreparedX.of(planes, xs, inv, group, limit=want.limit)
+    assert (prep.k, prep.plane_stride, prep.limit) == (want.k, want.plane_stride, want.limit)
     with pytest.raises(ValueError, match="planes must be int32"):
         w4_kernel.PreparedX.of(planes[:-1], xs, inv, group)
     with pytest.raises(ValueError, match="one row"):
@@ -339,3 +342,35 @@ def test_pdl_rows_time_both_launch_modes_and_compare_their_outputs(monkeypatch):
     assert view["PDL ÷ tinygemm"] == pytest.approx(6.0 / pdl["ms"])
     with pytest.raises(ValueError, match="has no rows"):
         kernel_runs.x_side_pdl(pd.DataFrame(rows))
+
+
+def test_subnormal_rows_time_the_loop_and_its_preparation_both_ways(monkeypatch):
+    """Round 17 (``x_side --subnormal``): the candidate rule's loop alone and with its preparation, centred and
+    subnormal codes, each timed twice in turn (the faster kept), the subnormal loop against the reference — read
+    back by ``kernel_runs.x_side_subnormal``. Without a GPU the timings are stand-ins."""
+    import pandas as pd
+
+    from helpers import kernel_runs
+    if DEV == "cpu":
+        fake = iter([4.0, 3.0, 6.0, 5.0, 2.0, 3.5, 7.0, 4.5])   # loop, sub loop, paid, sub paid; twice
+        monkeypatch.setattr(x_side.timing, "graph_ms", lambda calls: ([c() for c in calls], next(fake))[1])
+    torch.manual_seed(6)
+    ps = [w4_format.pack_w4((torch.randn(24, 1024) * 0.02).to(DEV), 64) for _ in range(2)]
+    x = torch.randn(1, 1024, dtype=torch.bfloat16, device=DEV)
+    rows = []
+    x_side.subnormal_rows(x, ps, 64, 2, w4_kernel.prepare_x(x, 64), torch.zeros(8, dtype=torch.int32, device=DEV),
+                          lambda kernel, ms, **extra: rows.append({"kernel": kernel, "ms": ms, "shape": "s", "group": 64,
+                                                                   "GBps": 1.0 / ms, "copy_GBps": 1.0, **extra}))
+    by = {r["kernel"]: r for r in rows}
+    assert list(by) == [kernel_runs.X_CAND, kernel_runs.X_SUB, kernel_runs.X_CAND_PAID, kernel_runs.X_SUB_PAID]
+    assert by[kernel_runs.X_SUB]["config"] == {**by[kernel_runs.X_CAND]["config"], "SUBNORMAL": True}
+    assert by[kernel_runs.X_SUB]["exact"] and "rel_err" not in by[kernel_runs.X_CAND]
+    assert all(r["ms"] == min(r["ms_each"]) and len(r["ms_each"]) == 2 for r in rows)
+    if DEV == "cpu":
+        assert by[kernel_runs.X_CAND]["ms_each"] == [4.0, 2.0] and by[kernel_runs.X_SUB_PAID]["ms_each"] == [5.0, 4.5]
+    tiny = {"kernel": kernel_runs.X_TINY, "ms": 9.0, "shape": "s", "group": 64, "GBps": 1 / 9, "copy_GBps": 1.0}
+    view = kernel_runs.x_side_subnormal(pd.DataFrame(rows + [tiny]))
+    assert view["loop time ÷ centred"] == pytest.approx(by[kernel_runs.X_SUB]["ms"] / by[kernel_runs.X_CAND]["ms"])
+    assert view["subnormal with prep ÷ tinygemm"] == pytest.approx(9.0 / by[kernel_runs.X_SUB_PAID]["ms"])
+    with pytest.raises(ValueError, match="x_side --subnormal"):
+        kernel_runs.x_side_subnormal(pd.DataFrame(rows))
