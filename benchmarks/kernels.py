@@ -107,9 +107,10 @@ def rel_err(x: torch.Tensor, p, cfg: dict, ref: torch.Tensor | None = None) -> f
 
 
 FP16_SUMS_EXACT = 2e-3   # the relative error a kernel summing codes in fp16 pairs stays within (is_exact)
-# round 17's subnormal codes (config SUBNORMAL) sum uncentred codes, q in [0, 15]: fp16 group sums about twice as
-# large as the centred ones' (0.9–3.4e-3 in Triton's interpreter, tests/test_w4_kernel.py), so 2.5 times the bound
-SUBNORMAL_SUMS_EXACT = 2.5 * FP16_SUMS_EXACT
+# round 17's subnormal codes (config SUBNORMAL): each word's fp16 chain starts from its centring value (itself rounded
+# to fp16) instead of subtracting 8 from each code, so its partial sums start larger — about 1.5 times the centred
+# loop's error in Triton's interpreter on zero-mean, mean-1, |randn| and tiny rows (tests/test_w4_kernel.py)
+SUBNORMAL_SUMS_EXACT = 2 * FP16_SUMS_EXACT
 
 
 def is_exact(err: float, cfg: dict) -> bool:

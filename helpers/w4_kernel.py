@@ -44,7 +44,8 @@ step of each, ``benchmarks/kernels.py``):
   ``W4Linear(..., family={"PREPARED": True, "PAD": True})``): one row of ``x`` with ``K`` columns then meets
   a weight of ``K'``, and :func:`prepare_x` writes zeros past ``K``. Config ``SUBNORMAL`` (round 17, off by
   default, not yet timed): the codes read as fp16 subnormals, ``w & 0x000F000F`` = ``(q₀, q₄)·2⁻²⁴``
-  (:func:`_word_pairs_subnormal`: no magic number to subtract), for a row prepared with ``subnormal=True``.
+  (:func:`_word_pairs_subnormal`: no magic number to subtract; each word's chain starts from a fifth, centring
+  plane), for a row prepared with ``subnormal=True``.
 
 The readable reference is :func:`helpers.w4_format.reference_matmul` (dequantize, then matmul); both kernels are
 tested against it on small shapes in Triton's interpreter on CPU (``TRITON_INTERPRET=1``, read when
@@ -180,45 +181,53 @@ def _pair_sum_f32(a):
 
 
 @_device
-def _word_pairs_subnormal(w, p04, p15, p26, p37):
-    """``(Σ_{j<4} q_j·X_j, Σ_{j≥4} q_j·X_j)·2⁻²⁴`` of each int32 word ``w`` [BN, W] as one fp16 pair (an int32),
-    ``X`` the prepared planes (:func:`prepare_x` with ``subnormal=True``). Round 17: ``w & 0x000F000F`` *is* the
-    fp16 pair ``(q_0·2⁻²⁴, q_4·2⁻²⁴)`` — fp16's subnormals, exponent field 0, value = mantissa·2⁻²⁴ — and
+def _word_pairs_subnormal(w, p04, p15, p26, p37, pc):
+    """``(Σ_{j<4} (q_j − 8)·X_j, Σ_{j≥4} (q_j − 8)·X_j)·2⁻²⁴`` of each int32 word ``w`` [BN, W] as one fp16 pair (an
+    int32), ``X`` the prepared planes (:func:`prepare_x` with ``subnormal=True``). Round 17: ``w & 0x000F000F``
+    *is* the fp16 pair ``(q_0·2⁻²⁴, q_4·2⁻²⁴)`` — fp16's subnormals, exponent field 0, value = mantissa·2⁻²⁴ — and
     ``w & 0x00F000F0`` is ``(16q_1·2⁻²⁴, 16q_5·2⁻²⁴)``, met by ``X/16``: the codes need no subtraction of the magic
     number (:func:`_word_pairs_half2`'s four ``sub.f16x2``), only an ``AND``; fp16 arithmetic keeps subnormals
-    (PTX ISA: ``mul``/``fma`` ``.f16x2`` without ``.ftz``). The ``2²⁴`` and the codes' offset (``z``, not
-    ``z − 8``) are applied once per group in fp32 by the loop."""
+    (PTX ISA: ``mul``/``fma`` ``.f16x2`` without ``.ftz``). The chain starts from the centring plane ``pc`` =
+    ``(−8·Σ_{j<4} X_j, −8·Σ_{j≥4} X_j)·2⁻²⁴`` instead of zero (one ``fma`` where there was a ``mul``), so its
+    sums are the centred codes' — as small as :func:`_word_pairs_half2`'s, whatever the mean of ``x``."""
     return tl.inline_asm_elementwise(
         "{ .reg .b32 h, c0, c1, c2, c3; shr.b32 h, $1, 8;"
         " and.b32 c0, $1, 0x000F000F; and.b32 c1, $1, 0x00F000F0; and.b32 c2, h, 0x000F000F; and.b32 c3, h, 0x00F000F0;"
-        " mul.rn.f16x2 $0, c0, $2; fma.rn.f16x2 $0, c1, $3, $0; fma.rn.f16x2 $0, c2, $4, $0;"
+        " fma.rn.f16x2 $0, c0, $2, $6; fma.rn.f16x2 $0, c1, $3, $0; fma.rn.f16x2 $0, c2, $4, $0;"
         " fma.rn.f16x2 $0, c3, $5, $0; }",
-        "=r,r,r,r,r,r", [w, tl.broadcast_to(p04[None, :], w.shape), tl.broadcast_to(p15[None, :], w.shape),
-                         tl.broadcast_to(p26[None, :], w.shape), tl.broadcast_to(p37[None, :], w.shape)],
+        "=r,r,r,r,r,r,r", [w, tl.broadcast_to(p04[None, :], w.shape), tl.broadcast_to(p15[None, :], w.shape),
+                           tl.broadcast_to(p26[None, :], w.shape), tl.broadcast_to(p37[None, :], w.shape),
+                           tl.broadcast_to(pc[None, :], w.shape)],
         dtype=tl.int32, is_pure=True, pack=1)
 
 
 @_device
-def _subnormal_products(c, p):
-    """The fp16 products, low halves and high halves, of the masked code pairs ``c`` [BN, W] (int32 of two fp16
-    subnormals) and one plane ``p`` [W] of the prepared row."""
+def _subnormal_fma(c, p, lo, hi):
+    """One step of :func:`_word_pairs_subnormal`'s ``fma.rn.f16x2`` chain in plain Triton: the masked code pairs
+    ``c`` [BN, W] (int32 of two fp16 subnormals) times one plane ``p`` [W] of the prepared row, plus ``lo``/``hi``
+    (fp16), each rounded once to fp16 — the product of two fp16 is exact in fp32, so fp32 then fp16 is ``fma``'s
+    single rounding (but for the rare double-rounding tie)."""
     c_lo, c_hi = _unpack_pair(c)
     x_lo, x_hi = _unpack_pair(p)
-    return c_lo * x_lo[None, :], c_hi * x_hi[None, :]
+    return ((c_lo.to(tl.float32) * x_lo.to(tl.float32)[None, :] + lo.to(tl.float32)).to(tl.float16),
+            (c_hi.to(tl.float32) * x_hi.to(tl.float32)[None, :] + hi.to(tl.float32)).to(tl.float16))
 
 
 @_device
-def _group_dot_subnormal_plain(w, p04, p15, p26, p37, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+def _group_dot_subnormal_plain(w, p04, p15, p26, p37, pc, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
                                WPG: tl.constexpr):
     """:func:`_word_pairs_subnormal`'s group sums in plain Triton (the interpreter runs no PTX): the same masked
-    bits viewed as fp16 subnormals, multiplied by the planes' halves and summed in fp16 (one rounding more per
-    product than ``fma``), the two halves added in fp32 — ``Σ_{k ∈ group} q_k·X_k·2⁻²⁴`` per row and group."""
+    bits viewed as fp16 subnormals, the four products of each half chained from the centring plane ``pc`` as its
+    ``fma`` chain rounds them (:func:`_subnormal_fma`), then the words of a group summed in fp16 and the two
+    halves added in fp32 — ``Σ_{k ∈ group} (q_k − 8)·X_k·2⁻²⁴`` per row and group."""
     h = w >> 8
-    lo, hi = _subnormal_products(w & 0x000F000F, p04)
-    lo1, hi1 = _subnormal_products(w & 0x00F000F0, p15)
-    lo2, hi2 = _subnormal_products(h & 0x000F000F, p26)
-    lo3, hi3 = _subnormal_products(h & 0x00F000F0, p37)
-    lo, hi = ((lo + lo1) + lo2) + lo3, ((hi + hi1) + hi2) + hi3
+    c_lo, c_hi = _unpack_pair(pc)
+    lo = tl.broadcast_to(c_lo[None, :], w.shape)
+    hi = tl.broadcast_to(c_hi[None, :], w.shape)
+    lo, hi = _subnormal_fma(w & 0x000F000F, p04, lo, hi)
+    lo, hi = _subnormal_fma(w & 0x00F000F0, p15, lo, hi)
+    lo, hi = _subnormal_fma(h & 0x000F000F, p26, lo, hi)
+    lo, hi = _subnormal_fma(h & 0x00F000F0, p37, lo, hi)
     lo = tl.reduce(tl.reshape(lo, (BLOCK_N, GROUPS, WPG)), 2, _add)
     hi = tl.reduce(tl.reshape(hi, (BLOCK_N, GROUPS, WPG)), 2, _add)
     return lo.to(tl.float32) + hi.to(tl.float32)
@@ -403,6 +412,12 @@ def _pack_pair(a, b):
 
 
 @_device
+def _f16(a):
+    """fp32 values rounded to fp16 and back (what a plane holds)."""
+    return a.to(tl.float16).to(tl.float32)
+
+
+@_device
 def _unpack_pair(p):
     """An int32 of two fp16 halves as two fp16 tensors (low, high), in plain Triton."""
     lo = (p & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
@@ -411,12 +426,14 @@ def _unpack_pair(p):
 
 
 def _prepare_x_kernel(x_ptr, planes_ptr, xs_ptr, inv_ptr, K, K_OUT, plane_stride, GROUP: tl.constexpr,
-                      LIMIT: tl.constexpr, CW: tl.constexpr, PDL: tl.constexpr):
+                      LIMIT: tl.constexpr, CW: tl.constexpr, PDL: tl.constexpr, CENTRE: tl.constexpr):
     """``CW`` word columns (``8·CW`` activations) a program. Per group ``j``: ``shrink_j = 2^e`` putting the
-    group's largest ``|x|`` in ``(LIMIT/2, LIMIT]`` (:func:`acc16_x_limit`: no fp16 sum of
-    the group can overflow), written as ``1/shrink_j``, and ``Σx`` over the group (fp32, unshrunk); per word
-    column ``c`` the fp16 pairs ``(x₀, x₄)``, ``(x₁/16, x₅/16)``, ``(x₂, x₆)``, ``(x₃/16, x₇/16)`` of
-    ``x[8c + j]·shrink`` (planes 0–3: the second operands of :func:`_word_pairs_half2`). ``x`` has ``K``
+    group's largest ``|x|`` in ``(LIMIT/2, LIMIT]`` (:func:`prepared_x_limit`: for the centred codes no fp16 sum
+    of the group can overflow; for the subnormal ones ``x`` as high as fp16 allows), written as ``1/shrink_j``,
+    and ``Σx`` over the group (fp32, unshrunk); per word column ``c`` the fp16 pairs ``(x₀, x₄)``,
+    ``(x₁/16, x₅/16)``, ``(x₂, x₆)``, ``(x₃/16, x₇/16)`` of ``X = x[8c + j]·shrink`` (planes 0–3: the second
+    operands of :func:`_word_pairs_half2` and :func:`_word_pairs_subnormal`); ``CENTRE`` (round 17, the subnormal
+    loop's): a fifth plane, ``(−8·(X₀+X₁+X₂+X₃), −8·(X₄+X₅+X₆+X₇))·2⁻²⁴``, where its chains start. ``x`` has ``K``
     columns, the planes ``K_OUT ≥ K``: the columns past ``K`` are written as zeros (a weight padded at pack time).
     ``PDL`` (launched with programmatic dependent launch, round 16): the loop after it may launch at once — it
     waits for these writes itself — and this kernel waits for the previous one's ``x``."""
@@ -452,6 +469,11 @@ def _prepare_x_kernel(x_ptr, planes_ptr, xs_ptr, inv_ptr, K, K_OUT, plane_stride
     tl.store(planes_ptr + plane_stride + c, _pack_pair(x1 * (shrink * 0.0625), x5 * (shrink * 0.0625)), mask=m)
     tl.store(planes_ptr + 2 * plane_stride + c, _pack_pair(x2 * shrink, x6 * shrink), mask=m)
     tl.store(planes_ptr + 3 * plane_stride + c, _pack_pair(x3 * (shrink * 0.0625), x7 * (shrink * 0.0625)), mask=m)
+    if CENTRE:   # −8·2⁻²⁴ = −2⁻²¹ times each half's sum of the X the products read (the planes' fp16 values)
+        lo = (_f16(x0 * shrink) + _f16(x1 * (shrink * 0.0625)) * 16.0) + (_f16(x2 * shrink) + _f16(x3 * (shrink * 0.0625)) * 16.0)
+        hi = (_f16(x4 * shrink) + _f16(x5 * (shrink * 0.0625)) * 16.0) + (_f16(x6 * shrink) + _f16(x7 * (shrink * 0.0625)) * 16.0)
+        tl.store(planes_ptr + 4 * plane_stride + c, _pack_pair(lo * -4.76837158203125e-07, hi * -4.76837158203125e-07),
+                 mask=m)
 
 
 def _gemv_prepared_kernel(planes_ptr, xs_ptr, inv_ptr, w_ptr, s_ptr, z_ptr, y_ptr, ws_ptr, lock_ptr, N, K, SPLIT_K,
@@ -466,8 +488,8 @@ def _gemv_prepared_kernel(planes_ptr, xs_ptr, inv_ptr, w_ptr, s_ptr, z_ptr, y_pt
     (round 16): launched while its preparation runs, the program asks L2 for its first step of the weight, then
     waits for the planes (:func:`_pdl_prologue`) — the launch and the first loads off the critical path.
     ``SUBNORMAL`` (round 17): the codes as fp16 subnormals (:func:`_word_pairs_subnormal`, four instructions a word
-    fewer), per group ``acc += s·(Σ q·X·2⁻²⁴ · 2²⁴/shrink − z·Σx)``, for planes prepared at
-    :data:`SUBNORMAL_X_LIMIT`."""
+    fewer), their chains started from the fifth, centring plane; per group ``acc += s·(Σ (q−8)·X·2⁻²⁴ · 2²⁴/shrink −
+    (z−8)·Σx)``, for planes prepared at :data:`SUBNORMAL_X_LIMIT`."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     WPG: tl.constexpr = GROUP // 8
@@ -501,10 +523,11 @@ def _gemv_prepared_kernel(planes_ptr, xs_ptr, inv_ptr, w_ptr, s_ptr, z_ptr, y_pt
         p26 = tl.load(planes_ptr + 2 * plane_stride + xo)
         p37 = tl.load(planes_ptr + 3 * plane_stride + xo)
         if SUBNORMAL:
+            pc = tl.load(planes_ptr + 4 * plane_stride + xo)
             if PLAIN:
-                dot = _group_dot_subnormal_plain(w, p04, p15, p26, p37, BLOCK_N, GROUPS, WPG)
+                dot = _group_dot_subnormal_plain(w, p04, p15, p26, p37, pc, BLOCK_N, GROUPS, WPG)
             else:
-                pairs = _word_pairs_subnormal(w, p04, p15, p26, p37)
+                pairs = _word_pairs_subnormal(w, p04, p15, p26, p37, pc)
                 dot = _pair_sum_f32(tl.reduce(tl.reshape(pairs, (BLOCK_N, GROUPS, WPG)), 2, _add_pairs))
         elif PLAIN:   # the interpreter runs no PTX: the planes back to x·shrink, summed as the GEMV's ACC16 sums them
             a0, b0 = _unpack_pair(p04)
@@ -521,10 +544,9 @@ def _gemv_prepared_kernel(planes_ptr, xs_ptr, inv_ptr, w_ptr, s_ptr, z_ptr, y_pt
         inv = tl.load(inv_ptr + g)
         sc = tl.load(s_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
         z = tl.load(z_ptr + offs_n[:, None] * stride_sn + g[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
-        if SUBNORMAL:
-            acc += tl.sum(sc * (dot * (inv * 16777216.0)[None, :] - z * xs[None, :]), axis=1)
-        else:
-            acc += tl.sum(sc * (dot * inv[None, :] - (z - 8.0) * xs[None, :]), axis=1)
+        if SUBNORMAL:   # the products were q·X·2⁻²⁴: the 2²⁴ back in fp32, before 1/shrink (no overflow)
+            dot = dot * 16777216.0
+        acc += tl.sum(sc * (dot * inv[None, :] - (z - 8.0) * xs[None, :]), axis=1)
     if SPLIT_K == 1:
         tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mask_n)
     else:   # as the GEMV's
@@ -764,6 +786,7 @@ def _check_prepared(cfg: dict, p: W4Weight, m: int) -> dict:
     missing = {"BLOCK_N", "GROUPS", "SPLIT_K", "num_warps"} - set(cfg)
     if missing:
         raise ValueError(f"config KERNEL='prepared' needs {sorted(missing)} (prepared_config gives them)")
+    v.flag(cfg.get("SUBNORMAL", False), "config SUBNORMAL")
     if m != 1:
         raise ValueError(f"KERNEL='prepared' computes one row; x has {m} rows (use KERNEL='tc')")
     if not _pow2(p.group_size) or p.group_size < 8:
@@ -931,48 +954,59 @@ def pow2_shrink(most: torch.Tensor, group: int, limit: float | None = None) -> t
     return torch.where(most > 0, torch.exp2(e), torch.ones_like(most))
 
 
-def shrunk_planes(shrunk: torch.Tensor) -> torch.Tensor:
+def shrunk_planes(shrunk: torch.Tensor, centre: bool = False) -> torch.Tensor:
     """The four int32 planes of one row already multiplied by its shrinks (``shrunk``, fp32, ``K`` values), as
     :func:`_prepare_x_kernel` writes them: per word column ``c`` the fp16 pairs ``(x₀, x₄)``, ``(x₁/16, x₅/16)``,
-    ``(x₂, x₆)``, ``(x₃/16, x₇/16)`` of ``shrunk[8c + i]`` (low half first), :func:`plane_stride` apart."""
+    ``(x₂, x₆)``, ``(x₃/16, x₇/16)`` of ``shrunk[8c + i]`` (low half first), :func:`plane_stride` apart; ``centre``:
+    and the fifth, ``(−8·(X₀+X₁+X₂+X₃), −8·(X₄+X₅+X₆+X₇))·2⁻²⁴`` of the planes' own fp16 values (round 17)."""
     k = shrunk.numel()
     if k % 8 or not shrunk.is_floating_point():
         raise ValueError(f"shrunk must be one row of floats whose K is a multiple of 8 (whole words), got "
                          f"{k} values of {shrunk.dtype}")
     cols = shrunk.reshape(k // 8, 8) * torch.tensor([1, 1 / 16, 1, 1 / 16] * 2, device=shrunk.device)
+    if centre:   # in the kernel's order: (X₀ + X₁) + (X₂ + X₃), each X as its plane holds it
+        held = cols.to(torch.float16).float() * torch.tensor([1, 16, 1, 16] * 2, device=shrunk.device)
+        sums = [(h[:, 0] + h[:, 1]) + (h[:, 2] + h[:, 3]) for h in (held[:, :4], held[:, 4:])]
+        cols = torch.cat([cols[:, :4], sums[0][:, None] * -2.0 ** -21, cols[:, 4:], sums[1][:, None] * -2.0 ** -21], 1)
     # the fp16 halves' bits put together in int32 arithmetic (same-width bitcasts: one fusable pointwise kernel)
-    lo, hi = (c.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF for c in (cols[:, :4], cols[:, 4:]))
+    half = cols.shape[1] // 2
+    lo, hi = (c.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF for c in (cols[:, :half], cols[:, half:]))
     return torch.nn.functional.pad((lo | (hi << 16)).T, (0, plane_stride(k) - k // 8)).reshape(-1)
 
 
 class PreparedX:
     """The activation side of one row ``x[1, K]`` for one group size, as :func:`prepare_x` writes it: four planes
     of fp16 pairs (``plane_stride`` int32 apart), and per group ``Σx`` (``xs``) and ``1/shrink`` (``inv``);
-    ``limit``: the ``LIMIT`` its shrinks were chosen for (:func:`prepared_x_limit`; default the centred codes')."""
+    ``subnormal`` (round 17): for the loop with config ``SUBNORMAL`` — shrinks chosen at its ``limit``
+    (:func:`prepared_x_limit`) and a fifth, centring plane."""
 
-    def __init__(self, k: int, group: int, device, limit: float | None = None):
+    def __init__(self, k: int, group: int, device, subnormal: bool = False):
         if k % 8 or k % group:
             raise ValueError(f"K = {k} must be a multiple of 8 and of the group size {group}")
         self.k, self.group = k, group
-        self.limit = acc16_x_limit(group) if limit is None else limit
+        self.subnormal = v.flag(subnormal, "subnormal")
+        self.limit = prepared_x_limit(group, self.subnormal)
         self.plane_stride = plane_stride(k)
-        self.planes = torch.empty(4 * self.plane_stride, dtype=torch.int32, device=device)
+        self.planes = torch.empty((4 + self.subnormal) * self.plane_stride, dtype=torch.int32, device=device)
         self.xs = torch.empty(k // group, dtype=torch.float32, device=device)
         self.inv = torch.empty(k // group, dtype=torch.float32, device=device)
 
     @classmethod
     def of(cls, planes: torch.Tensor, xs: torch.Tensor, inv: torch.Tensor, group: int,
-           limit: float | None = None) -> PreparedX:
-        """The activation side from tensors written elsewhere (:func:`prepare_x_torch`, with the same ``limit``),
-        checked for size."""
+           subnormal: bool = False) -> PreparedX:
+        """The activation side from tensors written elsewhere (:func:`prepare_x_torch` with the same
+        ``subnormal``), checked for size — the subnormal loop's five planes, the centred loop's four."""
         k = xs.numel() * group
         prep = cls.__new__(cls)
         prep.k, prep.group = k, group
-        prep.limit = acc16_x_limit(group) if limit is None else limit
+        prep.subnormal = v.flag(subnormal, "subnormal")
+        prep.limit = prepared_x_limit(group, prep.subnormal)
         prep.plane_stride = plane_stride(k)
-        if planes.dtype != torch.int32 or planes.numel() != 4 * prep.plane_stride or inv.numel() != xs.numel():
-            raise ValueError(f"planes must be int32 [{4 * prep.plane_stride}] and inv [{xs.numel()}] for K = {k}, "
-                             f"group {group}; got {planes.dtype} [{planes.numel()}], inv [{inv.numel()}]")
+        n = (4 + prep.subnormal) * prep.plane_stride
+        if planes.dtype != torch.int32 or planes.numel() != n or inv.numel() != xs.numel():
+            raise ValueError(f"planes must be int32 [{n}] ({4 + prep.subnormal} planes: subnormal={prep.subnormal}) "
+                             f"and inv [{xs.numel()}] for K = {k}, group {group}; got {planes.dtype} "
+                             f"[{planes.numel()}], inv [{inv.numel()}]")
         if xs.dtype != torch.float32 or inv.dtype != torch.float32 or not (planes.device == xs.device == inv.device):
             raise ValueError(f"xs and inv must be float32 on the planes' device ({planes.device}); got {xs.dtype} on "
                              f"{xs.device}, {inv.dtype} on {inv.device}")
@@ -1008,16 +1042,19 @@ def prepare_x(x: torch.Tensor, group: int, out: PreparedX | None = None, k: int 
     :data:`SUBNORMAL_X_LIMIT` for the loop with config ``SUBNORMAL`` (round 17; :func:`prepared_x_limit`)."""
     kx, k = _one_row(x, group, k)
     pdl = _pdl_launch(v.flag(pdl, "pdl"), x.device, "pdl")
-    limit = prepared_x_limit(group, v.flag(subnormal, "subnormal"))
+    subnormal = v.flag(subnormal, "subnormal")
     _runs_here(x.device, "x")
-    out = out or PreparedX(k, group, x.device, limit)
-    if (out.k, out.group, out.limit) != (k, group, limit):
-        raise ValueError(f"out was made for K = {out.k}, group {out.group}, limit {out.limit}; asked for K = {k}, "
-                         f"group {group}, limit {limit} (subnormal={subnormal})")
+    out = out or PreparedX(k, group, x.device, subnormal)
+    if (out.k, out.group, out.subnormal) != (k, group, subnormal):
+        raise ValueError(f"out was made for K = {out.k}, group {out.group}, subnormal={out.subnormal}; asked for "
+                         f"K = {k}, group {group}, subnormal={subnormal}")
+    if out.planes.device != x.device:
+        raise ValueError(f"out is on {out.planes.device} but x on {x.device}: make out on x's device")
     cw = max(CHUNK_WORDS, group // 8)
     _kernel("prepare")[(triton.cdiv(k // 8, cw),)](x.contiguous(), out.planes, out.xs, out.inv, kx, k,
-                                                   out.plane_stride, GROUP=group, LIMIT=limit, CW=cw,
-                                                   PDL=pdl, **({} if _interpreted() else {"num_warps": 2}),
+                                                   out.plane_stride, GROUP=group, LIMIT=out.limit, CW=cw,
+                                                   PDL=pdl, CENTRE=subnormal,
+                                                   **({} if _interpreted() else {"num_warps": 2}),
                                                    **({"launch_pdl": True} if pdl else {}))
     return out
 
@@ -1030,11 +1067,13 @@ def prepare_x_torch(x: torch.Tensor, group: int, k: int | None = None,
     Per group ``j``: ``shrink_j = 2^⌊log2(LIMIT / max|x_j|)⌋`` (1 for a group of zeros; :func:`acc16_x_limit`),
     ``inv_j = 1/shrink_j``, ``xs_j = Σ x_j`` (fp32, summed in another order than the kernel's); per word column
     ``c`` the fp16 pairs ``(x₀, x₄)``, ``(x₁/16, x₅/16)``, ``(x₂, x₆)``, ``(x₃/16, x₇/16)`` of ``x[8c + i]·shrink``
-    as int32 planes, zeros past ``x``'s columns up to ``k``. ``subnormal``: ``LIMIT`` = :data:`SUBNORMAL_X_LIMIT`."""
+    as int32 planes, zeros past ``x``'s columns up to ``k``. ``subnormal`` (round 17): ``LIMIT`` =
+    :data:`SUBNORMAL_X_LIMIT` and the fifth, centring plane (:func:`shrunk_planes`)."""
     kx, k = _one_row(x, group, k)
+    subnormal = v.flag(subnormal, "subnormal")
     xf = torch.nn.functional.pad(x.float(), (0, k - kx)).view(k // group, group)
-    shrink = pow2_shrink(xf.abs().amax(1, keepdim=True), group, prepared_x_limit(group, v.flag(subnormal, "subnormal")))
-    return shrunk_planes(xf * shrink), xf.sum(1), (1 / shrink).view(-1)
+    shrink = pow2_shrink(xf.abs().amax(1, keepdim=True), group, prepared_x_limit(group, subnormal))
+    return shrunk_planes(xf * shrink, centre=subnormal), xf.sum(1), (1 / shrink).view(-1)
 
 
 def gemv_prepared(prep: PreparedX, p: W4Weight, cfg: dict, locks: torch.Tensor | None = None,
@@ -1052,10 +1091,10 @@ def gemv_prepared(prep: PreparedX, p: W4Weight, cfg: dict, locks: torch.Tensor |
                          "(p.to(device), or prepare_x of x on the weight's device)")
     _runs_here(p.words.device, "p")
     subnormal = v.flag(cfg.get("SUBNORMAL", False), "config SUBNORMAL")
-    if prep.limit != prepared_x_limit(p.group_size, subnormal):
-        raise ValueError(f"prep was prepared at limit {prep.limit}, the loop with config SUBNORMAL={subnormal} reads "
-                         f"planes prepared at {prepared_x_limit(p.group_size, subnormal)}: call "
-                         f"prepare_x(..., subnormal={subnormal})")
+    if prep.subnormal != subnormal:
+        raise ValueError(f"prep was prepared with subnormal={prep.subnormal}, the loop with config "
+                         f"SUBNORMAL={subnormal} reads planes prepared with subnormal={subnormal}: call "
+                         f"prepare_x(..., subnormal={subnormal}) (or PreparedX.of(..., subnormal={subnormal}))")
     split = cfg["SPLIT_K"]
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)
     y = torch.empty(1, n, dtype=out_dtype, device=p.words.device)
@@ -1190,7 +1229,12 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     lowered until it divides ``K``)."""
     n, k = p.shape
     sms = _sms(p)
-    if m == 1 and _pow2(p.group_size) and p.group_size >= 8 and one_row_prepared(family):
+    prepared = _pow2(p.group_size) and p.group_size >= 8 and one_row_prepared(family)
+    if m == 1 and family and family.get("SUBNORMAL") and not prepared:
+        raise ValueError(f"family {family}: SUBNORMAL is a switch of the prepared path, which one row of this weight "
+                         f"(group_size {p.group_size}; the prepared path needs a power of 2 ≥ 8 and PREPARED not "
+                         "False) does not run — drop it")
+    if m == 1 and prepared:
         cfg = prepared_config(p, sms=sms)
         return {**cfg, **{key: family[key] for key in ("PDL", "SUBNORMAL") if family and key in family}}
     if m == 1 and _pow2(p.group_size) and (family is None or family.get("KERNEL", "gemv") == "gemv"):

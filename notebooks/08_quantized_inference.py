@@ -1910,16 +1910,19 @@ else:
 
 # %% [markdown]
 # What to look for: the ratio can only be below 1 by the part of each call that PDL hides — the loop's launch
-# and its first loads, behind the preparation's run — so by at most about the two microseconds the preparation
-# costs beside its producer. A ratio near 1 or above says the gap was not where the time is.
+# and its first loads, behind the preparation's run — so, we expected, by at most about the two microseconds the
+# preparation costs beside its producer. A ratio near 1 or above says the gap was not where the time is.
 #
 # The answer (run X5, an H100, at 01c34f0): PDL changed no output by a bit, and it made the pair *slower* on most
 # weights — the median ratio above is above 1, and fewer weights meet both targets with it than without. It won
 # only on a few: the weights of K = 3584 (Qwen2.5-7B's and Gemma-2-9B's gate|up, the 7B-class) and the two downs
-# whose K the tile's step does not divide (Llama-2-7B's, Qwen2.5-72B's) — the table's `PDL time ÷ plain`. The two
-# timings of each launch differ far less than most ratios do (the line above), so these are not noise. A plausible
-# reading, not measured here: a loop launched early holds its multiprocessors' slots while it waits for the planes,
-# and its first loads compete with the preparation's own. Whole-model decode says the same:
+# whose K the tile's step does not divide (Llama-2-7B's, Qwen2.5-72B's) — the table's `PDL time ÷ plain`; on
+# Qwen2.5-72B's down at g128 by more than the two microseconds we expected (both timings agree; its step is one
+# group and its split 8 — why, we have not measured). The two timings of each launch differ far less than most
+# ratios do (the line above), so these are not noise. A plausible reading, not measured here: a loop launched early
+# holds its multiprocessors' slots while it waits for the planes, and its first loads compete with the preparation's
+# own. Whole-model decode shows no gain either — each row below is one run, PDL always second in its process, and
+# the plain path's own decode speed has varied by about as much between runs (README, round 16):
 
 # %%
 if (H100 / "decode.json").exists() and {"2026-12-07e", "2026-12-07f"} <= set(kernel_runs.load("h100", "decode.json")[0]["runs"]):
@@ -1934,17 +1937,22 @@ else:
 
 # %% [markdown]
 # So PDL stays off by default on the prepared path, as it did on the GEMV (round 10). The launch gap is not where
-# the loop's time goes; the instructions per word are (README, "Where the loop's time goes": the loop's sm_90
-# machine code, counted by `scripts/kernel_sass.py`). The next round's lever is the loop itself.
+# the loop's time goes. Our hypothesis is the instructions per word (README, "Where the loop's time goes": the
+# loop's sm_90 machine code, counted by `scripts/kernel_sass.py`, issues about as many instructions as the weight's
+# bytes take to stream) — round 17 tests it by taking instructions out of the loop.
 #
 # ### Round 17: codes that need no subtraction (fp16 subnormals)
 # Of the loop's instructions per word, four are the `sub.f16x2` that take the magic number off the codes:
 # `(w & 0x000F000F) | 0x64006400` is the fp16 pair `(1024 + q₀, 1024 + q₄)`, and `1024 + 8` must go before the
 # products are summed in fp16 — the offset would swamp the codes. Drop the `| 0x64006400` instead: with the
 # exponent field left at zero, the 16 bits are an fp16 **subnormal**, whose value is its mantissa times 2⁻²⁴. So
-# `w & 0x000F000F` *is* `(q₀·2⁻²⁴, q₄·2⁻²⁴)` — every code exactly, no offset — and GPUs multiply fp16 subnormals
-# at full speed. Scale `x` up by the same power of two in the preparation (the shrink's limit goes from the
-# centred sums' to 2¹⁵) and take `2²⁴` and the codes' offset `z` out once per group, in fp32:
+# `w & 0x000F000F` *is* `(q₀·2⁻²⁴, q₄·2⁻²⁴)` — every code exactly, no offset — and fp16 arithmetic on the GPU
+# keeps subnormals (PTX's `fma.f16x2` without `.ftz`; whether at full speed is what the timing will tell). Two
+# changes on the activation side make it work: the preparation scales each group of `x` as high as fp16 allows
+# (its largest value near 2¹⁵ instead of the centred sums' limit), so the products `q·X·2⁻²⁴` stay out of the
+# subnormal range, and it writes a fifth plane, `−8·(X₀+X₁+X₂+X₃)·2⁻²⁴` per half-word, where each word's chain of
+# `fma` starts — the centring the subtractions did, now one `fma` where a `mul` was. The `2²⁴` comes back once per
+# group, in fp32. The masked bits, read as fp16:
 
 # %%
 q = torch.arange(16, dtype=torch.int32)
@@ -1953,15 +1961,17 @@ as_fp16 = (word & 0x000F000F).view(torch.int16).view(torch.float16).view(16, 2).
 print("the masked halves × 2²⁴:", (as_fp16 * 2.0 ** 24).T.int().tolist())
 
 # %% [markdown]
-# The price is precision, not speed: the codes are no longer centred (0…15 instead of −8…7), so the fp16 sums of a
-# group are about twice as large and round about twice as coarsely; `w4a16_matmul` with config `SUBNORMAL` is tested
-# against the reference within 2.5 times the centred loop's bound (`benchmarks.kernels.SUBNORMAL_SUMS_EXACT`). The
-# loop's machine code has four instructions a word fewer (README, round 17). Whether that buys time on a card is
-# `benchmarks/x_side.py --subnormal`'s question, beside tinygemm, with the loop alone and with its preparation:
+# The price, on the CPU, is a little precision: the centring value is itself rounded to fp16, and each chain's partial
+# sums start from it; in Triton's interpreter (which emulates the `fma` chain) the error is about 1.5 times the
+# centred loop's on zero-mean, offset, one-signed and tiny rows, and `w4a16_matmul` with config `SUBNORMAL` is
+# tested within twice the centred loop's bound (`benchmarks.kernels.SUBNORMAL_SUMS_EXACT`). The loop's machine code
+# has nearly four instructions a word fewer and one more load a step (README, round 17). Whether that buys time on a
+# card is `benchmarks/x_side.py --subnormal`'s question, beside tinygemm, with the loop alone and with its
+# preparation:
 
 # %%
-if (H100 / "x_side.json").exists() and any(r.startswith("2026-12-07 X6") for r in xmeta["runs"]):
-    x6 = xs_[xs_.run.str.startswith("2026-12-07 X6")]
+x6 = xs_[xs_.run.isin(xs_[xs_.kernel == kernel_runs.X_SUB].run)] if (H100 / "x_side.json").exists() else None
+if x6 is not None and len(x6):
     sub17 = kernel_runs.per_weight(x6, kernel_runs.x_side_subnormal)
     print(f"subnormal loop time ÷ centred: median {sub17['loop time ÷ centred'].median():.3f}; with the preparation "
           f"{sub17['with prep time ÷ centred'].median():.3f}; within its bound on {int(sub17.exact.sum())} of "

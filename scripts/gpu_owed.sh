@@ -103,8 +103,8 @@
 #      Qwen2.5-1.5B (biases, another width, small weights: where fixed costs weigh most; head+attn: fused_projections
 #      takes no biases — the first run at 01c34f0 asked for fused+head+attn and got nothing for Qwen)
 #   38 the kernel test files on the GPU (call 11's and test_stream_read.py), then T4-sized (COURSE_GPU_GIB=15) 10 and 07
-#   39 round 17 (the codes as fp16 subnormals, config SUBNORMAL: four instructions a word fewer, 19.4 -> 15.3 in the
-#      sm_90 SASS): tests/test_w4_kernel.py and test_x_side.py on the GPU (the PTX path's error, the refusals; the
+#   39 round 17 (the codes as fp16 subnormals, config SUBNORMAL, each word's chain started from a centring plane:
+#      19.4 -> 15.8 instructions a word in the sm_90 SASS): tests/test_w4_kernel.py and test_x_side.py on the GPU (the PTX path's error, the refusals; the
 #      CPU-tensor refusal found at 291bce0), then benchmarks.x_side --subnormal (the candidate rule's loop alone and
 #      with its preparation, centred and subnormal codes, beside tinygemm, >= 16 MB weights), then Llama-3.1-8B
 #      decode, batch 1 compiled, fused+head+attn, ours prepared with and without SUBNORMAL (compiled-step profiles)

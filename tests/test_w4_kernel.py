@@ -322,45 +322,57 @@ def test_pdl_is_a_flag_passed_through_auto_config():
         w4_kernel.gemv_prepared(w4_kernel.prepare_x(x, 128), p, {**w4_kernel.prepared_config(p), "PDL": "no"})
 
 
-def test_a_masked_code_pair_is_two_fp16_subnormals():
-    """Round 17's identity: ``w & 0x000F000F`` viewed as two fp16 is ``(q₀·2⁻²⁴, q₄·2⁻²⁴)`` and ``w & 0x00F000F0``
-    is ``(16q₁·2⁻²⁴, 16q₅·2⁻²⁴)`` — every code, exactly; so a product with ``X`` is ``q·X·2⁻²⁴`` with no offset."""
-    q = torch.arange(16, dtype=torch.int32)
-    w = q | (q.flip(0) << 4) | (q << 16) | (q.flip(0) << 20)
-    lo = (w & 0x000F000F).view(torch.int16).view(torch.float16).view(16, 2).float()
-    hi = (w & 0x00F000F0).view(torch.int16).view(torch.float16).view(16, 2).float()
-    assert torch.equal(lo, torch.stack([q, q], 1).float() * 2.0 ** -24)
-    assert torch.equal(hi, torch.stack([q.flip(0), q.flip(0)], 1).float() * 16 * 2.0 ** -24)
+ROWS = {   # one row of activations of each kind a layer meets: zero-mean, offset, one-signed, tiny, with an outlier
+    "randn": lambda g: torch.randn(1, 1024, generator=g), "mean 1": lambda g: 1 + 0.3 * torch.randn(1, 1024, generator=g),
+    "|randn|": lambda g: torch.randn(1, 1024, generator=g).abs(), "tiny": lambda g: 1e-3 * torch.randn(1, 1024, generator=g),
+    "outlier": lambda g: torch.randn(1, 1024, generator=g) * torch.where(torch.arange(1024) == 7, 300.0, 1.0)}
 
 
 @pytest.mark.parametrize("group", [64, 128])
 def test_the_subnormal_loop_computes_the_product(group):
-    """Round 17 (config ``SUBNORMAL``): the loop with the codes as fp16 subnormals, prepared at
-    SUBNORMAL_X_LIMIT, is the reference product at activations of any scale — within 2.5× the centred loop's
-    bound (its uncentred codes make the fp16 group sums about twice as large: measured in the interpreter,
-    0.9–3.4e-3), compiled on a GPU (the PTX) and interpreted on a CPU (its plain emulation)."""
-    torch.manual_seed(group)
-    p = w4_format.pack_w4(weight(24, 1024).to(DEV), group)
+    """Round 17 (config ``SUBNORMAL``): the loop with the codes as fp16 subnormals (planes prepared at
+    SUBNORMAL_X_LIMIT, each word's chain started from its centring value) is the reference product on rows of
+    every kind in :data:`ROWS` — within SUBNORMAL_SUMS_EXACT, about 1.5 times the centred loop's error in the
+    interpreter —, on codes of every value and on words of fifteens (every word's top bit set: the shifted half's
+    codes), compiled on a GPU (the PTX) and interpreted on a CPU (its emulation of the fma chain)."""
+    p = w4_format.pack_w4(weight(24, 1024, seed=group).to(DEV), group)
+    fifteens = w4_format.pack_w4(weight(24, 1024, seed=group).to(DEV), group)
+    fifteens.words.fill_(-1)                                   # 0xFFFFFFFF: every code 15
     cfg = w4_kernel.auto_config(p, 1, {"PREPARED": True, "SUBNORMAL": True})
     assert cfg["SUBNORMAL"] is True and cfg["KERNEL"] == "prepared"
-    for scale in (1e-3, 1.0, 300.0):
-        x = torch.randn(1, 1024, device=DEV) * scale
-        x[0, 7] *= 30
-        ref = w4_format.reference_matmul(x.float(), p).float()
-        got = w4_kernel.w4a16_matmul(x, p, cfg, out_dtype=torch.float32)
-        assert w4_format.max_rel_err(got, ref) <= SUBNORMAL_SUMS_EXACT, scale
-    prep = w4_kernel.prepare_x(x, group)                       # prepared for the centred loop
+    for name, make in ROWS.items():
+        x = make(torch.Generator().manual_seed(group)).to(DEV)
+        for w in (p, fifteens):
+            ref = w4_format.reference_matmul(x.float(), w).float()
+            got = w4_kernel.w4a16_matmul(x, w, cfg, out_dtype=torch.float32)
+            assert w4_format.max_rel_err(got, ref) <= SUBNORMAL_SUMS_EXACT, name
+
+
+def test_the_subnormal_loop_refuses_a_row_prepared_for_the_other(monkeypatch):
+    """A row prepared for one loop is refused by the other (planes, limit and the fifth plane differ), by
+    ``prepare_x``'s ``out``, by ``PreparedX.of``'s plane count and by ``gemv_prepared``; ``SUBNORMAL`` is refused
+    where the family would not run the prepared path, and checked as a flag."""
+    p = w4_format.pack_w4(weight(24, 1024).to(DEV), 128)
+    x = torch.randn(1, 1024, device=DEV)
+    cfg = w4_kernel.auto_config(p, 1, {"SUBNORMAL": True})
+    prep = w4_kernel.prepare_x(x, 128)                       # prepared for the centred loop
     with pytest.raises(ValueError, match=r"prepare_x\(\.\.\., subnormal=True\)"):
         w4_kernel.gemv_prepared(prep, p, cfg)
     with pytest.raises(ValueError, match="subnormal=False"):
-        w4_kernel.gemv_prepared(w4_kernel.prepare_x(x, group, subnormal=True), p, w4_kernel.prepared_config(p))
+        w4_kernel.gemv_prepared(w4_kernel.prepare_x(x, 128, subnormal=True), p, w4_kernel.prepared_config(p))
     with pytest.raises(TypeError, match="config SUBNORMAL must be True or False"):
-        w4_kernel.gemv_prepared(prep, p, {**w4_kernel.prepared_config(p), "SUBNORMAL": "yes"})
+        w4_kernel.w4a16_matmul(x, p, {**w4_kernel.prepared_config(p), "SUBNORMAL": "yes"})
     with pytest.raises(TypeError, match="subnormal must be True or False"):
-        w4_kernel.prepare_x(x, group, subnormal=1)
-    with pytest.raises(ValueError, match="limit"):
-        w4_kernel.prepare_x(x, group, out=prep, subnormal=True)
-    assert "SUBNORMAL" not in w4_kernel.auto_config(p, 4, {"SUBNORMAL": True})
+        w4_kernel.prepare_x(x, 128, subnormal=1)
+    with pytest.raises(ValueError, match="out was made for .* subnormal=False; asked for .* subnormal=True"):
+        w4_kernel.prepare_x(x, 128, out=prep, subnormal=True)
+    with pytest.raises(ValueError, match="SUBNORMAL is a switch of the prepared path"):
+        w4_kernel.auto_config(p, 1, {"PREPARED": False, "SUBNORMAL": True})
+    with pytest.raises(ValueError, match="SUBNORMAL is a switch of the prepared path"):
+        w4_kernel.auto_config(w4_format.pack_w4(weight(24, 960), 96), 1, {"SUBNORMAL": True})
+    assert "SUBNORMAL" not in w4_kernel.auto_config(p, 4, {"SUBNORMAL": True})   # more rows: the tensor-core kernel
+    with pytest.raises(ValueError, match="out is on meta but x on"):
+        w4_kernel.prepare_x(x, 128, out=w4_kernel.PreparedX(1024, 128, "meta"))
 
 
 def test_compiled_kernels_refuse_a_cpu_tensor_by_its_argument(monkeypatch):

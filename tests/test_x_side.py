@@ -265,15 +265,17 @@ def test_prepare_x_torch_writes_what_the_preparing_kernel_writes(group, k, k_out
     planes, xs, inv = w4_kernel.prepare_x_torch(x, group, k=k_out, subnormal=subnormal)
     assert want.limit == (w4_kernel.SUBNORMAL_X_LIMIT if subnormal else w4_kernel.acc16_x_limit(group))
     assert planes.dtype == torch.int32 and planes.numel() == want.planes.numel()
-    for j in range(4):
+    for j in range(4 + subnormal):   # the subnormal loop's fifth: the centring plane
         sl = slice(j * want.plane_stride, j * want.plane_stride + want.k // 8)
         assert torch.equal(planes[sl].cpu(), want.planes[sl].cpu()), f"plane {j}"
     assert torch.equal(inv.cpu(), want.inv.cpu())
     torch.testing.assert_close(xs.cpu(), want.xs.cpu(), rtol=1e-6, atol=1e-4)
-    prep = w4_kernel.PreparedX.of(planes, xs, inv, group, limit=want.limit)
+    prep = w4_kernel.PreparedX.of(planes, xs, inv, group, subnormal=subnormal)
     assert (prep.k, prep.plane_stride, prep.limit) == (want.k, want.plane_stride, want.limit)
+    with pytest.raises(ValueError, match=f"{5 - subnormal} planes: subnormal={not subnormal}"):
+        w4_kernel.PreparedX.of(planes, xs, inv, group, subnormal=not subnormal)
     with pytest.raises(ValueError, match="planes must be int32"):
-        w4_kernel.PreparedX.of(planes[:-1], xs, inv, group)
+        w4_kernel.PreparedX.of(planes[:-1], xs, inv, group, subnormal=subnormal)
     with pytest.raises(ValueError, match="one row"):
         w4_kernel.prepare_x_torch(torch.cat([x, x]), group)
     with pytest.raises(ValueError, match="at most k"):
@@ -283,7 +285,7 @@ def test_prepare_x_torch_writes_what_the_preparing_kernel_writes(group, k, k_out
     with pytest.raises(ValueError, match="group must be a positive multiple of 8"):
         w4_kernel.prepare_x_torch(x, 0)
     with pytest.raises(ValueError, match="xs and inv must be float32"):
-        w4_kernel.PreparedX.of(planes, xs.double(), inv, group)
+        w4_kernel.PreparedX.of(planes, xs.double(), inv, group, subnormal=subnormal)
     with pytest.raises(ValueError, match="multiple of 8"):
         w4_kernel.shrunk_planes(torch.ones(12))
     assert w4_kernel.plane_stride(k_out or k) == want.plane_stride
