@@ -323,9 +323,9 @@ def test_pdl_is_a_flag_passed_through_auto_config():
 
 
 ROWS = {   # one row of activations of each kind a layer meets: zero-mean, offset, one-signed, tiny, with an outlier
-    "randn": lambda g: torch.randn(1, 1024, generator=g), "mean 1": lambda g: 1 + 0.3 * torch.randn(1, 1024, generator=g),
-    "|randn|": lambda g: torch.randn(1, 1024, generator=g).abs(), "tiny": lambda g: 1e-3 * torch.randn(1, 1024, generator=g),
-    "outlier": lambda g: torch.randn(1, 1024, generator=g) * torch.where(torch.arange(1024) == 7, 300.0, 1.0)}
+    "randn": lambda g: torch.randn(1, 512, generator=g), "mean 1": lambda g: 1 + 0.3 * torch.randn(1, 512, generator=g),
+    "|randn|": lambda g: torch.randn(1, 512, generator=g).abs(), "tiny": lambda g: 1e-3 * torch.randn(1, 512, generator=g),
+    "outlier": lambda g: torch.randn(1, 512, generator=g) * torch.where(torch.arange(512) == 7, 300.0, 1.0)}
 
 
 @pytest.mark.parametrize("group", [64, 128])
@@ -335,14 +335,14 @@ def test_the_subnormal_loop_computes_the_product(group):
     every kind in :data:`ROWS` — within SUBNORMAL_SUMS_EXACT, about 1.5 times the centred loop's error in the
     interpreter —, on codes of every value and on words of fifteens (every word's top bit set: the shifted half's
     codes), compiled on a GPU (the PTX) and interpreted on a CPU (its emulation of the fma chain)."""
-    p = w4_format.pack_w4(weight(24, 1024, seed=group).to(DEV), group)
-    fifteens = w4_format.pack_w4(weight(24, 1024, seed=group).to(DEV), group)
+    p = w4_format.pack_w4(weight(16, 512, seed=group).to(DEV), group)
+    fifteens = w4_format.pack_w4(weight(16, 512, seed=group).to(DEV), group)
     fifteens.words.fill_(-1)                                   # 0xFFFFFFFF: every code 15
     cfg = w4_kernel.auto_config(p, 1, {"PREPARED": True, "SUBNORMAL": True})
     assert cfg["SUBNORMAL"] is True and cfg["KERNEL"] == "prepared"
     for name, make in ROWS.items():
         x = make(torch.Generator().manual_seed(group)).to(DEV)
-        for w in (p, fifteens):
+        for w in (p, fifteens) if name in ("mean 1", "|randn|") else (p,):   # fifteens where the sums are largest
             ref = w4_format.reference_matmul(x.float(), w).float()
             got = w4_kernel.w4a16_matmul(x, w, cfg, out_dtype=torch.float32)
             assert w4_format.max_rel_err(got, ref) <= SUBNORMAL_SUMS_EXACT, name
