@@ -127,6 +127,16 @@ keep_decode() { mv "$OUT/decode.json" "$OUT/$1.json"; mv "$OUT/decode.log" "$OUT
 # (fused+head+attn), and bf16 (fused+attn), each part bounded by $1 seconds
 llama2_w4() { DECODE_FORMATS="W4A16 ours,W4A16 tinygemm" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 \
 --recipes fused+head+attn --family $2" PART_TIMEOUT=$1 gpu decode; keep_decode decode_Llama-2-7B_padded; }
+# a round of the prepared path ($1: its name, the x_side switch --$1; $5: its family key): the test files $2 on the
+# GPU ($3 s), then x_side --$1 until $4 s into the call, then Llama-3.1-8B decode, batch 1 compiled, fused+head+attn,
+# ours prepared without and with $5 in one process (compiled-step profiles), bounded by CALL_BUDGET (default 585)
+prepared_round() {
+  TESTS="$2" PART_TIMEOUT=$3 gpu pytest; mv "$OUT/pytest_part.txt" "$OUT/pytest_$1.txt"
+  XSIDE_ARGS=--$1 PART_TIMEOUT=$(left "$4" 45) gpu xside
+  DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--batches 1 --eager= --compile 1 --recipes fused+head+attn \
+--family [{\"PREPARED\":true},{\"PREPARED\":true,\"$5\":true}] --profile compiled" \
+    PART_TIMEOUT=$(left "${CALL_BUDGET:-585}" 30) gpu decode; keep_decode "decode_8B_$1"
+}
 llama2_bf16() { DECODE_FORMATS="bf16" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 --recipes fused+attn" \
   PART_TIMEOUT=$1 gpu decode; keep_decode decode_Llama-2-7B_bf16; }
 # the Llama-3.1-8B decode file in two processes (a part timeout each): bf16 fused+attn, then ours at the rule and
@@ -297,14 +307,8 @@ notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb notebooks/10_mu
      NOTEBOOKS="notebooks/08_quantized_inference.ipynb notebooks/09_clinic.ipynb" COURSE_GPU_GIB=15 \
        PART_TIMEOUT=$(left "${CALL_BUDGET:-380}" 20) gpu notebooks ;;
   35) NCU_CASES="8B gate/up 4096x14336:128:1;8B down 14336x4096:128:1;14B-class 5120x13824:128:1" PART_TIMEOUT=420 gpu ncu ;;
-  36) TESTS="tests/test_x_side.py tests/test_w4_kernel.py::test_programmatic_dependent_launch_changes_no_output \
-tests/test_w4_kernel.py::test_pdl_prepared_calls_back_to_back_share_their_buffers_safely" \
-       PART_TIMEOUT=120 gpu pytest
-     mv "$OUT/pytest_part.txt" "$OUT/pytest_pdl.txt"
-     XSIDE_ARGS=--pdl PART_TIMEOUT=$(left 260 45) gpu xside
-     DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--batches 1 --eager= --compile 1 --recipes fused+head+attn \
---family [{\"PREPARED\":true},{\"PREPARED\":true,\"PDL\":true}] --profile compiled" \
-       PART_TIMEOUT=$(left "${CALL_BUDGET:-585}" 30) gpu decode; keep_decode decode_8B_pdl ;;
+  36) prepared_round pdl "tests/test_x_side.py tests/test_w4_kernel.py::test_programmatic_dependent_launch_changes_no_output \
+tests/test_w4_kernel.py::test_pdl_prepared_calls_back_to_back_share_their_buffers_safely" 120 260 PDL ;;
   37) PDLS='[{"PREPARED":true},{"PREPARED":true,"PDL":true}]'
      DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 --recipes fused+head+attn \
 --family $PDLS" PART_TIMEOUT=$(left 330 60) gpu decode; keep_decode decode_Llama-2-7B_pdl
@@ -338,12 +342,7 @@ tests/test_kernel_once.py" PART_TIMEOUT=300 gpu pytest
      mv "$OUT/pytest_part.txt" "$OUT/pytest_kernels.txt"
      NOTEBOOKS="notebooks/10_multi_gpu.ipynb notebooks/07_kv_cache_ab.ipynb" COURSE_GPU_GIB=15 \
        PART_TIMEOUT=$(left "${CALL_BUDGET:-585}" 30) gpu notebooks ;;
-  39) TESTS="tests/test_w4_kernel.py tests/test_x_side.py" PART_TIMEOUT=200 gpu pytest
-     mv "$OUT/pytest_part.txt" "$OUT/pytest_subnormal.txt"
-     XSIDE_ARGS=--subnormal PART_TIMEOUT=$(left 330 45) gpu xside
-     DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--batches 1 --eager= --compile 1 --recipes fused+head+attn \
---family [{\"PREPARED\":true},{\"PREPARED\":true,\"SUBNORMAL\":true}] --profile compiled" \
-       PART_TIMEOUT=$(left "${CALL_BUDGET:-585}" 30) gpu decode; keep_decode decode_8B_subnormal ;;
+  39) prepared_round subnormal "tests/test_w4_kernel.py tests/test_x_side.py" 200 330 SUBNORMAL ;;
   40) SUBS='[{"PREPARED":true},{"PREPARED":true,"SUBNORMAL":true}]'
      DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--arch Llama-2-7B --batches 1 --eager= --compile 1 --recipes fused+head+attn \
 --family $SUBS" PART_TIMEOUT=$(left 250 60) gpu decode; keep_decode decode_Llama-2-7B_subnormal
