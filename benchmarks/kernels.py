@@ -108,8 +108,8 @@ def rel_err(x: torch.Tensor, p, cfg: dict, ref: torch.Tensor | None = None) -> f
 
 FP16_SUMS_EXACT = 2e-3   # the relative error a kernel summing codes in fp16 pairs stays within (is_exact)
 # round 17's subnormal codes (config SUBNORMAL): each word's fp16 chain starts from its centring value (itself rounded
-# to fp16) instead of subtracting 8 from each code, so its partial sums start larger — about 1.5 times the centred
-# loop's error in Triton's interpreter on zero-mean, mean-1, |randn| and tiny rows (tests/test_w4_kernel.py)
+# to fp16) instead of subtracting 8 from each code, so its first partial sums are larger than the centred loop's and
+# so are its errors (Triton's interpreter, which emulates the chain: tests/test_w4_kernel.py asserts this bound)
 SUBNORMAL_SUMS_EXACT = 2 * FP16_SUMS_EXACT
 
 

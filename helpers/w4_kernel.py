@@ -36,7 +36,8 @@ step of each, ``benchmarks/kernels.py``):
   arrive adds them and writes the output once, in its dtype (one launch, no zero-fill).
 
 * ``KERNEL="prepared"`` — one row, the activation side done **once per call** (round 12): :func:`prepare_x`
-  writes, per group, a power-of-two shrink and ``Σx``, and ``x``'s fp16 pairs in four planes; then
+  writes, per group, a power-of-two shrink and ``Σx``, and ``x``'s fp16 pairs in four planes (five for
+  ``SUBNORMAL``, below); then
   :func:`gemv_prepared`'s loop only loads them beside the words (:func:`_word_pairs_half2` on each word), on
   narrow tiles (:func:`prepared_config`: 8 rows per program, up to 2048 codes per step). Two launches;
   ``auto_config``'s one-row default since round 14 (:data:`GEMV_RULE` asks for the GEMV). Where the tile's step does
@@ -188,8 +189,9 @@ def _word_pairs_subnormal(w, p04, p15, p26, p37, pc):
     ``w & 0x00F000F0`` is ``(16q_1·2⁻²⁴, 16q_5·2⁻²⁴)``, met by ``X/16``: the codes need no subtraction of the magic
     number (:func:`_word_pairs_half2`'s four ``sub.f16x2``), only an ``AND``; fp16 arithmetic keeps subnormals
     (PTX ISA: ``mul``/``fma`` ``.f16x2`` without ``.ftz``). The chain starts from the centring plane ``pc`` =
-    ``(−8·Σ_{j<4} X_j, −8·Σ_{j≥4} X_j)·2⁻²⁴`` instead of zero (one ``fma`` where there was a ``mul``), so its
-    sums are the centred codes' — as small as :func:`_word_pairs_half2`'s, whatever the mean of ``x``."""
+    ``(−8·Σ_{j<4} X_j, −8·Σ_{j≥4} X_j)·2⁻²⁴`` instead of zero (one ``fma`` where there was a ``mul``), so each
+    word's sum is the centred codes' whatever the mean of ``x`` — though its first partial sums, and the centring
+    value's own fp16 rounding, are as large as ``8·|ΣX|``: less exact than :func:`_word_pairs_half2`'s."""
     return tl.inline_asm_elementwise(
         "{ .reg .b32 h, c0, c1, c2, c3; shr.b32 h, $1, 8;"
         " and.b32 c0, $1, 0x000F000F; and.b32 c1, $1, 0x00F000F0; and.b32 c2, h, 0x000F000F; and.b32 c3, h, 0x00F000F0;"
@@ -481,7 +483,7 @@ def _gemv_prepared_kernel(planes_ptr, xs_ptr, inv_ptr, w_ptr, s_ptr, z_ptr, y_pt
                           BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, PLAIN: tl.constexpr, PDL: tl.constexpr,
                           SUBNORMAL: tl.constexpr):
     """The narrow GEMV's loop with the activation side prepared (:func:`prepare_x`): per step, the words
-    [BN, WPS] and four planes of fp16 pairs [WPS]; per group ``acc += s·(Σ (q−8)·x·shrink / shrink − (z−8)·Σx)``.
+    [BN, WPS] and four planes of fp16 pairs [WPS] (five with ``SUBNORMAL``); per group ``acc += s·(Σ (q−8)·x·shrink / shrink − (z−8)·Σx)``.
     ``K`` split ``SPLIT_K`` ways (``⌈steps/SPLIT_K⌉`` steps a program, the last fewer), the partials summed by
     the last program to finish, as the GEMV's. ``PREFETCH``: the next step's words are loaded before this
     step's are summed (two steps of words in registers: loads in flight while the codes are summed). ``PDL``
@@ -1038,8 +1040,9 @@ def prepare_x(x: torch.Tensor, group: int, out: PreparedX | None = None, k: int 
     (into ``out`` when given: no allocation). ``k``: the width of the planes, default ``K``; a wider ``k`` (a
     weight padded at pack time, :func:`padded_groups`) gets zeros past ``x``'s columns. ``pdl``: launched with
     programmatic dependent launch (a CUDA device of compute capability ≥ 9.0; ignored in the interpreter), so a
-    loop launched the same way (config ``PDL``) starts while this runs. ``subnormal``: prepared at
-    :data:`SUBNORMAL_X_LIMIT` for the loop with config ``SUBNORMAL`` (round 17; :func:`prepared_x_limit`)."""
+    loop launched the same way (config ``PDL``) starts while this runs. ``subnormal``: for the loop with config
+    ``SUBNORMAL`` (round 17): prepared at :data:`SUBNORMAL_X_LIMIT` (:func:`prepared_x_limit`), with the fifth,
+    centring plane."""
     kx, k = _one_row(x, group, k)
     pdl = _pdl_launch(v.flag(pdl, "pdl"), x.device, "pdl")
     subnormal = v.flag(subnormal, "subnormal")
@@ -1231,9 +1234,11 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     sms = _sms(p)
     prepared = _pow2(p.group_size) and p.group_size >= 8 and one_row_prepared(family)
     if m == 1 and family and family.get("SUBNORMAL") and not prepared:
+        why = (f"group_size {p.group_size} (it needs a power of 2 ≥ 8)" if not (_pow2(p.group_size) and p.group_size >= 8)
+               else "the family asks for the GEMV (PREPARED False, KERNEL 'gemv', or a GEMV switch without "
+                    "PREPARED=True — add PREPARED=True)")
         raise ValueError(f"family {family}: SUBNORMAL is a switch of the prepared path, which one row of this weight "
-                         f"(group_size {p.group_size}; the prepared path needs a power of 2 ≥ 8 and PREPARED not "
-                         "False) does not run — drop it")
+                         f"does not run: {why}")
     if m == 1 and prepared:
         cfg = prepared_config(p, sms=sms)
         return {**cfg, **{key: family[key] for key in ("PDL", "SUBNORMAL") if family and key in family}}

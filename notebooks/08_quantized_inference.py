@@ -1961,10 +1961,10 @@ as_fp16 = (word & 0x000F000F).view(torch.int16).view(torch.float16).view(16, 2).
 print("the masked halves × 2²⁴:", (as_fp16 * 2.0 ** 24).T.int().tolist())
 
 # %% [markdown]
-# The price, on the CPU, is a little precision: the centring value is itself rounded to fp16, and each chain's partial
-# sums start from it; in Triton's interpreter (which emulates the `fma` chain) the error is about 1.5 times the
-# centred loop's on zero-mean, offset, one-signed and tiny rows, and `w4a16_matmul` with config `SUBNORMAL` is
-# tested within twice the centred loop's bound (`benchmarks.kernels.SUBNORMAL_SUMS_EXACT`). The loop's machine code
+# The price is some precision: the centring value is itself rounded to fp16, and each chain's first partial sums
+# start from it, larger than the centred loop's; in Triton's interpreter (which emulates the `fma` chain)
+# `w4a16_matmul` with config `SUBNORMAL` is tested within twice the centred loop's bound
+# (`benchmarks.kernels.SUBNORMAL_SUMS_EXACT`) on zero-mean, offset, one-signed, tiny and outlier rows. The loop's machine code
 # has nearly four instructions a word fewer and one more load a step (README, round 17). Whether that buys time on a
 # card is `benchmarks/x_side.py --subnormal`'s question, beside tinygemm, with the loop alone and with its
 # preparation:

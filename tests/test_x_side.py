@@ -252,7 +252,8 @@ def test_pack_width_pads_only_where_the_step_held_few_codes():
 
 
 @pytest.mark.parametrize("group,k,k_out,subnormal", [(64, 1536, None, False), (128, 2048, None, False),
-                                                     (64, 4032, 4096, False), (128, 2048, None, True)])
+                                                     (64, 4032, 4096, False), (128, 2048, None, True),
+                                                     (64, 4032, 4096, True)])
 def test_prepare_x_torch_writes_what_the_preparing_kernel_writes(group, k, k_out, subnormal):
     """Round 15: the activation side in torch operations (for torch.compile to fuse into the kernel that writes
     x) is the preparing kernel's: the same planes and 1/shrink bit for bit, Σx to fp32 rounding; zeros past K;
@@ -268,6 +269,15 @@ def test_prepare_x_torch_writes_what_the_preparing_kernel_writes(group, k, k_out
     for j in range(4 + subnormal):   # the subnormal loop's fifth: the centring plane
         sl = slice(j * want.plane_stride, j * want.plane_stride + want.k // 8)
         assert torch.equal(planes[sl].cpu(), want.planes[sl].cpu()), f"plane {j}"
+    if subnormal:   # the centring plane, half by half, from the four planes' own fp16 values
+        def halves(j):
+            w = want.planes[j * want.plane_stride:j * want.plane_stride + want.k // 8].cpu()
+            return [(w & 0xFFFF).to(torch.int16).view(torch.float16).float(),
+                    ((w >> 16) & 0xFFFF).to(torch.int16).view(torch.float16).float()]
+        x4 = [halves(j) for j in range(5)]
+        for h in (0, 1):   # low halves: codes 0-3 of each word; high: 4-7
+            held = (x4[0][h] + 16 * x4[1][h]) + (x4[2][h] + 16 * x4[3][h])
+            assert torch.equal(x4[4][h], (held * -2.0 ** -21).half().float()), h
     assert torch.equal(inv.cpu(), want.inv.cpu())
     torch.testing.assert_close(xs.cpu(), want.xs.cpu(), rtol=1e-6, atol=1e-4)
     prep = w4_kernel.PreparedX.of(planes, xs, inv, group, subnormal=subnormal)
