@@ -148,6 +148,17 @@ def padded_rows(x: torch.Tensor, w: torch.Tensor, g: int, sms: int, copies: int 
             "rel_err": w4_format.max_rel_err(got, ref)}
 
 
+def in_turn(calls: dict, repeats: int = 2) -> dict:
+    """Each entry of ``calls`` (a name → its list of calls, one per weight copy) timed under graph replay
+    (:func:`helpers.timing.graph_ms`), the names in turn, ``repeats`` rounds: name → its times, in order. Taking
+    turns spreads a card's drift (clocks, temperature) over all of them instead of favouring the one timed first."""
+    times = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, fns in calls.items():
+            times[name].append(timing.graph_ms(fns))
+    return times
+
+
 def pdl_rows(x: torch.Tensor, ps: list, g: int, sms: int, prep, locks: torch.Tensor, add) -> None:
     """Round 16 on one weight × group (``ps``: its copies): the candidate rule with its preparation, plain and with
     PDL on both launches, timed in turn twice each under graph replay (``ms`` the faster, ``ms_each`` both), and
@@ -158,13 +169,9 @@ def pdl_rows(x: torch.Tensor, ps: list, g: int, sms: int, prep, locks: torch.Ten
     want = gemv_prepared(prepare_x(x, g, prep), ps[0], plain, locks, out_dtype=torch.float32)
     got = gemv_prepared(prepare_x(x, g, prep, pdl=True), ps[0], pdl, locks, out_dtype=torch.float32)
     err = w4_format.max_rel_err(got, ref)
-    times = {"plain": [], "pdl": []}
-    for _ in range(2):
-        for what, cfg in (("plain", plain), ("pdl", pdl)):
-            on = what == "pdl"
-            calls = [lambda p=p, cfg=cfg, on=on: gemv_prepared(prepare_x(x, g, prep, pdl=on), p, cfg, locks)
-                     for p in ps]
-            times[what].append(timing.graph_ms(calls))
+    times = in_turn({what: [lambda p=p, cfg=cfg, on=what == "pdl": gemv_prepared(prepare_x(x, g, prep, pdl=on), p,
+                                                                                   cfg, locks) for p in ps]
+                     for what, cfg in (("plain", plain), ("pdl", pdl))})
     add(kernel_runs.X_CAND_PAID, min(times["plain"]), config=plain, ms_each=times["plain"])
     add(kernel_runs.X_PDL_PAID, min(times["pdl"]), config=pdl, ms_each=times["pdl"], rel_err=err,
         exact=err <= FP16_SUMS_EXACT, same_as_plain=bool(torch.equal(got, want)))
@@ -181,15 +188,11 @@ def subnormal_rows(x: torch.Tensor, ps: list, g: int, sms: int, prep, locks: tor
     err = w4_format.max_rel_err(gemv_prepared(sprep, ps[0], sub, locks, out_dtype=torch.float32), ref)
     cases = {kernel_runs.X_CAND: (prep, plain, None), kernel_runs.X_SUB: (sprep, sub, None),
              kernel_runs.X_CAND_PAID: (prep, plain, False), kernel_runs.X_SUB_PAID: (sprep, sub, True)}
-    times = {name: [] for name in cases}
-    for _ in range(2):
-        for name, (pr, cfg, paid) in cases.items():
-            if paid is None:
-                calls = [lambda p=p, pr=pr, cfg=cfg: gemv_prepared(pr, p, cfg, locks) for p in ps]
-            else:
-                calls = [lambda p=p, pr=pr, cfg=cfg, s=paid: gemv_prepared(prepare_x(x, g, pr, subnormal=s), p, cfg,
-                                                                            locks) for p in ps]
-            times[name].append(timing.graph_ms(calls))
+    times = in_turn({name: [lambda p=p, pr=pr, cfg=cfg: gemv_prepared(pr, p, cfg, locks) for p in ps]
+                            if paid is None else
+                            [lambda p=p, pr=pr, cfg=cfg, s=paid: gemv_prepared(prepare_x(x, g, pr, subnormal=s), p, cfg,
+                                                                                locks) for p in ps]
+                            for name, (pr, cfg, paid) in cases.items()})
     for name, (_, cfg, _) in cases.items():
         mine = {"rel_err": err, "exact": err <= SUBNORMAL_SUMS_EXACT} if cfg.get("SUBNORMAL") else {}
         add(name, min(times[name]), config=cfg, ms_each=times[name], **mine)

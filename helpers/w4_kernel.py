@@ -1194,6 +1194,7 @@ def prepared_config(p: W4Weight, sms: int | None = None) -> dict:
 # round 16 the prepared path also takes, when the family says PREPARED=True)
 GEMV_SWITCHES = ("UNEVEN", "ACC16", "HALF2", "PDL")
 GEMV_RULE = {"PREPARED": False}   # the family that asks auto_config for the GEMV's rule at one row (not to be changed)
+PREPARED_ONLY = {"PAD": "pads the weight for", "SUBNORMAL": "is a switch of"}   # family keys of the prepared path alone
 
 
 def one_row_prepared(family: dict | None) -> bool:
@@ -1201,8 +1202,9 @@ def one_row_prepared(family: dict | None) -> bool:
     ``family``: its ``PREPARED`` where given (else its ``KERNEL``), else yes — unless the family names the GEMV
     by one of :data:`GEMV_SWITCHES` (``PDL`` alone included, as before round 16). With ``PREPARED`` true,
     ``PDL`` is kept, for both launches of the prepared path (round 16) and the tensor-core kernel's rows; the
-    GEMV's other switches, which the prepared loop does not have, are refused. The default since round 14 (README, "Quantized inference for real", its round-14
-    bullet: the measurements)."""
+    GEMV's other switches, which the prepared loop does not have, are refused, and the prepared path's own
+    (:data:`PREPARED_ONLY`: ``PAD``, ``SUBNORMAL``) where the family turns that path off. The default since round
+    14 (README, "Quantized inference for real", its round-14 bullet: the measurements)."""
     family = family or {}
     if not isinstance(family, dict):
         raise TypeError(f"family must be a dict of kernel switches (or None), got {type(family).__name__}")
@@ -1211,10 +1213,17 @@ def one_row_prepared(family: dict | None) -> bool:
         if family["PREPARED"] and gemv_only:
             raise ValueError(f"family {family}: {gemv_only[0]} is a switch of the CUDA-core GEMV, which "
                              "PREPARED=True does not run — drop it, or set PREPARED to False")
-        return bool(family["PREPARED"])
-    if "KERNEL" in family:
-        return family["KERNEL"] == "prepared"
-    return not any(key in family for key in GEMV_SWITCHES)
+        prepared = bool(family["PREPARED"])
+    elif "KERNEL" in family:
+        prepared = family["KERNEL"] == "prepared"
+    else:
+        prepared = not any(key in family for key in GEMV_SWITCHES)
+    own = [key for key in PREPARED_ONLY if family.get(key)]
+    if own and not prepared:
+        raise ValueError(f"family {own[0]} {PREPARED_ONLY[own[0]]} the prepared path, which family {family} turns "
+                         "off: leave out PREPARED=False, KERNEL='gemv' and the GEMV's switches (UNEVEN, ACC16, HALF2; "
+                         "PDL alone — or keep PDL and add PREPARED=True)")
+    return prepared
 
 
 def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
@@ -1232,13 +1241,10 @@ def auto_config(p: W4Weight, m: int, family: dict | None = None) -> dict:
     lowered until it divides ``K``)."""
     n, k = p.shape
     sms = _sms(p)
-    prepared = _pow2(p.group_size) and p.group_size >= 8 and one_row_prepared(family)
-    if m == 1 and family and family.get("SUBNORMAL") and not prepared:
-        why = (f"group_size {p.group_size} (it needs a power of 2 ≥ 8)" if not (_pow2(p.group_size) and p.group_size >= 8)
-               else "the family asks for the GEMV (PREPARED False, KERNEL 'gemv', or a GEMV switch without "
-                    "PREPARED=True — add PREPARED=True)")
+    prepared = one_row_prepared(family) and _pow2(p.group_size) and p.group_size >= 8
+    if m == 1 and family and family.get("SUBNORMAL") and not prepared:   # (a family turning the path off: refused above)
         raise ValueError(f"family {family}: SUBNORMAL is a switch of the prepared path, which one row of this weight "
-                         f"does not run: {why}")
+                         f"does not run: group_size {p.group_size} (it needs a power of 2 ≥ 8)")
     if m == 1 and prepared:
         cfg = prepared_config(p, sms=sms)
         return {**cfg, **{key: family[key] for key in ("PDL", "SUBNORMAL") if family and key in family}}

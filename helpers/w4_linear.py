@@ -51,10 +51,8 @@ class W4Linear(torch.nn.Module):
         weight = linear.weight.data
         self.in_features = weight.shape[1]
         pad = (family or {}).get("PAD")
-        if pad and not one_row_prepared(family):
-            raise ValueError(f"family PAD pads the weight for the prepared path, which family {family} turns off: "
-                             "leave out PREPARED=False and the GEMV's switches (UNEVEN, ACC16, HALF2; PDL alone — or "
-                             "keep PDL and add PREPARED=True)")
+        if pad:
+            one_row_prepared(family)   # refuses PAD where the family turns the prepared path off
         k_padded = pack_width(self.in_features, group_size) if pad else self.in_features
         if k_padded > self.in_features:
             weight = torch.nn.functional.pad(weight, (0, k_padded - self.in_features))
