@@ -1976,6 +1976,51 @@ if x6 is not None and len(x6):
     print(f"subnormal loop time ÷ centred: median {sub17['loop time ÷ centred'].median():.3f}; with the preparation "
           f"{sub17['with prep time ÷ centred'].median():.3f}; within its bound on {int(sub17.exact.sum())} of "
           f"{len(sub17)} (largest error {sub17.rel_err.max():.2e})")
+    for g, by_g in sub17.groupby("group"):
+        r = by_g["loop time ÷ centred"]
+        print(f"  g{g}: median {r.median():.3f}, slower beyond 2 % on {int((r > 1.02).sum())}, faster beyond 2 % on "
+              f"{int((r < 0.98).sum())} of {len(r)}")
     display(sub17.round(3))
 else:
     print("round 17 (x_side --subnormal) has not run on a GPU yet: scripts/gpu_owed.sh 39 times it")
+
+# %% [markdown]
+# The answer (run X6, an H100, at c16f34b): the subnormal loop is exact to its bound everywhere, but it is not
+# faster. A fifth of the loop's instructions went and the time did not follow: about even in the median, a little
+# faster at g64, slower at g128 — where the Llama-3.1-8B shapes that decode reads sit; the 7B-class 3584-wide weight
+# lost most (the table's rows 12 and 13). So the instruction count, our hypothesis from round 16, is not what bounds the loop on
+# its own. The subnormal loop also adds work — one more 128-bit load a step (the centring plane) and a fifth plane
+# for the preparation to write — and which of these ate the saving is not measured here. Whole-model decode agrees,
+# and here we ran the 8B in both orders, because the second configuration in a process has sometimes been the
+# slower one:
+
+# %%
+if (H100 / "decode.json").exists() and {"2026-12-07g", "2026-12-07k"} <= set(kernel_runs.load("h100", "decode.json")[0]["runs"]):
+    _, d17 = kernel_runs.load("h100", "decode.json", runs=["2026-12-07g", "2026-12-07h", "2026-12-07i", "2026-12-07k"])
+    for run, arch, recipe, order in (("2026-12-07g", "Llama-3.1-8B", "fused+head+attn", "centred first"),
+                                     ("2026-12-07k", "Llama-3.1-8B", "fused+head+attn", "subnormal first"),
+                                     ("2026-12-07h", "Llama-2-7B", "fused+head+attn", "centred first"),
+                                     ("2026-12-07i", "Qwen2.5-1.5B", "head+attn", "centred first")):
+        centred = kernel_runs.decode_tok_s(d17, run, "W4A16 ours", recipe, flag="PREPARED")
+        sub = kernel_runs.decode_tok_s(d17, run, "W4A16 ours", recipe, flag=("PREPARED", "SUBNORMAL"))
+        print(f"{arch:<13} {order:<16} {centred:6.1f} tok/s centred, {sub:6.1f} subnormal ({sub / centred - 1:+.1%}); "
+              f"run {run}")
+    pdl = kernel_runs.decode_tok_s(d17, "2026-12-07i", "W4A16 ours", "head+attn", flag=("PREPARED", "PDL"))
+    plain = kernel_runs.decode_tok_s(d17, "2026-12-07i", "W4A16 ours", "head+attn", flag="PREPARED")
+    print(f"round 16 held out, Qwen2.5-1.5B: {plain:.1f} tok/s plain, {pdl:.1f} with PDL ({pdl / plain - 1:+.1%}; "
+          "one run, PDL second of three)")
+else:
+    print("runs 2026-12-07g/k (round 17's decode) are not in this checkout's results/h100/decode.json")
+
+# %% [markdown]
+# `SUBNORMAL` stays off, tested and in the code, as a measured negative result — the kind a kernel engineer collects
+# more of than wins. The one surprise runs the other way: on the smallest model, Qwen2.5-1.5B, where each weight is a
+# few megabytes and fixed costs weigh most, PDL — which lost on the two 7–8B models — gained in its one run. That is
+# what PDL is for (hiding a launch behind the one before), and it is a single run, so the README lists the rerun in
+# the other order as owed before anything changes.
+#
+# **Exercise.** Read the two loops' machine code yourself: `python scripts/kernel_sass.py --kernel prepared
+# --groups 16 --block-n 8 --warps 2` and the same with `--subnormal` (it compiles for sm_90 on any machine, no GPU
+# needed). Count the `LDG.E.128` in each loop body and the `HADD2`/`HFMA2`; from the bytes each step loads, work out
+# how many bytes per instruction each loop asks of the memory system — then say which of the two numbers you would
+# expect a bandwidth-bound loop to follow, and whether run X6 agrees.

@@ -110,6 +110,8 @@
 #      decode, batch 1 compiled, fused+head+attn, ours prepared with and without SUBNORMAL (compiled-step profiles)
 #   40 round 17 where it was not tried first, then round 16's owed Qwen: Llama-2-7B decode prepared with and without
 #      SUBNORMAL (fused+head+attn), then Qwen2.5-1.5B (head+attn) prepared, with PDL, with SUBNORMAL, then its bf16
+#   41 round 16's one gain checked in the other order: Qwen2.5-1.5B decode (head+attn, batch 1 compiled), ours prepared
+#      with PDL first, then plain (run 2026-12-07i had PDL second: +6.6 %), then T4-sized (COURSE_GPU_GIB=15) notebook 06
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and
 #      450 s in the last run; join the two folders with scripts/run_all.py --merge)
 # Everything lands under $OUT (default /tmp/out); carry .whl (README, "Running the GPU parts").
@@ -351,6 +353,9 @@ tests/test_kernel_once.py" PART_TIMEOUT=300 gpu pytest
        PART_TIMEOUT=$(left 450 60) gpu decode; keep_decode decode_qwen_w4
      DECODE_FORMATS="bf16" DECODE_ARGS="--arch Qwen2.5-1.5B --batches 1 --eager= --compile 1 --recipes attn" \
        PART_TIMEOUT=$(left "${CALL_BUDGET:-585}" 20) gpu decode; keep_decode decode_qwen_bf16 ;;
-  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|40 (see the header)"; exit 2 ;;
+  41) DECODE_FORMATS="W4A16 ours" DECODE_ARGS="--arch Qwen2.5-1.5B --batches 1 --eager= --compile 1 --recipes head+attn \
+--family [{\"PREPARED\":true,\"PDL\":true},{\"PREPARED\":true}]" PART_TIMEOUT=200 gpu decode; keep_decode decode_qwen_pdl_first
+     NOTEBOOKS="notebooks/06_perplexity.ipynb" COURSE_GPU_GIB=15 PART_TIMEOUT=$(left "${CALL_BUDGET:-585}" 30) gpu notebooks ;;
+  *) echo "usage: COURSE_COMMIT=<hash> bash scripts/gpu_owed.sh 1|2|...|41 (see the header)"; exit 2 ;;
 esac
 echo "call ${1} done in $(( $(date +%s) - T0 )) s"
