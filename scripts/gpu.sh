@@ -20,7 +20,8 @@
 #   imports               python -m benchmarks.import_time (what a notebook's first cell waits for: import, first CUDA call)
 #                         -> $OUT/import_time.json
 #   ncu                   Nsight Compute on one W4A16 call per case (benchmarks.kernel_once; NCU_CASES="SHAPE:GROUP:ROWS;...",
-#                         default the 8B gate/up and 70B down weights at g128, rows 1 and 8) -> $OUT/ncu.txt
+#                         default the 8B gate/up and 70B down weights at g128, rows 1 and 8; NCU_FAMILY='{"SUBNORMAL":true}'
+#                         gives every case auto_config's config with those switches) -> $OUT/ncu.txt
 #   budget [ARCH ...]     python -m benchmarks.budget_accuracy               -> $OUT/budget_accuracy.json
 #   allocator             python -m benchmarks.allocator_agreement --random 40 (SEED_START=40 for held-out seeds)
 #   quantizers            python -m benchmarks.quantizers (GPTQ/AWQ peak and time, ours vs llm-compressor; QUANT_ARGS adds options)
@@ -90,7 +91,7 @@ run_part() {
            timeout "$left" ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
              --section SchedulerStats --section Occupancy --section LaunchStats -k "regex:_w4a16|_gemv_prepared" --launch-skip 2 \
              --launch-count 1 python3 -m benchmarks.kernel_once --shape "$shape" --group "$group" --rows "$rows" \
-             --calls 3 > "$OUT/ncu_case.txt" 2>&1
+             --calls 3 ${NCU_FAMILY:+--family "$NCU_FAMILY"} > "$OUT/ncu_case.txt" 2>&1
            echo "ncu rc $? for $c"
            cat "$OUT/ncu_case.txt" >> "$OUT/ncu.txt"
            grep -E '^\{|Duration|DRAM Throughput|Achieved Occupancy|Registers Per' "$OUT/ncu_case.txt" | cut -c1-240

@@ -23,6 +23,16 @@ def test_a_given_config_is_the_one_run():
     assert out["config"]["BLOCK_N"] == 16 and out["grid"] == [3, 2] and out["rel_err"] < 2 ** -7   # a bf16 output: within one bf16 step
 
 
+def test_a_family_picks_the_rules_config_with_its_switch(capsys):
+    out = kernel_once.main(["--shape", "256x48", "--group", "64", "--calls", "1",
+                            "--family", '{"PREPARED": true, "SUBNORMAL": true}'])
+    plain = kernel_once.run("256x48", 64, 1, calls=1)
+    assert out["config"]["SUBNORMAL"] and not plain["config"].get("SUBNORMAL")
+    assert {k: v for k, v in out["config"].items() if k != "SUBNORMAL"} == \
+        {k: v for k, v in plain["config"].items() if k != "SUBNORMAL"}
+    assert out["rel_err"] < 1e-2
+
+
 def test_named_shapes_resolve():
     assert kernel_once.parse_shape("8B gate/up 4096x14336") == (4096, 14336)
     assert kernel_once.parse_shape("Llama-3.2-3B down 8192x3072") == (8192, 3072)
@@ -37,6 +47,9 @@ def test_named_shapes_resolve():
     (["--shape", "256x48", "--config", "{BLOCK_N: 64}"], "--config must be a JSON dict"),
     (["--shape", "256x48", "--config", "[64]"], "--config must be a JSON dict"),
     (["--shape", "256x48", "--rows", "0"], "--rows and --calls must be"),
+    (["--shape", "256x48", "--family", "SUBNORMAL"], "--family must be a JSON dict such as"),
+    (["--shape", "256x48", "--family", "[1]"], "--family must be a JSON dict (auto_config's switches)"),
+    (["--shape", "256x48", "--config", '{"BLOCK_N": 16}', "--family", '{"PDL": true}'], "not both"),
     (["--shape", "256x48", "--group", "64", "--config", '{"BLOCK_N": 24}'], "BLOCK_N must be a power of 2"),
 ])
 def test_bad_input_is_named(argv, needle):
