@@ -47,7 +47,7 @@ def run(shape: str, group: int, rows: int, config: dict | None = None, calls: in
     k, n = parse_shape(shape)
     if rows < 1 or calls < 1:
         raise ValueError(f"--rows and --calls must be ≥ 1, got rows={rows}, calls={calls}")
-    if config and family:
+    if config is not None and family is not None:
         raise ValueError("give --config (a whole config) or --family (auto_config's switches), not both")
     if group < 2 or group & (group - 1) or k % group:
         raise ValueError(f"--group must be a power of two ≥ 2 that divides K={k} (64 or 128 in the course), got {group}")

@@ -2021,6 +2021,8 @@ else:
 #
 # **Exercise.** Read the two loops' machine code yourself: `python scripts/kernel_sass.py --kernel prepared
 # --groups 16 --block-n 8 --warps 2` and the same with `--subnormal` (it compiles for sm_90 on any machine, no GPU
-# needed). Count the `LDG.E.128` in each loop body and the `HADD2`/`HFMA2`; from the bytes each step loads, work out
-# how many bytes per instruction each loop asks of the memory system — then say which of the two numbers you would
-# expect a bandwidth-bound loop to follow, and whether run X6 agrees.
+# needed). It lists the loop's loads by kind: `LDG.E.EF.128` are the weight's 128-bit loads (read once, from DRAM,
+# marked evict-first) and `LDG.E.128` the activation planes' (the same for every program, so mostly from L2) —
+# count both in each loop, and the `HADD2`/`HFMA2`. From the weight's bytes a step, work out how many bytes of DRAM
+# traffic each loop asks per instruction — then say which of the two numbers you would expect a bandwidth-bound loop
+# to follow, and whether run X6 agrees.

@@ -20,8 +20,9 @@
 #   imports               python -m benchmarks.import_time (what a notebook's first cell waits for: import, first CUDA call)
 #                         -> $OUT/import_time.json
 #   ncu                   Nsight Compute on one W4A16 call per case (benchmarks.kernel_once; NCU_CASES="SHAPE:GROUP:ROWS;...",
-#                         default the 8B gate/up and 70B down weights at g128, rows 1 and 8; NCU_FAMILY='{"SUBNORMAL":true}'
-#                         gives every case auto_config's config with those switches) -> $OUT/ncu.txt
+#                         default the 8B gate/up and 70B down weights at g128, rows 1 and 8; NCU_FAMILY='{"PREPARED":true,
+#                         "SUBNORMAL":true}' gives each case auto_config's config with those switches — the one-row cases:
+#                         more rows run the tensor-core kernel, which ignores the prepared path's) -> $OUT/ncu.txt
 #   budget [ARCH ...]     python -m benchmarks.budget_accuracy               -> $OUT/budget_accuracy.json
 #   allocator             python -m benchmarks.allocator_agreement --random 40 (SEED_START=40 for held-out seeds)
 #   quantizers            python -m benchmarks.quantizers (GPTQ/AWQ peak and time, ours vs llm-compressor; QUANT_ARGS adds options)

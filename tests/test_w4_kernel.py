@@ -539,18 +539,20 @@ def test_pdl_on_the_prepared_path_did_not_pay_on_the_h100():
 
 def test_subnormal_codes_did_not_pay_on_the_h100():
     """Round 17 (results/h100, c16f34b): run X6 of x_side.json — the subnormal loop within its bound on all 44
-    weights × groups, its time no better than the centred loop's at g128 in the median — and decode runs
-    2026-12-07g/h/i/k, the prepared path slower with SUBNORMAL on three architectures and in both orders on
-    Llama-3.1-8B; why auto_config leaves SUBNORMAL off."""
+    weights × groups, slower than the centred loop at g128 in the median (faster at g64: the kernel timings alone
+    are mixed) — and what decides it, decode runs 2026-12-07g/h/i/k: the prepared path slower with SUBNORMAL on
+    Llama-3.1-8B in both orders (g, k), and in one run each on Llama-2-7B and Qwen2.5-1.5B (h, i); why auto_config
+    leaves SUBNORMAL off."""
     import json
+    import statistics
     from pathlib import Path
     res = Path(__file__).resolve().parents[1] / "results/h100"
     xs = [r for r in json.loads((res / "x_side.json").read_text())["rows"] if r["run"] == "2026-12-07 X6"]
     centred = {(r["shape"], r["group"]): r["ms"] for r in xs if r["kernel"] == kernel_runs.X_CAND}
     sub = {(r["shape"], r["group"]): r for r in xs if r["kernel"] == kernel_runs.X_SUB}
     assert len(centred) == len(sub) == 44 and all(r["exact"] for r in sub.values())
-    g128 = sorted(sub[c]["ms"] / centred[c] for c in centred if c[1] == 128)
-    assert g128[len(g128) // 2] > 1.0
+    by_group = {g: statistics.median(sub[c]["ms"] / centred[c] for c in centred if c[1] == g) for g in (64, 128)}
+    assert by_group[128] > 1.0 > by_group[64]
     dec = [r for r in json.loads((res / "decode.json").read_text())["rows"]
            if r.get("run") in ("2026-12-07g", "2026-12-07h", "2026-12-07i", "2026-12-07k") and r.get("compiled") is True
            and not r["family"].get("PDL")]
