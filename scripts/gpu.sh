@@ -54,6 +54,9 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 python3 -m ipykernel install --user --name python3 >/dev/null 2>&1 || true
 T=${PART_TIMEOUT:-540}
+# the *_ARGS, TESTS and NOTEBOOKS below are split into words unquoted: never glob them (a JSON family such as
+# [{"PDL":true}] or a test id's [param] is a pattern, which a one-letter file in this folder would match)
+set -f
 run_part() {
   local part=$1; shift
   local t0=$(date +%s)
