@@ -187,13 +187,14 @@ def x_side_control(rows) -> dict | None:
 def ncu_cases(text: str, metrics) -> list[dict]:
     """The Nsight Compute report of ``scripts/gpu.sh ncu`` (``results/CARD/ncu_*.txt``: each profiled case opens with
     ``benchmarks.kernel_once``'s JSON line, then ncu's sections) as one dict per case: ``weight`` (the JSON's
-    ``shape``) and the value of each of ``metrics`` — ncu's metric names, e.g. ``"Waves Per SM"`` — read from its
+    ``shape``), its ``group`` and the value of each of ``metrics`` — ncu's metric names, e.g. ``"Waves Per SM"`` — read from its
     line (name, unit or none, value; thousands' commas dropped). A metric a case's report lacks is refused by name."""
     import json
     cases = []
     for line in text.splitlines():
         if line.startswith("{"):
-            cases.append({"weight": json.loads(line)["shape"]})
+            once = json.loads(line)
+            cases.append({"weight": once["shape"], "group": once.get("group")})
         elif cases:
             for name in metrics:
                 if name not in cases[-1] and line.strip().startswith(name + " "):

@@ -2013,6 +2013,22 @@ else:
     print("runs 2026-12-07g/k (round 17's decode) are not in this checkout's results/h100/decode.json")
 
 # %% [markdown]
+# Why did a fifth fewer instructions buy nothing? The loss follows the weight's shape more than its group, so the
+# next look is Nsight Compute on both loops for two pairs that each differ in one thing: the same `K` = 3584 and
+# tile at g128 with `N` = 18944 (lost most) and 28672 (gained), and the 8B gate|up joined at g128 (lost) and g64
+# (gained) — `scripts/gpu_owed.sh 42`, whose two reports the cell below sets side by side once they are in
+# `results/h100/` (as `ncu_centred_<commit>.txt` and `ncu_subnormal_<commit>.txt`):
+
+# %%
+metrics = ("Duration", "DRAM Throughput", "Achieved Occupancy", "Issued Warp Per Scheduler", "Registers Per Thread")
+pairs = [(H100 / f.name.replace("subnormal", "centred"), f) for f in sorted(H100.glob("ncu_subnormal_*.txt"))]
+if pairs and pairs[-1][0].exists():
+    centred_ncu, sub_ncu = (pd.DataFrame(kernel_runs.ncu_cases(f.read_text(), metrics)) for f in pairs[-1])
+    display(centred_ncu.merge(sub_ncu, on=["weight", "group"], suffixes=(" centred", " subnormal")).set_index(["weight", "group"]).T.sort_index())
+else:
+    print("call 42 (Nsight Compute on the centred and subnormal loops) has not run yet: its reports are not in results/h100")
+
+# %% [markdown]
 # `SUBNORMAL` stays off, tested and in the code, as a measured negative result — the kind a kernel engineer collects
 # more of than wins. The one surprise runs the other way: on the smallest model, Qwen2.5-1.5B, where each weight is a
 # few megabytes and fixed costs weigh most, PDL — which lost on the two 7–8B models — gained in its one run. That is

@@ -169,7 +169,7 @@ def test_ncu_cases_reads_each_profiled_case_of_the_committed_reports():
     text = (Path(__file__).resolve().parent.parent / "results" / "h100" / "ncu_prepared_e6e91b9.txt").read_text()
     cases = kernel_runs.ncu_cases(text, ("Waves Per SM", "Grid Size", "DRAM Throughput"))
     assert [c["weight"] for c in cases] == ["8B gate/up 4096x14336", "8B down 14336x4096", "14B-class 5120x13824"]
-    assert [c["Waves Per SM"] for c in cases] == [1.36, 0.39, 0.94]
+    assert [c["Waves Per SM"] for c in cases] == [1.36, 0.39, 0.94] and {c["group"] for c in cases} == {128}
     assert [c["Grid Size"] for c in cases] == [1792.0, 512.0, 1728.0]          # "1,792": the comma dropped
     assert cases[1]["DRAM Throughput"] == 55.34
     with pytest.raises(ValueError, match="no profiled case"):
