@@ -2016,16 +2016,23 @@ else:
 # Why did a fifth fewer instructions buy nothing? The loss follows the weight's shape more than its group, so the
 # next look is Nsight Compute on both loops for two pairs that each differ in one thing: the same `K` = 3584 and
 # tile at g128 with `N` = 18944 (lost most) and 28672 (gained), and the 8B gate|up joined at g128 (lost) and g64
-# (gained) — `scripts/gpu_owed.sh 42`, whose two reports the cell below sets side by side once they are in
-# `results/h100/` (as `ncu_centred_<commit>.txt` and `ncu_subnormal_<commit>.txt`):
+# (gained) — `scripts/gpu_owed.sh 42`, whose two reports (`ncu_centred_<commit>.txt`, `ncu_subnormal_<commit>.txt`)
+# the cell below sets side by side, every commit's pair that is in `results/h100/`:
 
 # %%
 metrics = ("Duration", "DRAM Throughput", "Achieved Occupancy", "Issued Warp Per Scheduler", "Registers Per Thread")
 pairs = [(H100 / f.name.replace("subnormal", "centred"), f) for f in sorted(H100.glob("ncu_subnormal_*.txt"))]
-if pairs and pairs[-1][0].exists():
-    centred_ncu, sub_ncu = (pd.DataFrame(kernel_runs.ncu_cases(f.read_text(), metrics)) for f in pairs[-1])
-    display(centred_ncu.merge(sub_ncu, on=["weight", "group"], suffixes=(" centred", " subnormal")).set_index(["weight", "group"]).T.sort_index())
-else:
+pairs = [(c, s) for c, s in pairs if c.exists()]   # a report without its partner is not a comparison
+for centred_file, sub_file in pairs:
+    print(f"commit {sub_file.stem.rsplit('_', 1)[-1]}:")
+    try:
+        centred_ncu, sub_ncu = (pd.DataFrame(kernel_runs.ncu_cases(f.read_text(), metrics)) for f in (centred_file, sub_file))
+    except ValueError as e:   # a case cut off by the call's time limit has no metrics
+        print(f"  not comparable: {e}")
+        continue
+    display(centred_ncu.merge(sub_ncu, on=["weight", "group"], suffixes=(" centred", " subnormal"))
+            .set_index(["weight", "group"]).T.sort_index())
+if not pairs:
     print("call 42 (Nsight Compute on the centred and subnormal loops) has not run yet: its reports are not in results/h100")
 
 # %% [markdown]
