@@ -74,6 +74,29 @@ def meets_targets(of_copy, vs_tinygemm):
     return (of_copy >= OF_COPY) & (vs_tinygemm >= VS_TINYGEMM)
 
 
+def time_ratio_counts(ratio, margin: float = 0.02) -> dict:
+    """How a Series of time ratios (a candidate's time ÷ a baseline's, one per weight × group) splits around 1:
+    ``slower`` (> 1) and ``slower_beyond`` (> 1 + ``margin``), ``faster`` (< 1) and ``faster_beyond`` (< 1 −
+    ``margin``), ``of`` (how many), and the ``median``."""
+    if not 0 <= margin < 1:
+        raise ValueError(f"margin must be a share in [0, 1) (0.02 for 2 %), got {margin!r}")
+    if len(ratio) == 0:
+        raise ValueError("ratio is empty: no weight × group to count")
+    return {"slower": int((ratio > 1).sum()), "slower_beyond": int((ratio > 1 + margin).sum()),
+            "faster": int((ratio < 1).sum()), "faster_beyond": int((ratio < 1 - margin).sum()), "of": len(ratio),
+            "median": float(ratio.median())}
+
+
+def repeat_spread(rows):
+    """Per row of an x_side run timed more than once (``ms_each``, tinygemm's rows left out): how far its slowest
+    timing is above its fastest, ``max / min − 1`` — the run's own noise, to set beside the ratios it reports."""
+    timed = rows.iloc[:0] if "ms_each" not in rows else \
+        rows[(rows.kernel != X_TINY) & rows.ms_each.map(lambda t: isinstance(t, list) and len(t) > 1)]
+    if timed.empty:
+        raise ValueError("no row of these was timed more than once (ms_each): runs X5 and later time twice")
+    return timed.ms_each.map(lambda t: max(t) / min(t) - 1)
+
+
 # the kernel names of benchmarks/x_side.py's rows (it writes them from here; the views below read them)
 X_RULE, X_TINY = "ours (the rule)", "tinygemm (torchao int4)"
 X_LOOP, X_PREP = "prepared x: loop alone", "prepared x: preparation alone"
@@ -210,7 +233,7 @@ def ncu_cases(text: str, metrics) -> list[dict]:
 
 def per_weight(rows, view) -> object:
     """A table of ``view(case)`` (:func:`x_side_best`, :func:`x_side_candidate`, :func:`x_side_padded`,
-    :func:`x_side_pdl`) for each
+    :func:`x_side_pdl`, :func:`x_side_subnormal`) for each
     weight × group of ``rows`` (one x_side run's), in the run's order."""
     import pandas as pd
     return pd.DataFrame([view(case) for _, case in rows.groupby(["shape", "group"], sort=False)])

@@ -1902,7 +1902,10 @@ if (H100 / "x_side.json").exists() and "2026-12-07 X5" in xmeta["runs"]:
           f"(median {ratio.median():.3f}); both targets met plain on "
           f"{int(kernel_runs.meets_targets(pdl16.plain, pdl16['plain ÷ tinygemm']).sum())}, with PDL on "
           f"{int(kernel_runs.meets_targets(pdl16.PDL, pdl16['PDL ÷ tinygemm']).sum())}")
-    repeats = x5[x5.kernel != kernel_runs.X_TINY].ms_each.map(lambda t: max(t) / min(t) - 1)
+    c = kernel_runs.time_ratio_counts(ratio)
+    print(f"PDL slower on {c['slower']} of {c['of']} (beyond 2 % on {c['slower_beyond']}), faster on {c['faster']} "
+          f"(beyond 2 % on {c['faster_beyond']})")
+    repeats = kernel_runs.repeat_spread(x5)
     print(f"the two timings of each launch differ by a median {repeats.median():.1%} (at most {repeats.max():.1%})")
     display(pdl16.round(3))
 else:
@@ -1977,9 +1980,11 @@ if x6 is not None and len(x6):
           f"{sub17['with prep time ÷ centred'].median():.3f}; within its bound on {int(sub17.exact.sum())} of "
           f"{len(sub17)} (largest error {sub17.rel_err.max():.2e})")
     for g, by_g in sub17.groupby("group"):
-        r = by_g["loop time ÷ centred"]
-        print(f"  g{g}: median {r.median():.3f}, slower beyond 2 % on {int((r > 1.02).sum())}, faster beyond 2 % on "
-              f"{int((r < 0.98).sum())} of {len(r)}")
+        c = kernel_runs.time_ratio_counts(by_g["loop time ÷ centred"])
+        print(f"  g{g}: median {c['median']:.3f}, slower beyond 2 % on {c['slower_beyond']}, faster beyond 2 % on "
+              f"{c['faster_beyond']} of {c['of']}")
+    repeats = kernel_runs.repeat_spread(x6)
+    print(f"the two timings of each launch differ by a median {repeats.median():.1%} (at most {repeats.max():.1%})")
     display(sub17.round(3))
 else:
     print("round 17 (x_side --subnormal) has not run on a GPU yet: scripts/gpu_owed.sh 39 times it")

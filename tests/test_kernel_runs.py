@@ -176,3 +176,26 @@ def test_ncu_cases_reads_each_profiled_case_of_the_committed_reports():
         kernel_runs.ncu_cases("Waves Per SM   1.0\n", ("Waves Per SM",))
     with pytest.raises(ValueError, match=r"has no \['Stalls On Nothing'\]"):
         kernel_runs.ncu_cases(text, ("Stalls On Nothing",))
+
+
+def test_time_ratio_counts_and_repeat_spread_on_the_committed_runs():
+    """Run X5 (round 16): PDL slower on 33 of 44, beyond 2 % on 25 (the README's numbers); run X6's two timings of
+    each launch differ by a median under 1 %; bad input is refused by name."""
+    import pandas as pd
+    _, rows = kernel_runs.load("h100", "x_side.json", runs="2026-12-07 X5")
+    c = kernel_runs.time_ratio_counts(kernel_runs.per_weight(rows, kernel_runs.x_side_pdl)["PDL time ÷ plain"])
+    assert (c["slower"], c["slower_beyond"], c["faster"], c["of"]) == (33, 25, 11, 44) and c["median"] > 1
+    _, x6 = kernel_runs.load("h100", "x_side.json", runs="2026-12-07 X6")
+    spread = kernel_runs.repeat_spread(x6)
+    assert len(spread) == 4 * 44 and 0 < spread.median() < 0.01
+    assert kernel_runs.time_ratio_counts(pd.Series([0.5, 1.0, 1.01, 1.5]), margin=0.0) == {
+        "slower": 2, "slower_beyond": 2, "faster": 1, "faster_beyond": 1, "of": 4, "median": 1.005}
+    with pytest.raises(ValueError, match="margin must be a share"):
+        kernel_runs.time_ratio_counts(pd.Series([1.0]), margin=2)
+    with pytest.raises(ValueError, match="ratio is empty"):
+        kernel_runs.time_ratio_counts(pd.Series([], dtype=float))
+    _, x2 = kernel_runs.load("h100", "x_side.json", runs="2026-12-06 X2")
+    with pytest.raises(ValueError, match="timed more than once"):
+        kernel_runs.repeat_spread(x2)
+    with pytest.raises(ValueError, match="timed more than once"):
+        kernel_runs.repeat_spread(x2.drop(columns="ms_each"))

@@ -519,20 +519,17 @@ def test_pdl_did_not_pay_in_decode_on_the_h100():
 def test_pdl_on_the_prepared_path_did_not_pay_on_the_h100():
     """Round 16 (results/h100, 01c34f0): run X5 of x_side.json — PDL's output equal to the plain launch's, its
     time above the plain one's in the median — and decode runs 2026-12-07e/f, the prepared path slower with PDL
-    on both architectures; why auto_config leaves PDL off on the prepared path too."""
-    import json
-    from pathlib import Path
-    res = Path(__file__).resolve().parents[1] / "results/h100"
-    xs = [r for r in json.loads((res / "x_side.json").read_text())["rows"] if r["run"] == "2026-12-07 X5"]
-    plain = {(r["shape"], r["group"]): r["ms"] for r in xs if r["kernel"] == kernel_runs.X_CAND_PAID}
-    pdl = {(r["shape"], r["group"]): r for r in xs if r["kernel"] == kernel_runs.X_PDL_PAID}
-    assert len(plain) == len(pdl) == 44 and all(r["same_as_plain"] and r["exact"] for r in pdl.values())
-    ratios = sorted(pdl[c]["ms"] / plain[c] for c in plain)
+    on both architectures; why auto_config leaves PDL off on the prepared path too. Read as notebook 08 reads
+    them (kernel_runs.x_side_pdl, kernel_runs.decode_tok_s)."""
+    _, rows = kernel_runs.load("h100", "x_side.json", runs="2026-12-07 X5")
+    x5 = kernel_runs.per_weight(rows, kernel_runs.x_side_pdl)
+    assert len(x5) == 44 and x5["same output"].all() and rows[rows.kernel == kernel_runs.X_PDL_PAID].exact.all()
+    ratios = sorted(x5["PDL time ÷ plain"])
     assert ratios[len(ratios) // 2] > 1.02 and sum(x > 1 for x in ratios) == 33
-    dec = [r for r in json.loads((res / "decode.json").read_text())["rows"]
-           if r.get("run") in ("2026-12-07e", "2026-12-07f") and r.get("compiled") is True]
-    tok = {(r["run"], bool(r["family"].get("PDL"))): r["decode_tok_s"] for r in dec}
-    assert len(tok) == 4 and all(tok[(run, True)] < tok[(run, False)] for run in ("2026-12-07e", "2026-12-07f"))
+    _, dec = kernel_runs.load("h100", "decode.json", runs=["2026-12-07e", "2026-12-07f"])
+    for run in ("2026-12-07e", "2026-12-07f"):
+        assert kernel_runs.decode_tok_s(dec, run, "W4A16 ours", "fused+head+attn", flag=("PREPARED", "PDL")) < \
+            kernel_runs.decode_tok_s(dec, run, "W4A16 ours", "fused+head+attn", flag="PREPARED")
     p = w4_format.pack_w4(weight(64, 1024), 128)
     assert "PDL" not in w4_kernel.auto_config(p, 1, {"PREPARED": True})
 
@@ -542,23 +539,18 @@ def test_subnormal_codes_did_not_pay_on_the_h100():
     weights × groups, slower than the centred loop at g128 in the median (faster at g64: the kernel timings alone
     are mixed) — and what decides it, decode runs 2026-12-07g/h/i/k: the prepared path slower with SUBNORMAL on
     Llama-3.1-8B in both orders (g, k), and in one run each on Llama-2-7B and Qwen2.5-1.5B (h, i); why auto_config
-    leaves SUBNORMAL off."""
-    import json
-    import statistics
-    from pathlib import Path
-    res = Path(__file__).resolve().parents[1] / "results/h100"
-    xs = [r for r in json.loads((res / "x_side.json").read_text())["rows"] if r["run"] == "2026-12-07 X6"]
-    centred = {(r["shape"], r["group"]): r["ms"] for r in xs if r["kernel"] == kernel_runs.X_CAND}
-    sub = {(r["shape"], r["group"]): r for r in xs if r["kernel"] == kernel_runs.X_SUB}
-    assert len(centred) == len(sub) == 44 and all(r["exact"] for r in sub.values())
-    by_group = {g: statistics.median(sub[c]["ms"] / centred[c] for c in centred if c[1] == g) for g in (64, 128)}
+    leaves SUBNORMAL off. Read as notebook 08 reads them (kernel_runs.x_side_subnormal, kernel_runs.decode_tok_s)."""
+    x6 = kernel_runs.per_weight(kernel_runs.load("h100", "x_side.json", runs="2026-12-07 X6")[1],
+                                kernel_runs.x_side_subnormal)
+    assert len(x6) == 44 and x6.exact.all()
+    by_group = x6.groupby("group")["loop time ÷ centred"].median()
     assert by_group[128] > 1.0 > by_group[64]
-    dec = [r for r in json.loads((res / "decode.json").read_text())["rows"]
-           if r.get("run") in ("2026-12-07g", "2026-12-07h", "2026-12-07i", "2026-12-07k") and r.get("compiled") is True
-           and not r["family"].get("PDL")]
-    tok = {(r["run"], bool(r["family"].get("SUBNORMAL"))): r["decode_tok_s"] for r in dec}
-    runs = ("2026-12-07g", "2026-12-07h", "2026-12-07i", "2026-12-07k")
-    assert len(tok) == 8 and all(tok[(run, True)] < tok[(run, False)] for run in runs)
+    runs = {"2026-12-07g": "fused+head+attn", "2026-12-07h": "fused+head+attn", "2026-12-07i": "head+attn",
+            "2026-12-07k": "fused+head+attn"}
+    _, dec = kernel_runs.load("h100", "decode.json", runs=list(runs))
+    for run, recipe in runs.items():
+        assert kernel_runs.decode_tok_s(dec, run, "W4A16 ours", recipe, flag=("PREPARED", "SUBNORMAL")) < \
+            kernel_runs.decode_tok_s(dec, run, "W4A16 ours", recipe, flag="PREPARED")
     p = w4_format.pack_w4(weight(64, 1024), 128)
     assert "SUBNORMAL" not in w4_kernel.auto_config(p, 1, {"PREPARED": True})
 
