@@ -93,7 +93,8 @@ run_part() {
            [ "$left" -gt 10 ] || { echo "ncu: no time left for $c"; break; }
            # three calls: two compile and warm up, the third is profiled
            timeout "$left" ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-             --section SchedulerStats --section Occupancy --section LaunchStats -k "regex:_w4a16|_gemv_prepared" --launch-skip 2 \
+             --section SchedulerStats --section Occupancy --section LaunchStats --section InstructionStats \
+             --section ComputeWorkloadAnalysis -k "regex:_w4a16|_gemv_prepared" --launch-skip 2 \
              --launch-count 1 python3 -m benchmarks.kernel_once --shape "$shape" --group "$group" --rows "$rows" \
              --calls 3 ${NCU_FAMILY:+--family "$NCU_FAMILY"} > "$OUT/ncu_case.txt" 2>&1
            echo "ncu rc $? for $c"
