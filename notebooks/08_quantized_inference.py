@@ -55,7 +55,7 @@ import numpy as np
 import pandas as pd
 import torch
 from helpers import (budget, course_model, decode_bench, engine_plan, evaluate, exercises, generation, gguf_run,
-                     kernel_runs, key_numbers, llm_compressor, loading, measure, models, timing)
+                     kernel_runs, key_numbers, llm_compressor, loading, measure, models, occupancy, timing)
 from helpers.config import cache_dir, pick, results_path
 from helpers.device import has_cuda, get_device
 from helpers.qspec import QuantSpec
@@ -2025,7 +2025,8 @@ else:
 # the cell below sets side by side, every commit's pair that is in `results/h100/`:
 
 # %%
-metrics = ("Duration", "DRAM Throughput", "Achieved Occupancy", "Issued Warp Per Scheduler", "Registers Per Thread")
+metrics = ("Duration", "DRAM Throughput", "Achieved Occupancy", "Issued Warp Per Scheduler", "Registers Per Thread",
+           "Waves Per SM")
 pairs = [(H100 / f.name.replace("subnormal", "centred"), f) for f in sorted(H100.glob("ncu_subnormal_*.txt"))]
 pairs = [(c, s) for c, s in pairs if c.exists()]   # a report without its partner is not a comparison
 for centred_file, sub_file in pairs:
@@ -2039,6 +2040,39 @@ for centred_file, sub_file in pairs:
             .set_index(["weight", "group"]).T.sort_index())
 if not pairs:
     print("call 42 (Nsight Compute on the centred and subnormal loops) has not run yet: its reports are not in results/h100")
+
+# %% [markdown]
+# #### Waves: the last, nearly empty round of programs
+# One thing the two loops can differ in besides their instructions is how many programs an SM holds at once. A
+# program of the prepared loop is 2 warps; an SM has 65,536 registers and gives them to a warp in units of 256, so
+# a loop compiled to `r` registers per thread fits `⌊65536 / (2 · ⌈32r / 256⌉ · 256)⌋` programs per SM (at most 32),
+# and a grid of `P` programs runs in `P / (132 · that)` **waves** on the H100's 132 SMs (`helpers/occupancy.py`: the
+# CUDA Occupancy Calculator's arithmetic). A grid of 1.12 waves runs a second round that is almost empty — an SM
+# holding one program streams far less than its share. The subnormal loop needs a few more registers than the
+# centred one at some tiles (`scripts/kernel_sass.py --subnormal` prints them), so at some shapes it crosses a wave
+# the centred loop does not. First the arithmetic against Nsight Compute, on every report in `results/h100/` that
+# lists a kernel's registers and waves:
+
+# %%
+ncu_rows = []
+for f in sorted(H100.glob("ncu_*.txt")):
+    try:
+        cases = kernel_runs.ncu_cases(f.read_text(), ("Registers Per Thread", "Block Size", "Grid Size", "Waves Per SM"))
+    except ValueError:   # a report of other sections, or a case cut off by its call's limit
+        continue
+    for c in cases:
+        per_sm = occupancy.programs_per_sm(int(c["Registers Per Thread"]), int(c["Block Size"]) // 32)
+        ncu_rows.append({"report": f.stem, "weight": c["weight"], "group": c["group"],
+                         "registers": int(c["Registers Per Thread"]), "programs": int(c["Grid Size"]),
+                         "per SM": per_sm, "waves (ours)": occupancy.waves(int(c["Grid Size"]), 132, per_sm),
+                         "waves (ncu)": c["Waves Per SM"]})
+ncu_waves = pd.DataFrame(ncu_rows)
+if len(ncu_waves):
+    agree = (ncu_waves["waves (ours)"] - ncu_waves["waves (ncu)"]).abs() <= 0.005
+    print(f"our waves within 0.005 of Nsight Compute's on {int(agree.sum())} of {len(ncu_waves)} profiled kernels")
+    display(ncu_waves.round(2))
+else:
+    print("no Nsight Compute report with registers and waves in results/h100")
 
 # %% [markdown]
 # `SUBNORMAL` stays off, tested and in the code, as a measured negative result — the kind a kernel engineer collects
