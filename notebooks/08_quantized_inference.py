@@ -2057,14 +2057,15 @@ if not pairs:
 ncu_rows = []
 for f in sorted(H100.glob("ncu_*.txt")):
     try:
-        cases = kernel_runs.ncu_cases(f.read_text(), ("Registers Per Thread", "Block Size", "Grid Size", "Waves Per SM"))
+        cases = kernel_runs.ncu_cases(f.read_text(), ("Registers Per Thread", "Block Size", "Grid Size", "Waves Per SM",
+                                                      "# SMs"))
     except ValueError:   # a report of other sections, or a case cut off by its call's limit
         continue
     for c in cases:
         per_sm = occupancy.programs_per_sm(int(c["Registers Per Thread"]), int(c["Block Size"]) // 32)
         ncu_rows.append({"report": f.stem, "weight": c["weight"], "group": c["group"],
                          "registers": int(c["Registers Per Thread"]), "programs": int(c["Grid Size"]),
-                         "per SM": per_sm, "waves (ours)": occupancy.waves(int(c["Grid Size"]), 132, per_sm),
+                         "per SM": per_sm, "waves (ours)": occupancy.waves(int(c["Grid Size"]), int(c["# SMs"]), per_sm),
                          "waves (ncu)": c["Waves Per SM"]})
 ncu_waves = pd.DataFrame(ncu_rows)
 if len(ncu_waves):

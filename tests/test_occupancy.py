@@ -37,3 +37,23 @@ def test_bad_input_is_refused_by_name():
         occupancy.programs_per_sm(32, 2, shared_bytes=240 * 1024)
     with pytest.raises(ValueError, match="per_sm must be a positive int"):
         occupancy.waves(10, 132, 0)
+
+
+def test_waves_agree_with_every_committed_nsight_compute_report():
+    """Each profiled kernel of results/*/ncu_*.txt that lists registers, block size, grid and waves: the waves
+    worked out from its registers equal Nsight Compute's (to the 0.01 it prints)."""
+    from helpers import kernel_runs
+    from helpers.config import results_path
+    checked = 0
+    for f in sorted(results_path().glob("*/ncu_*.txt")):
+        try:
+            cases = kernel_runs.ncu_cases(f.read_text(), ("Registers Per Thread", "Block Size", "Grid Size",
+                                                          "Waves Per SM", "# SMs"))
+        except ValueError:   # a report of other sections
+            continue
+        for c in cases:
+            per_sm = occupancy.programs_per_sm(int(c["Registers Per Thread"]), int(c["Block Size"]) // 32)
+            assert occupancy.waves(int(c["Grid Size"]), int(c["# SMs"]), per_sm) == pytest.approx(
+                c["Waves Per SM"], abs=0.006), (f.name, c["weight"])
+            checked += 1
+    assert checked >= 9
