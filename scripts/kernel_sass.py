@@ -60,11 +60,14 @@ def _sass_of(kernel_fn, signature: dict, constexprs: dict, divisible, arch: int,
                     constexprs={(names.index(k),): v for k, v in constexprs.items()},
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in divisible})
     kernel = triton_compile(src, target=GPUTarget("cuda", arch, 32), options=options)
-    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "kernel.cubin")
         Path(cubin).write_bytes(kernel.asm["cubin"])
-        return subprocess.run([str(nvdisasm), "-c", cubin], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([str(tools / "nvdisasm"), "-c", cubin], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", cubin], capture_output=True, text=True)
+    found = re.search(r"REG:\d+.*", usage.stdout)
+    return (f"// resources: {found.group(0).strip()}\n" if found else "") + sass
 
 
 def _in_child(args: list[str], stdin: str | None = None) -> str:
@@ -190,6 +193,16 @@ def registers(sass: str) -> int:
     return 1 + max((int(r) for r in re.findall(r"\bR(\d+)\b", sass)), default=-1)
 
 
+def resources(sass: str) -> dict:
+    """What the binary asks of an SM per thread and block, as ``cuobjdump -res-usage`` prints it (the first line
+    :func:`_sass_of` puts before the SASS): ``REG`` — the registers allocated per thread, which can exceed
+    :func:`registers` (the binary's count, two more on the prepared loop at 8 groups of 128) and are what
+    :func:`helpers.occupancy.programs_per_sm` needs — ``SHARED`` bytes per block, ``LOCAL`` bytes per thread. Empty
+    where the ``cuobjdump`` beside Triton's ``ptxas`` gave nothing."""
+    found = re.search(r"^// resources: (.*)$", sass, re.M)
+    return {k: int(v) for k, v in re.findall(r"(\w+):(\d+)", found.group(1))} if found else {}
+
+
 def words_per_thread(group: int, groups: int, block_n: int, warps: int) -> float:
     """int32 words of codes one thread reads per loop step: ``block_n`` rows × ``group·groups / 8`` words."""
     return block_n * group * groups / 8 / (32 * warps)
@@ -258,6 +271,14 @@ def main():
     print("by opcode:", ", ".join(f"{k} {v}" for k, v in ops.most_common(12)), f"(barriers: {ops['BAR']})")
     print("loads and stores in the loop:", dict(memory_ops(loop)))
     print("registers per thread (highest R used + 1):", registers(sass))
+    res = resources(sass)
+    if res.get("REG"):
+        from helpers import occupancy
+        arch = args.arch if args.arch in occupancy.SM_LIMITS else 90
+        per_sm = occupancy.programs_per_sm(res["REG"], args.warps, res.get("SHARED", 0), arch=arch)
+        print(f"allocated (cuobjdump -res-usage): {res['REG']} registers per thread, {res.get('SHARED', 0)} bytes of "
+              f"shared memory per block -> {per_sm} programs of {args.warps} warps per SM on sm_{arch} "
+              "(helpers.occupancy; the compiler on the card may allocate differently)")
     print("spills to local memory anywhere:", sum(v for k, v in memory_ops(sass).items() if k[:3] in ("STL", "LDL")))
 
 
