@@ -2044,14 +2044,15 @@ if not pairs:
 # %% [markdown]
 # #### Waves: the last, nearly empty round of programs
 # One thing the two loops can differ in besides their instructions is how many programs an SM holds at once. A
-# program of the prepared loop is 2 warps; an SM has 65,536 registers and gives them to a warp in units of 256, so
-# a loop compiled to `r` registers per thread fits `⌊65536 / (2 · ⌈32r / 256⌉ · 256)⌋` programs per SM (at most 32),
-# and a grid of `P` programs runs in `P / (132 · that)` **waves** on the H100's 132 SMs (`helpers/occupancy.py`: the
-# CUDA Occupancy Calculator's arithmetic). A grid of 1.12 waves runs a second round that is almost empty — an SM
+# program of the prepared loop is 2 warps; an SM gives registers to a warp in units of 256, from one of its four
+# register files of 16,384, so a loop compiled to `r` registers per thread fits `⌊4 · ⌊16384 / (⌈32r / 256⌉ · 256)⌋
+# / 2⌋` programs per SM (at most 32), and a grid of `P` programs runs in `P / (132 · that)` **waves** on the H100's
+# 132 SMs (`helpers/occupancy.py`: the arithmetic of NVIDIA's `cuda_occupancy.h`). A grid of 1.12 waves runs a
+# second round that is almost empty — an SM
 # holding one program streams far less than its share. The subnormal loop needs a few more registers than the
-# centred one at some tiles (`scripts/kernel_sass.py --subnormal` prints them), so at some shapes it crosses a wave
-# the centred loop does not. First the arithmetic against Nsight Compute, on every report in `results/h100/` that
-# lists a kernel's registers and waves:
+# centred one at some tiles (`scripts/kernel_sass.py --subnormal` prints what this machine's compiler allocates —
+# the card's can differ), so at some shapes it may cross a wave the centred loop does not. First the arithmetic
+# against Nsight Compute, on every report in `results/h100/` that lists a kernel's registers and waves:
 
 # %%
 ncu_rows = []

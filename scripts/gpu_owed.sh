@@ -114,8 +114,9 @@
 #   42 why round 17's subnormal loop (fewer instructions) was no faster: Nsight Compute on the prepared loop, centred and
 #      with SUBNORMAL, one row, on two pairs that each differ in one thing: K = 3584 at g128 with N 18944 (lost most)
 #      and 28672 (gained), and the 8B gate|up joined at g128 (lost) and g64 (gained); and two the waves of programs
-#      do not explain (README, round 17's "Waves"): the 14B-class 5120 x 13824 at g64 (a second wave by the registers,
-#      no loss) and the 8B down at g128 (0.39 waves either way, lost 11 %); then, where 150 s are left, round 16's
+#      do not explain (README, round 17's "Waves"): the 14B-class 5120 x 13824 at g64 (a second wave by this
+#      machine's compile, no loss) and the 8B down at g128 (under one wave either way, lost 11 %); then, where 150 s
+#      are left, round 16's
 #      one gain in the other order: Qwen2.5-1.5B decode (head+attn, batch 1 compiled), prepared with PDL first, then
 #      plain (run 2026-12-07i had PDL second: +6.6 %)
 #   6, 7  the reference run of all notebooks, full profile, one at a time (00-05, then 06-10: about 490 and

@@ -65,8 +65,11 @@ def _sass_of(kernel_fn, signature: dict, constexprs: dict, divisible, arch: int,
         cubin = os.path.join(tmp, "kernel.cubin")
         Path(cubin).write_bytes(kernel.asm["cubin"])
         sass = subprocess.run([str(tools / "nvdisasm"), "-c", cubin], capture_output=True, text=True, check=True).stdout
-        usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", cubin], capture_output=True, text=True)
-    found = re.search(r"REG:\d+.*", usage.stdout)
+        try:
+            usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", cubin], capture_output=True, text=True).stdout
+        except OSError:   # a Triton without cuobjdump beside its ptxas: the SASS alone
+            usage = ""
+    found = re.search(r"REG:\d+.*", usage)
     return (f"// resources: {found.group(0).strip()}\n" if found else "") + sass
 
 
@@ -196,9 +199,9 @@ def registers(sass: str) -> int:
 def resources(sass: str) -> dict:
     """What the binary asks of an SM per thread and block, as ``cuobjdump -res-usage`` prints it (the first line
     :func:`_sass_of` puts before the SASS): ``REG`` — the registers allocated per thread, which can exceed
-    :func:`registers` (the binary's count, two more on the prepared loop at 8 groups of 128) and are what
-    :func:`helpers.occupancy.programs_per_sm` needs — ``SHARED`` bytes per block, ``LOCAL`` bytes per thread. Empty
-    where the ``cuobjdump`` beside Triton's ``ptxas`` gave nothing."""
+    :func:`registers` (two more on the prepared loop at 8 groups of 128) and are what
+    :func:`helpers.occupancy.programs_per_sm` needs — ``SHARED`` static bytes per block, ``LOCAL`` bytes per
+    thread. Empty where there is no ``cuobjdump`` beside Triton's ``ptxas`` or it gave nothing."""
     found = re.search(r"^// resources: (.*)$", sass, re.M)
     return {k: int(v) for k, v in re.findall(r"(\w+):(\d+)", found.group(1))} if found else {}
 
@@ -274,11 +277,13 @@ def main():
     res = resources(sass)
     if res.get("REG"):
         from helpers import occupancy
-        arch = args.arch if args.arch in occupancy.SM_LIMITS else 90
-        per_sm = occupancy.programs_per_sm(res["REG"], args.warps, res.get("SHARED", 0), arch=arch)
-        print(f"allocated (cuobjdump -res-usage): {res['REG']} registers per thread, {res.get('SHARED', 0)} bytes of "
-              f"shared memory per block -> {per_sm} programs of {args.warps} warps per SM on sm_{arch} "
-              "(helpers.occupancy; the compiler on the card may allocate differently)")
+        line = (f"allocated (cuobjdump -res-usage): {res['REG']} registers per thread, {res.get('SHARED', 0)} bytes of "
+                "static shared memory per block")
+        if args.arch in occupancy.SM_LIMITS:
+            per_sm = occupancy.programs_per_sm(res["REG"], args.warps, res.get("SHARED", 0), arch=args.arch)
+            line += (f" -> {per_sm} programs of {args.warps} warps per SM on sm_{args.arch} (helpers.occupancy; the "
+                     "card's compiler may allocate differently)")
+        print(line)
     print("spills to local memory anywhere:", sum(v for k, v in memory_ops(sass).items() if k[:3] in ("STL", "LDL")))
 
 
