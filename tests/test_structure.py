@@ -9,7 +9,7 @@ HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 
 LAYERS = {
     0: {"config", "device", "validate", "qspec", "cuda_graphs", "plots", "envcheck", "key_numbers", "timing",
-        "solutions", "host_alloc", "units"},
+        "solutions", "host_alloc", "units", "occupancy"},
     1: {"models", "data", "allocator_ops", "allocator_sim", "allocator_replay", "gpu_share"},
     2: {"quant", "measure", "budget", "budget_inputs", "budget_shape", "budget_layout", "budget_kv", "budget_activations",
         "budget_replay", "calib", "leaks", "stream_read"},
