@@ -365,8 +365,8 @@ tests/test_kernel_once.py" PART_TIMEOUT=300 gpu pytest
      DECODE_FORMATS="bf16" DECODE_ARGS="--arch Qwen2.5-1.5B --batches 1 --eager= --compile 1 --recipes attn" \
        PART_TIMEOUT=$(left "${CALL_BUDGET:-585}" 20) gpu decode; keep_decode decode_qwen_bf16 ;;
   41) NOTEBOOKS="notebooks/06_perplexity.ipynb" COURSE_GPU_GIB=15 PART_TIMEOUT=$(left "${CALL_BUDGET:-585}" 30) gpu notebooks ;;
-  42) SUBCASES="7B-class 3584x18944:128:1;3584x28672:128:1;8B gate|up joined 4096x28672:128:1;8B gate|up joined \
-4096x28672:64:1;14B-class 5120x13824:64:1;8B down 14336x4096:128:1"
+  42) SUBCASES="7B-class 3584x18944:128:1;14B-class 5120x13824:64:1;8B down 14336x4096:128:1;3584x28672:128:1;\
+8B gate|up joined 4096x28672:128:1;8B gate|up joined 4096x28672:64:1"   # the first three first: a short budget
      NCU_CASES="$SUBCASES" PART_TIMEOUT=$(( (${CALL_BUDGET:-585} - 45) / 2 )) gpu ncu
      mv "$OUT/ncu.txt" "$OUT/ncu_centred_${COURSE_COMMIT:-unknown}.txt"
      NCU_CASES="$SUBCASES" NCU_FAMILY='{"PREPARED":true,"SUBNORMAL":true}' PART_TIMEOUT=$(left $(( ${CALL_BUDGET:-585} - 45 )) 30) gpu ncu
