@@ -207,11 +207,12 @@ def x_side_control(rows) -> dict | None:
     return {"run": run, "control_vs_loop": loop.ms / loop.ms_p, "rule_vs_control": rule.ms / rule.ms_c}
 
 
-def ncu_cases(text: str, metrics) -> list[dict]:
+def ncu_cases(text: str, metrics, complete_only: bool = False) -> list[dict]:
     """The Nsight Compute report of ``scripts/gpu.sh ncu`` (``results/CARD/ncu_*.txt``: each profiled case opens with
     ``benchmarks.kernel_once``'s JSON line, then ncu's sections) as one dict per case: ``weight`` (the JSON's
     ``shape``), its ``group`` and the value of each of ``metrics`` — ncu's metric names, e.g. ``"Waves Per SM"`` — read from its
-    line (name, unit or none, value; thousands' commas dropped). A metric a case's report lacks is refused by name."""
+    line (name, unit or none, value; thousands' commas dropped). A metric a case's report lacks is refused by name —
+    or, with ``complete_only``, the case left out (one its call's time limit cut off before ncu printed it)."""
     import json
     cases = []
     for line in text.splitlines():
@@ -224,6 +225,8 @@ def ncu_cases(text: str, metrics) -> list[dict]:
                     cases[-1][name] = float(line.split()[-1].replace(",", ""))
     if not cases:
         raise ValueError("no profiled case in this report (no kernel_once JSON line): is it a gpu.sh ncu report?")
+    if complete_only:
+        return [case for case in cases if all(m in case for m in metrics)]
     for case in cases:
         missing = [m for m in metrics if m not in case]
         if missing:

@@ -2031,10 +2031,11 @@ pairs = [(H100 / f.name.replace("subnormal", "centred"), f) for f in sorted(H100
 pairs = [(c, s) for c, s in pairs if c.exists()]   # a report without its partner is not a comparison
 for centred_file, sub_file in pairs:
     print(f"commit {sub_file.stem.rsplit('_', 1)[-1]}:")
-    try:
-        centred_ncu, sub_ncu = (pd.DataFrame(kernel_runs.ncu_cases(f.read_text(), metrics)) for f in (centred_file, sub_file))
-    except ValueError as e:   # a case cut off by the call's time limit has no metrics
-        print(f"  not comparable: {e}")
+    # a case the call's time limit cut off has no metrics: left out, and so is its partner (the merge)
+    centred_ncu, sub_ncu = (pd.DataFrame(kernel_runs.ncu_cases(f.read_text(), metrics, complete_only=True))
+                            for f in (centred_file, sub_file))
+    if centred_ncu.empty or sub_ncu.empty:
+        print("  not comparable: no case complete in both reports")
         continue
     display(centred_ncu.merge(sub_ncu, on=["weight", "group"], suffixes=(" centred", " subnormal"))
             .set_index(["weight", "group"]).T.sort_index())
@@ -2057,10 +2058,10 @@ if not pairs:
 # %%
 ncu_rows = []
 for f in sorted(H100.glob("ncu_*.txt")):
-    try:
+    try:   # (a case its call's limit cut off is left out)
         cases = kernel_runs.ncu_cases(f.read_text(), ("Registers Per Thread", "Block Size", "Grid Size", "Waves Per SM",
-                                                      "# SMs"))
-    except ValueError:   # a report of other sections, or a case cut off by its call's limit
+                                                      "# SMs"), complete_only=True)
+    except ValueError:   # a report without a profiled case
         continue
     for c in cases:
         per_sm = occupancy.programs_per_sm(int(c["Registers Per Thread"]), int(c["Block Size"]) // 32)

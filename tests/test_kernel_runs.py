@@ -176,6 +176,11 @@ def test_ncu_cases_reads_each_profiled_case_of_the_committed_reports():
         kernel_runs.ncu_cases("Waves Per SM   1.0\n", ("Waves Per SM",))
     with pytest.raises(ValueError, match=r"has no \['Stalls On Nothing'\]"):
         kernel_runs.ncu_cases(text, ("Stalls On Nothing",))
+    cut = text + '{"shape": "cut off", "group": 64}\n'                    # a case its call's limit cut off
+    with pytest.raises(ValueError, match="the report of cut off has no"):
+        kernel_runs.ncu_cases(cut, ("Waves Per SM",))
+    assert [c["weight"] for c in kernel_runs.ncu_cases(cut, ("Waves Per SM",), complete_only=True)] == [
+        c["weight"] for c in cases]
 
 
 def test_time_ratio_counts_and_repeat_spread_on_the_committed_runs():
