@@ -45,6 +45,18 @@ def _narrow_split(fn) -> str | None:
     return None
 
 
+def _programs_per_sm(fn) -> str | None:
+    from .occupancy import programs_per_sm
+    # (registers, warps): the prepared loop on the card (94, 72), the GEMV (128), the tensor-core kernel (167),
+    # a register file's rounding (33, 48), a warp-bound and a block-bound program, the most a thread may have
+    for registers, warps in ((94, 2), (72, 2), (128, 2), (167, 2), (33, 2), (48, 2), (24, 8), (16, 1), (255, 4)):
+        got, want = fn(registers, warps), programs_per_sm(registers, warps)
+        if got != want:
+            return (f"for {registers} registers × {warps} warps expected {want} programs per SM "
+                    f"(helpers.occupancy.programs_per_sm), got {got}")
+    return None
+
+
 def _kv_pool_blocks(fn) -> str | None:
     GiB = 1024**3   # vllm-project/vllm#12330: 35.55 − 14.96 − 9.37 − 0.10 GiB, 128 KiB per token → ~5693 blocks
     got = fn(35.55 * GiB, 14.96 * GiB, 9.37 * GiB, 0.10 * GiB, 131072)
@@ -228,6 +240,9 @@ EXERCISES = {
                                                "subtract zero · Σx per group; multiply by the scale; sum groups"),
     "narrow_split": (_narrow_split, solutions.narrow_split, "target = per_sm · sms / (tiles · warps); of the divisors "
                      "of steps, the one with the smallest |log(d / target)|"),
+    "programs_per_sm": (_programs_per_sm, solutions.programs_per_sm,
+                        "registers per warp = ⌈32·r / 256⌉·256; each of the 4 register files of 16,384 holds "
+                        "⌊16384 / that⌋ warps; then the 64 warps and 32 programs an SM holds at most"),
     "kv_pool_blocks": (_kv_pool_blocks, solutions.kv_pool_blocks,
                        "usable − weights − activation peak − non-torch, divided by bytes per block"),
     "correct_vocab_check": (_correct_vocab_check, solutions.correct_vocab_check,

@@ -21,6 +21,13 @@ def narrow_split(tiles: int, steps: int, sms: int, warps: int, per_sm: int) -> i
     return min((d for d in range(1, steps + 1) if steps % d == 0), key=lambda d: abs(math.log(d / target)))
 
 
+def programs_per_sm(registers: int, warps: int) -> int:
+    """08: programs of ``warps`` warps at ``registers`` per thread one H100 SM holds: registers go to a warp in
+    units of 256 from one of four register files of 16,384; at most 64 warps and 32 programs."""
+    per_warp = -(-registers * 32 // 256) * 256
+    return min(4 * (16384 // per_warp) // warps, 64 // warps, 32)
+
+
 def kv_pool_blocks(usable: float, weights: float, activation_peak: float, non_torch: float,
                    bytes_per_token: int, block_size: int = 16) -> int:
     """09 repair: vLLM's KV blocks are what is left after weights, activations and non-torch memory."""

@@ -2078,6 +2078,23 @@ else:
     print("no Nsight Compute report with registers and waves in results/h100")
 
 # %% [markdown]
+# **Your turn: programs per SM.** Write the register arithmetic yourself: registers go to a warp in units of 256
+# (`⌈32·r / 256⌉ · 256` for `r` per thread), from one of the SM's four register files of 16,384 — so each file holds
+# a whole number of warps, and the SM four times that. An H100 SM also holds at most 64 warps and 32 programs.
+# Then use it: how many registers may the 7B-class loop (2,368 programs of 2 warps) use and still run in one wave
+# on 132 SMs?
+
+# %%
+def my_programs_per_sm(registers, warps):
+    raise NotImplementedError   # your code here: registers per warp, warps per register file, the three limits
+
+exercises.check("programs_per_sm", my_programs_per_sm)
+one_wave = max(r for r in range(1, 256) if occupancy.waves(2368, 132, occupancy.programs_per_sm(r, 2)) <= 1)
+print(f"the 7B-class loop stays in one wave up to {one_wave} registers per thread "
+      f"({occupancy.programs_per_sm(one_wave, 2)} programs per SM); at {one_wave + 1}: "
+      f"{occupancy.waves(2368, 132, occupancy.programs_per_sm(one_wave + 1, 2)):.2f} waves")
+
+# %% [markdown]
 # `SUBNORMAL` stays off, tested and in the code, as a measured negative result — the kind a kernel engineer collects
 # more of than wins. The one surprise runs the other way: on the smallest model, Qwen2.5-1.5B, where each weight is a
 # few megabytes and fixed costs weigh most, PDL — which lost on the two 7–8B models — gained in its one run. That is

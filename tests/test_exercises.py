@@ -57,6 +57,7 @@ def test_solution_passes_and_wrong_answer_fails(name, capsys, monkeypatch):
              "int4_kv_bytes_per_token": lambda L, h, d, g: 2 * L * h * d / 2,            # forgot the scales
              "diagnose_snapshot": _gap_only,
              "tp_kv_bytes_per_rank": lambda L, h, d, tp, n, b: 2 * L * h / tp * d * n * b,   # splits a head
+             "programs_per_sm": lambda r, w: min(65536 // (-(-r * 32 // 256) * 256 * w), 64 // w, 32),  # one file
              "narrow_split": w4_kernel.gemv_split}[name]          # the largest divisor below, not the nearest
     assert exercises.check(name, wrong) is False
     assert "✗" in capsys.readouterr().out
