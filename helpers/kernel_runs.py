@@ -10,7 +10,7 @@ the shape, so runs recorded before either field existed read the same way.
 """
 from __future__ import annotations
 
-from helpers import w4_format, w4_kernel
+from helpers import occupancy, w4_format, w4_kernel
 from helpers.config import read_json, results_path
 
 
@@ -232,6 +232,35 @@ def ncu_cases(text: str, metrics, complete_only: bool = False) -> list[dict]:
         if missing:
             raise ValueError(f"the report of {case['weight']} has no {missing} (ncu's section names, as it prints them)")
     return cases
+
+
+NCU_LAUNCH = ("Registers Per Thread", "Block Size", "Grid Size", "# SMs", "Waves Per SM", "Block Limit Registers")
+
+
+def ncu_waves(paths, arch: int = 90):
+    """Each profiled kernel of the Nsight Compute reports ``paths`` (``scripts/gpu.sh ncu``'s; a report without
+    ``benchmarks.kernel_once``'s lines is passed over, a case its call's limit cut off left out) as a row: its
+    ``registers``, ``warps`` and ``programs``, the programs per SM its registers allow by
+    :func:`helpers.occupancy.block_limits` beside ncu's "Block Limit Registers", and the waves
+    :func:`helpers.occupancy.waves` gives from them (with the smallest of the limits) beside ncu's "Waves Per SM"
+    — the occupancy arithmetic checked against the card's own reports (``arch``: their compute capability × 10)."""
+    import pandas as pd
+    rows = []
+    for path in paths:
+        try:
+            cases = ncu_cases(path.read_text(), NCU_LAUNCH, complete_only=True)
+        except ValueError:   # no profiled case: an older report
+            continue
+        for c in cases:
+            registers, warps, programs = int(c["Registers Per Thread"]), int(c["Block Size"]) // 32, int(c["Grid Size"])
+            per_sm = occupancy.programs_per_sm(registers, warps, arch=arch)
+            rows.append({"report": path.stem, "weight": c["weight"], "group": c["group"], "registers": registers,
+                         "warps": warps, "programs": programs,
+                         "by registers": occupancy.block_limits(registers, warps, arch=arch)["registers"],
+                         "by registers (ncu)": int(c["Block Limit Registers"]),
+                         "waves": occupancy.waves(programs, int(c["# SMs"]), per_sm), "waves (ncu)": c["Waves Per SM"]})
+    return pd.DataFrame(rows, columns=["report", "weight", "group", "registers", "warps", "programs", "by registers",
+                                       "by registers (ncu)", "waves", "waves (ncu)"])
 
 
 def per_weight(rows, view) -> object:

@@ -2056,23 +2056,12 @@ if not pairs:
 # against Nsight Compute, on every report in `results/h100/` that lists a kernel's registers and waves:
 
 # %%
-ncu_rows = []
-for f in sorted(H100.glob("ncu_*.txt")):
-    try:   # (a case its call's limit cut off is left out)
-        cases = kernel_runs.ncu_cases(f.read_text(), ("Registers Per Thread", "Block Size", "Grid Size", "Waves Per SM",
-                                                      "# SMs"), complete_only=True)
-    except ValueError:   # a report without a profiled case
-        continue
-    for c in cases:
-        per_sm = occupancy.programs_per_sm(int(c["Registers Per Thread"]), int(c["Block Size"]) // 32)
-        ncu_rows.append({"report": f.stem, "weight": c["weight"], "group": c["group"],
-                         "registers": int(c["Registers Per Thread"]), "programs": int(c["Grid Size"]),
-                         "per SM": per_sm, "waves (ours)": occupancy.waves(int(c["Grid Size"]), int(c["# SMs"]), per_sm),
-                         "waves (ncu)": c["Waves Per SM"]})
-ncu_waves = pd.DataFrame(ncu_rows)
+ncu_waves = kernel_runs.ncu_waves(sorted(H100.glob("ncu_*.txt")))
 if len(ncu_waves):
-    agree = (ncu_waves["waves (ours)"] - ncu_waves["waves (ncu)"]).abs() <= 0.005
-    print(f"our waves within 0.005 of Nsight Compute's on {int(agree.sum())} of {len(ncu_waves)} profiled kernels")
+    agree = ((ncu_waves.waves - ncu_waves["waves (ncu)"]).abs() <= 0.005) & \
+        (ncu_waves["by registers"] == ncu_waves["by registers (ncu)"])
+    print(f"our register limit and waves agree with Nsight Compute's on {int(agree.sum())} of {len(ncu_waves)} "
+          "profiled kernels")
     display(ncu_waves.round(2))
 else:
     print("no Nsight Compute report with registers and waves in results/h100")

@@ -48,23 +48,12 @@ def test_bad_input_is_refused_by_name():
 
 def test_limits_and_waves_agree_with_every_committed_nsight_compute_report():
     """Each profiled kernel of results/h100 and h200's ncu_*.txt (compute capability 9.0) that lists its registers,
-    block size, grid and waves: the register limit equals Nsight Compute's "Block Limit Registers" and the waves
-    its "Waves Per SM" (to the 0.01 it prints)."""
+    block size, grid and waves (kernel_runs.ncu_waves, as notebook 08 prints it): the register limit equals Nsight
+    Compute's "Block Limit Registers" and the waves its "Waves Per SM" (to the 0.01 it prints)."""
     from helpers import kernel_runs
     from helpers.config import results_path
-    checked = 0
-    for f in sorted([*results_path("h100").glob("ncu_*.txt"), *results_path("h200").glob("ncu_*.txt")]):
-        try:
-            cases = kernel_runs.ncu_cases(f.read_text(), ("Registers Per Thread", "Block Size", "Grid Size",
-                                                          "Waves Per SM", "# SMs", "Block Limit Registers"),
-                                          complete_only=True)
-        except ValueError:   # an older report, without kernel_once's JSON lines
-            continue
-        for c in cases:   # (none from a report of other sections; a case its call's limit cut off is left out)
-            registers, warps = int(c["Registers Per Thread"]), int(c["Block Size"]) // 32
-            assert occupancy.block_limits(registers, warps)["registers"] == c["Block Limit Registers"], (f.name, c)
-            per_sm = occupancy.programs_per_sm(registers, warps)
-            assert occupancy.waves(int(c["Grid Size"]), int(c["# SMs"]), per_sm) == pytest.approx(
-                c["Waves Per SM"], abs=0.005), (f.name, c["weight"])
-            checked += 1
-    assert checked >= 9
+    t = kernel_runs.ncu_waves(sorted([*results_path("h100").glob("ncu_*.txt"), *results_path("h200").glob("ncu_*.txt")]))
+    assert len(t) >= 9 and set(t.registers) >= {72, 94, 127, 128, 167}
+    assert (t["by registers"] == t["by registers (ncu)"]).all(), t
+    assert ((t.waves - t["waves (ncu)"]).abs() <= 0.005).all(), t
+    assert kernel_runs.ncu_waves([]).empty
