@@ -10,7 +10,10 @@ warp in units of 256 — ``per warp = ⌈32·registers / 256⌉ · 256`` — fro
     per SM = min(by registers, ⌊warps_max / warps⌋, blocks_max, ⌊shared_max / ⌈shared + reserved⌉⌋)
 
 (``⌈·⌉`` of shared memory: its allocation unit), and a grid of ``P`` programs takes ``P / (SMs · per SM)``
-waves. The limits per compute capability are the CUDA C++ Programming Guide's table of technical
+waves. ``shared_max`` here is the most an SM can give; the driver may configure a smaller carveout for a kernel
+that asks little (Nsight Compute's "Shared Memory Configuration Size": 32 KiB for the prepared loop, so its "Block
+Limit Shared Mem" reads 21) — not modelled, so the shared-memory limit is checked against no report yet; the
+register limit and the waves are (``kernel_runs.ncu_waves``). The limits per compute capability are the CUDA C++ Programming Guide's table of technical
 specifications. A grid of 1.1 waves runs a second, almost empty round of programs: the "tail" a memory-bound
 kernel pays for with idle bandwidth (README, round 17 of the W4A16 kernel). The register count is the compiled
 kernel's as the card runs it (Nsight Compute's "Registers Per Thread", Triton's ``kernel.n_regs``); another
